@@ -1,0 +1,45 @@
+"""`kvroute` console script: one subcommand per component, imported lazily.
+
+The router side never imports torch, so `kvroute router` works without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "engine": ("engine.cli", "Run an engine server (paged KV cache, prefix caching, KV events)."),
+    "router": ("router.cli", "Run the KV-cache-aware OpenAI-compatible router."),
+    "loadgen": ("loadgen.cli", "Drive an OpenAI-compatible endpoint with a workload."),
+    "bench": ("loadgen.bench", "Start a local cluster and compare routing policies."),
+    "demo": ("loadgen.demo", "Quick policy comparison on real torch engines."),
+    "sim": ("loadgen.sim", "Discrete-event simulation of a large cluster."),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: kvroute <command> [options]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"kvroute: unknown command {name!r}; choose from {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+    except ModuleNotFoundError as e:
+        print(f"kvroute {name}: not available ({e})", file=sys.stderr)
+        return 2
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
