@@ -1,0 +1,75 @@
+"""The routing policy interface.
+
+The router filters instances down to the healthy candidates, looks up the prompt's
+block chain in the index (only for policies with `uses_index`), and asks the policy
+to pick one. Hooks let a policy learn from what happened; they do nothing by default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Protocol, Sequence
+
+from router.index.base import PrefixMatch
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InstanceState:
+    """The router's view of one instance at decision time."""
+
+    id: str
+    inflight: int = 0  # requests the router has in flight there
+    queued_prefill_tokens: int = 0  # prompt tokens sent there and not yet prefilled
+    running: int = 0  # engine-reported running sequences
+    waiting: int = 0  # engine-reported waiting requests
+    kv_usage: float = 0.0  # engine-reported fraction of KV blocks in use
+    cache_ok: bool = True  # False when its block size / seed / tokenizer mismatch: route on load only
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouteRequest:
+    num_tokens: int
+    block_hashes: tuple[int, ...]
+    block_size: int
+    request_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    instance: str
+    costs: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per candidate, for /router/explain
+    reason: str = ""
+
+
+class Policy(Protocol):
+    """Picks an instance for a request. `candidates` is never empty."""
+
+    uses_index: bool
+
+    def select(
+        self,
+        request: RouteRequest,
+        candidates: Sequence[InstanceState],
+        matches: Mapping[str, PrefixMatch],
+    ) -> Decision: ...
+
+    def on_routed(self, request: RouteRequest, instance: str) -> None: ...
+
+    def on_first_token(self, request: RouteRequest, instance: str, ttft_s: float, uncached_tokens: int) -> None: ...
+
+    def on_finished(self, request: RouteRequest, instance: str) -> None: ...
+
+
+class PolicyBase:
+    """Default no-op hooks; concrete policies subclass this and implement `select`."""
+
+    uses_index = False
+
+    def on_routed(self, request: RouteRequest, instance: str) -> None:
+        pass
+
+    def on_first_token(self, request: RouteRequest, instance: str, ttft_s: float, uncached_tokens: int) -> None:
+        pass
+
+    def on_finished(self, request: RouteRequest, instance: str) -> None:
+        pass
