@@ -1,0 +1,58 @@
+"""Engine configuration: one frozen dataclass, CLI flags map 1:1 onto its fields."""
+
+from __future__ import annotations
+
+import dataclasses
+
+BACKENDS = ("torch", "sim")
+ROLES = ("both", "prefill", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    host: str = "127.0.0.1"
+    port: int = 8001
+    instance_id: str = ""  # default: "engine-<port>"
+    cluster_id: str = ""  # default: the instance id
+    backend: str = "torch"
+    role: str = "both"
+    model: str | None = None  # local Hugging Face checkpoint dir; None = built-in tiny model
+    served_model_name: str | None = None
+    block_size: int = 16
+    num_blocks: int = 4096
+    max_batched_tokens: int = 2048
+    max_running: int = 64
+    max_waiting: int = 256
+    redis: str | None = None
+    cost_model: str = "cpu-tiny"  # sim backend only
+    time_scale: float = 1.0  # sim backend only: multiply modelled step times
+    seed: int = 0
+    num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    device: str = "cpu"
+    event_buffer: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"--role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if not 1 <= self.block_size <= 1024:
+            raise ValueError(f"--block-size must be between 1 and 1024, got {self.block_size}")
+        if self.num_blocks < 2:
+            raise ValueError(f"--num-blocks must be at least 2, got {self.num_blocks}")
+        if self.max_batched_tokens < self.block_size:
+            raise ValueError("--max-batched-tokens must be at least the block size")
+        if self.max_running < 1 or self.max_waiting < 0:
+            raise ValueError("--max-running must be >= 1 and --max-waiting >= 0")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.time_scale <= 0:
+            raise ValueError("--time-scale must be positive")
+
+    @property
+    def instance(self) -> str:
+        return self.instance_id or f"engine-{self.port}"
+
+    @property
+    def cluster(self) -> str:
+        return self.cluster_id or self.instance
