@@ -34,6 +34,10 @@ class PrefixMatch:
 NO_MATCH = PrefixMatch({})
 
 
+class IndexUnavailable(Exception):
+    """The index backend cannot be reached (e.g. Redis down); route on load alone and retry later."""
+
+
 class BlockIndex(Protocol):
     """Block hash -> {instance: tier}. All methods are coroutines; backends may share state."""
 

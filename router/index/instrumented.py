@@ -1,0 +1,75 @@
+"""Metrics for any `BlockIndex`, added by wrapping it (backends record nothing themselves).
+
+    kvroute_index_operations_total{op, backend}   calls, by op (add, remove, clear, lookup, size)
+    kvroute_index_errors_total{op, backend}       calls that raised
+    kvroute_index_lookup_seconds{backend}         lookup latency
+    kvroute_index_lookup_blocks{backend}          chain length of each lookup
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from router.index.base import BlockIndex, PrefixMatch
+
+LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+CHAIN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class InstrumentedIndex:
+    """Wraps `inner`, recording metrics into `registry` (the global one by default)."""
+
+    def __init__(self, inner: BlockIndex, registry: CollectorRegistry | None = None) -> None:
+        self.inner = inner
+        self.backend = getattr(inner, "name", type(inner).__name__)
+        registry = REGISTRY if registry is None else registry
+        self._ops = Counter(
+            "kvroute_index_operations", "Block index calls.", ["op", "backend"], registry=registry
+        )
+        self._errors = Counter(
+            "kvroute_index_errors", "Block index calls that raised.", ["op", "backend"], registry=registry
+        )
+        self._latency = Histogram(
+            "kvroute_index_lookup_seconds", "Block index lookup latency.", ["backend"],
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self._chain = Histogram(
+            "kvroute_index_lookup_blocks", "Blocks in each looked-up chain.", ["backend"],
+            buckets=CHAIN_BUCKETS, registry=registry,
+        )
+
+    async def _run(self, op: str, coro):
+        self._ops.labels(op, self.backend).inc()
+        try:
+            return await coro
+        except Exception:
+            self._errors.labels(op, self.backend).inc()
+            raise
+
+    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self._run("add", self.inner.add(instance, tier, blocks))
+
+    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self._run("remove", self.inner.remove(instance, tier, blocks))
+
+    async def clear(self, instance: str) -> None:
+        await self._run("clear", self.inner.clear(instance))
+
+    async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
+        self._chain.labels(self.backend).observe(len(blocks))
+        start = time.perf_counter()
+        try:
+            return await self._run("lookup", self.inner.lookup(blocks))
+        finally:
+            self._latency.labels(self.backend).observe(time.perf_counter() - start)
+
+    async def size(self) -> int:
+        return await self._run("size", self.inner.size())
+
+    async def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            await close()
