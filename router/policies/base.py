@@ -39,6 +39,7 @@ class Decision:
     instance: str
     costs: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per candidate, for /router/explain
     reason: str = ""
+    uncached_tokens: int | None = None  # predicted prompt tokens to prefill on `instance`; None: not predicted
 
 
 class Policy(Protocol):

@@ -1,0 +1,253 @@
+"""KV-aware (the default): the candidate with the lowest predicted time to first token.
+
+For each candidate i, in seconds (tokens divided by tokens/s):
+
+    uncached_i = max(num_tokens - credited_blocks_i * block_size, 0)
+    ttft_i     = (queued_prefill_tokens_i + uncached_i) / rate_i
+                 + decode_weight_s * max(running_i + waiting_i, inflight_i)
+    cost_i     = ttft_i + compute_weight * uncached_i / rate_i
+
+`credited_blocks_i` weighs the index's consecutive cached prefix by tier: a device
+block counts `device_credit`, a host block `host_credit`, a remote block
+`remote_credit` (fetching a block saves part of its compute, not all). Blocks recently
+routed to i and not yet reported by its KV events (*pending*, kept `pending_ttl_s`)
+count as device blocks; i gets the larger of the two credits. A candidate with
+`cache_ok=False` gets no credit. `rate_i` is i's prefill rate, learned online from
+`on_first_token` (see `rate.py`), starting at `prefill_rate`. The decode term charges
+decode interleaving and queueing per sequence there (the router's own `inflight`
+stands in when the engine's report is stale). The last term charges the prefill this
+request adds to i, which every request sent there after it waits for: without it a
+burst of siblings scatters (on an instance already prefilling their shared prefix a
+sibling waits for that prefill, so by TTFT alone any idle instance looks as good);
+with compute_weight=1 a sibling follows the first one when its own suffix is shorter
+than the shared prefix. compute_weight=0 makes the cost the bare TTFT prediction.
+The lowest cost wins; exact ties are broken at random. `Decision.costs` holds every
+cost, `Decision.uncached_tokens` the chosen candidate's predicted uncached tokens.
+
+Hot-spot guard. Cost alone lets one dominant shared prefix pile every request onto
+its holder. So when the winner is *hot* -- at least `hot_min_inflight` requests in
+flight and more than `hot_factor` times the mean inflight of the other candidates --
+and a less loaded candidate's cost is within `hot_tolerance_s` of the winner's, the
+request goes to the cheapest such candidate instead; it then caches the prefix
+(credited at once as pending blocks) and later siblings split between the two
+holders by cost. Hotness is read from inflight, not queued prefill work: cache hits
+keep a holder's prefill queue short while its decode load grows. It is measured
+against the *other* candidates' mean because a factor f over a mean that includes
+the hot instance can never be exceeded with f or fewer instances; 2.0 is well beyond
+the spread of an evenly loaded fleet, so the guard stays quiet there, and the
+tolerance caps what one spill may cost.
+`Decision.reason` says when the guard fired.
+
+Parameters (keywords; defaults in `KvAwareConfig`):
+    prefill_rate           initial prefill rate, tokens/s (10000)
+    rate_alpha             EWMA weight of one TTFT observation (0.2)
+    min_prefill_rate, max_prefill_rate   clamp on rate samples, tokens/s (50, 5e6)
+    min_rate_sample_tokens ignore observations with less prefill work (64 tokens)
+    decode_weight_s        seconds per running/waiting sequence (0.002)
+    compute_weight         weight of the prefill compute a request adds (1.0)
+    device_credit, host_credit, remote_credit   fraction of a cached block's
+                           compute saved, per tier (1.0, 0.8, 0.5)
+    hot_factor             guard: inflight over the others' mean to be hot (2.0)
+    hot_min_inflight       guard: below this inflight never hot (4)
+    hot_tolerance_s        guard: most extra cost a spill may take, seconds (0.5)
+    pending_ttl_s          how long routed blocks count as cached there (2.0 s)
+    pending_capacity       most pending block entries kept (200000)
+
+`select` has no side effects; `on_routed(request, instance)` records the pending
+blocks and the queue at dispatch, which `on_first_token` adds to the sample's work
+(matched by `request.request_id`; without one, the queue ahead counts as 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections import OrderedDict
+from typing import Callable, Mapping, Sequence
+
+from router.index.base import PrefixMatch
+from router.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.policies.rate import PrefillRate, RateConfig
+from router.policies.recent import RecentBlocks
+
+_MAX_DISPATCHED = 65536  # request ids whose queue-at-dispatch is remembered until first token
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvCostConfig:
+    """The TTFT cost model and hot-spot guard shared by kv_aware and approx_kv."""
+
+    prefill_rate: float = 10_000.0
+    rate_alpha: float = 0.2
+    min_prefill_rate: float = 50.0
+    max_prefill_rate: float = 5_000_000.0
+    min_rate_sample_tokens: int = 64
+    decode_weight_s: float = 0.002
+    compute_weight: float = 1.0
+    device_credit: float = 1.0
+    host_credit: float = 0.8
+    remote_credit: float = 0.5
+    hot_factor: float = 2.0
+    hot_min_inflight: int = 4
+    hot_tolerance_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.rate_config()  # validates the rate fields
+        for name in ("device_credit", "host_credit", "remote_credit"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} is a fraction of a block's compute, in [0, 1]; got {getattr(self, name)}")
+        if min(self.decode_weight_s, self.compute_weight, self.hot_tolerance_s) < 0:
+            raise ValueError("decode_weight_s, compute_weight and hot_tolerance_s cannot be negative")
+        if self.hot_factor < 1 or self.hot_min_inflight < 1:
+            raise ValueError(
+                f"hot_factor must be >= 1 and hot_min_inflight >= 1, got {self.hot_factor} and {self.hot_min_inflight}"
+            )
+
+    def rate_config(self) -> RateConfig:
+        return RateConfig(
+            initial=self.prefill_rate,
+            alpha=self.rate_alpha,
+            min_rate=self.min_prefill_rate,
+            max_rate=self.max_prefill_rate,
+            min_sample_tokens=self.min_rate_sample_tokens,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvAwareConfig(KvCostConfig):
+    pending_ttl_s: float = 2.0
+    pending_capacity: int = 200_000
+
+    def __post_init__(self) -> None:
+        KvCostConfig.__post_init__(self)  # zero-argument super() does not work in slots dataclasses
+        if self.pending_ttl_s <= 0 or self.pending_capacity < 1:
+            raise ValueError(
+                f"pending_ttl_s must be positive and pending_capacity at least 1, "
+                f"got {self.pending_ttl_s} and {self.pending_capacity}"
+            )
+
+
+class KvCostPolicy(PolicyBase):
+    """Scores by predicted TTFT from per-candidate credited blocks; subclasses supply the credits."""
+
+    def __init__(
+        self,
+        config: KvCostConfig,
+        recent: RecentBlocks,
+        rng: random.Random | None,
+        clock: Callable[[], float] | None,
+    ) -> None:
+        self.config = config
+        self.recent = recent
+        self.rng = rng or random.Random()
+        self.clock = clock or time.monotonic
+        self.rates = PrefillRate(config.rate_config())
+        self._tier_credit = {"device": config.device_credit, "host": config.host_credit, "remote": config.remote_credit}
+        self._last: tuple[RouteRequest, Sequence[InstanceState]] | None = None
+        self._dispatched: OrderedDict[str, int] = OrderedDict()
+
+    def credits(
+        self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
+    ) -> dict[str, float]:
+        raise NotImplementedError
+
+    def select(
+        self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
+    ) -> Decision:
+        credits = self.credits(request, candidates, matches)
+        cfg, bs, num_tokens, rate_of = self.config, request.block_size, request.num_tokens, self.rates.get
+        decode_w, compute_w = cfg.decode_weight_s, cfg.compute_weight
+        costs: dict[str, float] = {}
+        for c in candidates:
+            uncached = max(num_tokens - credits.get(c.id, 0.0) * bs, 0.0)
+            load = max(c.running + c.waiting, c.inflight)
+            costs[c.id] = ((c.queued_prefill_tokens + (1.0 + compute_w) * uncached) / rate_of(c.id)) + decode_w * load
+        best = min(costs.values())
+        chosen = self.rng.choice([c for c in candidates if costs[c.id] == best])
+        reason = f"lowest cost {best:.4f} s ({credits.get(chosen.id, 0.0):g} cached blocks credited)"
+        spill = self._spill_target(chosen, candidates, costs)
+        if spill is not None:
+            others = (sum(c.inflight for c in candidates) - chosen.inflight) / (len(candidates) - 1)
+            reason = (
+                f"hot-spot guard: {chosen.id} has {chosen.inflight} inflight > {cfg.hot_factor:g} x others' mean "
+                f"{others:.2f}; spilled to {spill.id} (cost +{costs[spill.id] - best:.4f} s)"
+            )
+            chosen = spill
+        self._last = (request, candidates)
+        uncached = round(max(request.num_tokens - credits.get(chosen.id, 0.0) * bs, 0.0))
+        return Decision(chosen.id, costs=costs, reason=reason, uncached_tokens=uncached)
+
+    def _spill_target(
+        self, best: InstanceState, candidates: Sequence[InstanceState], costs: Mapping[str, float]
+    ) -> InstanceState | None:
+        cfg = self.config
+        if len(candidates) < 2 or best.inflight < cfg.hot_min_inflight:
+            return None
+        others_mean = (sum(c.inflight for c in candidates) - best.inflight) / (len(candidates) - 1)
+        if best.inflight <= cfg.hot_factor * others_mean:
+            return None
+        cooler = [c for c in candidates if c.inflight < best.inflight]
+        if not cooler:
+            return None
+        cheapest = min(costs[c.id] for c in cooler)
+        if cheapest - costs[best.id] > cfg.hot_tolerance_s:
+            return None
+        return self.rng.choice([c for c in cooler if costs[c.id] == cheapest])
+
+    def on_routed(self, request: RouteRequest, instance: str) -> None:
+        if request.block_hashes:
+            self.recent.record(instance, request.block_hashes, self.clock())
+        last, self._last = self._last, None
+        if not request.request_id:
+            return
+        queued = 0
+        if last is not None and (last[0] is request or last[0].request_id == request.request_id):
+            queued = next((c.queued_prefill_tokens for c in last[1] if c.id == instance), 0)
+        self._dispatched[request.request_id] = queued
+        if len(self._dispatched) > _MAX_DISPATCHED:
+            self._dispatched.popitem(last=False)
+
+    def on_first_token(self, request: RouteRequest, instance: str, ttft_s: float, uncached_tokens: int) -> None:
+        queued = self._dispatched.pop(request.request_id, 0) if request.request_id else 0
+        self.rates.observe(instance, uncached_tokens + queued, ttft_s)
+
+    def on_finished(self, request: RouteRequest, instance: str) -> None:
+        if request.request_id:
+            self._dispatched.pop(request.request_id, None)
+
+
+class KvAwarePolicy(KvCostPolicy):
+    config_class = KvAwareConfig
+    uses_index = True
+
+    def __init__(
+        self,
+        config: KvAwareConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] | None = None,
+        **params,
+    ) -> None:
+        config = config or KvAwareConfig(**params)
+        super().__init__(config, RecentBlocks(config.pending_ttl_s, config.pending_capacity), rng, clock)
+
+    def credits(
+        self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
+    ) -> dict[str, float]:
+        pending = self.recent.match(request.block_hashes, self.clock())
+        device, tier_credit = self.config.device_credit, self._tier_credit
+        out: dict[str, float] = {}
+        for c in candidates:
+            if not c.cache_ok:
+                continue
+            credit = pending.get(c.id, 0) * device
+            m = matches.get(c.id)
+            if m is not None:
+                indexed = 0.0
+                for tier, n in m.by_tier.items():
+                    indexed += tier_credit.get(tier, 0.0) * n
+                credit = max(credit, indexed)
+            if credit:
+                out[c.id] = credit
+        return out

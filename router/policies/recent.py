@@ -1,0 +1,97 @@
+"""A bounded TTL table of block prefixes recently routed to each instance.
+
+Block hash -> {instance: expiry}. `kv_aware` keeps one with a short TTL for
+*pending* blocks (sent to an instance, not yet reported by its KV events);
+`approx_kv` keeps one with a long TTL as its whole, self-learned, index.
+
+Blocks are always a prompt's hash chain from its first block, and a chained hash
+commits to every block before it, so whatever was recorded for an instance is closed
+under prefixes: if it holds block j of a chain, it holds blocks 0..j-1 with expiries
+at least as late. `record` keeps that true under eviction too, by touching a chain's
+blocks last to first (leading blocks are the most recently used). So `match` finds
+each instance's consecutive prefix by binary search: O(instances on block 0 x log
+len(blocks)) dict lookups, and `record` is O(len(blocks)).
+
+Entries sit in an OrderedDict in least-recently-recorded order; since every record
+uses the same TTL, the front entry always has the earliest expiry, so each call pops
+at most `purge_per_call` expired entries from the front (bounded work, amortized
+O(1)), and an insert beyond `capacity` evicts the least recently recorded entry
+whether or not it has expired.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+
+class RecentBlocks:
+    """Block hash -> {instance: expiry}, with a TTL and a capacity in block entries."""
+
+    def __init__(self, ttl_s: float, capacity: int, purge_per_call: int = 64) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"the TTL of recently routed blocks must be positive, got {ttl_s}")
+        if capacity < 1:
+            raise ValueError(f"the capacity of recently routed blocks must be at least 1, got {capacity}")
+        self.ttl_s = ttl_s
+        self.capacity = capacity
+        self.purge_per_call = purge_per_call
+        self._table: OrderedDict[int, dict[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def record(self, instance: str, blocks: Sequence[int], now: float) -> None:
+        """Remember that `blocks` were routed to `instance` at `now`."""
+        self._purge(now)
+        table = self._table
+        expiry = now + self.ttl_s
+        for h in reversed(blocks):  # leading blocks touched last, so evicted last
+            entry = table.get(h)
+            if entry is None:
+                table[h] = {instance: expiry}
+            else:
+                entry[instance] = expiry
+                table.move_to_end(h)
+        while len(table) > self.capacity:
+            table.popitem(last=False)
+
+    def match(self, blocks: Sequence[int], now: float) -> dict[str, int]:
+        """Per instance, how many leading blocks of `blocks` it was recently sent (0s omitted)."""
+        self._purge(now)
+        table = self._table
+        first = table.get(blocks[0]) if blocks else None
+        if not first:
+            return {}
+        out: dict[str, int] = {}
+        for inst, expiry in first.items():
+            if expiry <= now:
+                continue
+            lo, hi = 1, len(blocks)  # blocks[lo - 1] is held; the answer lies in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                entry = table.get(blocks[mid - 1])
+                if entry is not None and entry.get(inst, 0.0) > now:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[inst] = lo
+        return out
+
+    def forget(self, instance: str) -> None:
+        """Drop everything recorded for `instance` (O(table); for rare events like a restart)."""
+        table = self._table
+        for h in list(table):
+            entry = table[h]
+            if entry.pop(instance, None) is not None and not entry:
+                del table[h]
+
+    def _purge(self, now: float) -> None:
+        table = self._table
+        for _ in range(self.purge_per_call):
+            if not table:
+                return
+            h, entry = next(iter(table.items()))
+            if max(entry.values()) > now:
+                return
+            del table[h]
