@@ -23,3 +23,56 @@ def redis_url(redis_server):
     client.flushall()
     client.close()
     return redis_server.url
+
+
+class LoopbackServer:
+    """An aiohttp app served the way `kvroute` serves it, on 127.0.0.1 and a free port."""
+
+    def __init__(self, app):
+        self.app = app
+        self.runner = None
+        self.url = ""
+
+    async def start(self):
+        from aiohttp import web
+
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def close(self):
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+@pytest.fixture
+async def start_engine():
+    """Start engine apps on loopback; yields a factory returning (base URL, server)."""
+    from engine.config import EngineConfig
+    from engine.server import create_app
+
+    servers = []
+
+    async def start(**overrides):
+        overrides.setdefault("backend", "sim")
+        overrides.setdefault("num_threads", 1)
+        server = await LoopbackServer(create_app(EngineConfig(port=0, **overrides))).start()
+        servers.append(server)
+        return server.url, server
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+@pytest.fixture
+async def http():
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        yield session

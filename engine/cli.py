@@ -1,0 +1,69 @@
+"""`kvroute engine`: run one engine server."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from engine.config import BACKENDS, ROLES, EngineConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = EngineConfig()
+    p = argparse.ArgumentParser(prog="kvroute engine", description="Run a kvroute engine server.")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--instance-id", default=d.instance_id, help="default: engine-<port>")
+    p.add_argument("--cluster-id", default=d.cluster_id, help="default: the instance id")
+    p.add_argument("--backend", choices=BACKENDS, default=d.backend)
+    p.add_argument("--role", choices=ROLES, default=d.role)
+    p.add_argument("--model", default=d.model, help="local Hugging Face Llama-family checkpoint dir")
+    p.add_argument("--served-model-name", default=d.served_model_name)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--num-blocks", type=int, default=d.num_blocks)
+    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
+    p.add_argument("--max-running", type=int, default=d.max_running)
+    p.add_argument("--max-waiting", type=int, default=d.max_waiting)
+    p.add_argument("--redis", default=d.redis, help="also append KV events to this Redis's stream")
+    p.add_argument("--cost-model", default=d.cost_model, help="sim backend: cost model preset")
+    p.add_argument("--time-scale", type=float, default=d.time_scale, help="sim backend: scale step times")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--num-threads", type=int, default=d.num_threads)
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--calibrate", action="store_true",
+                   help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
+    p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    try:
+        config = EngineConfig(**{k: v for k, v in vars(args).items() if k in fields})
+        if args.calibrate:
+            from engine.calibrate import run_calibration
+
+            return run_calibration(config, args.calibrate_out)
+        from engine.model.config import ModelConfig  # validate --model before binding a port
+
+        from router.tokenizer import load_tokenizer
+
+        if config.model:
+            ModelConfig.from_hf_dir(config.model)
+        load_tokenizer(config.model)
+    except ValueError as e:
+        print(f"kvroute engine: {e}", file=sys.stderr)
+        return 2
+    from engine.server import create_app
+    from router.serve import run_app
+
+    return run_app(create_app(config), config.host, config.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

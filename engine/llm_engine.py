@@ -1,0 +1,201 @@
+"""The engine loop: step -> schedule -> run -> postprocess, plus request handles.
+
+Requests enter through `add_request`, which returns a handle whose queue receives
+one `Output` per generated token. Aborts (client gone, stop string hit) are applied
+between steps, never while the runner is writing into a sequence's blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.kv_events import KVEventLog
+from engine.metrics import EngineMetrics
+from engine.scheduler import Scheduler, SchedulerConfig, Step
+from engine.sequence import Sequence
+from engine.work import ModelRunner, SamplingParams
+from router.errors import Overloaded
+from router.protocol import LoadRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Output:
+    token_id: int | None
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class RequestHandle:
+    def __init__(self, seq: Sequence) -> None:
+        self.seq = seq
+        self.queue: asyncio.Queue[Output] = asyncio.Queue()
+
+    @property
+    def num_cached(self) -> int:
+        return self.seq.num_cached
+
+    @property
+    def finished(self) -> bool:
+        return self.seq.is_finished
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, stop_token_ids: frozenset[int],
+                 metrics: EngineMetrics) -> None:
+        self.config = config
+        self.runner = runner
+        self.metrics = metrics
+        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_batched_tokens, config.max_running, runner.info.max_model_len),
+            self.block_manager,
+            stop_token_ids,
+        )
+        self.events = KVEventLog(config.instance, capacity=config.event_buffer)
+        self.requests: dict[str, RequestHandle] = {}
+        self._aborts: set[str] = set()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.events.append("cleared", [])
+        self._task = asyncio.create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for handle in self.requests.values():
+            handle.queue.put_nowait(Output(None, True, "abort", error="engine shutting down"))
+        self.runner.close()
+
+    # -- requests -----------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+                    hash_seed: int) -> RequestHandle:
+        if len(self.scheduler.waiting) >= self.config.max_waiting:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise Overloaded(f"engine queue is full ({self.config.max_waiting} waiting requests)", retry_after=1)
+        seq = Sequence(request_id, prompt_ids, sampling, hash_seed, arrival=time.monotonic())
+        handle = RequestHandle(seq)
+        self.requests[request_id] = handle
+        self.scheduler.add(seq)
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        self._wakeup.set()
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        handle = self.requests.get(request_id)
+        if handle is not None and not handle.finished:
+            self._aborts.add(request_id)
+            self._wakeup.set()
+
+    def load(self) -> LoadRecord:
+        return LoadRecord(
+            instance=self.config.instance,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_used_blocks=self.block_manager.num_used,
+            kv_total_blocks=self.block_manager.num_blocks,
+            queued_prefill_tokens=self.scheduler.queued_prefill_tokens,
+            ts=time.time(),
+        )
+
+    # -- the loop -----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            self._apply_aborts()
+            if not self.scheduler.has_work():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            step = self.scheduler.schedule()
+            self._publish_events()
+            if self.scheduler.dropped:
+                self._deliver(Step(self.scheduler.dropped, [0] * len(self.scheduler.dropped)), [None] * len(self.scheduler.dropped))
+                self.scheduler.dropped = []
+            if not step.seqs:
+                self._fail_unschedulable()
+                await asyncio.sleep(0)
+                continue
+            t0 = time.perf_counter()
+            try:
+                tokens = await self.runner.execute(step.works())
+            except Exception as e:  # a runner bug must not kill the server
+                log.exception("model step failed")
+                self._fail(step, f"model step failed: {e}")
+                continue
+            self.metrics.observe_step(time.perf_counter() - t0, sum(step.num_tokens))
+            self.scheduler.postprocess(step, tokens)
+            self._publish_events()
+            self._deliver(step, tokens)
+            self.metrics.observe_state(self)
+
+    def _deliver(self, step: Step, tokens: list[int | None]) -> None:
+        now = time.monotonic()
+        for seq, token in zip(step.seqs, tokens):
+            handle = self.requests.get(seq.request_id)
+            if handle is None:
+                continue
+            if token is not None:
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                    self.metrics.ttft.observe(now - seq.arrival)
+                else:
+                    self.metrics.itl.observe(now - seq.last_token_time)
+                seq.last_token_time = now
+                self.metrics.generation_tokens.inc()
+                handle.queue.put_nowait(Output(token, seq.is_finished, seq.finish_reason))
+            elif seq.is_finished:
+                handle.queue.put_nowait(Output(None, True, seq.finish_reason))
+            if seq.is_finished:
+                self._retire(seq)
+
+    def _apply_aborts(self) -> None:
+        for request_id in self._aborts:
+            handle = self.requests.get(request_id)
+            if handle is not None and not handle.finished:
+                self.scheduler.abort(handle.seq)
+                handle.queue.put_nowait(Output(None, True, "abort"))
+                self.metrics.aborted.inc()
+                self._retire(handle.seq)
+        self._aborts.clear()
+
+    def _retire(self, seq: Sequence) -> None:
+        self.requests.pop(seq.request_id, None)
+        self.metrics.e2e.observe(time.monotonic() - seq.arrival)
+
+    def _publish_events(self) -> None:
+        for kind, blocks, parent in self.block_manager.drain_events():
+            self.events.append(kind, blocks, parent)
+            self.metrics.kv_events.labels(kind).inc()
+
+    def _fail(self, step: Step, message: str) -> None:
+        for seq in step.seqs:
+            if not seq.is_finished:
+                self.scheduler.abort(seq)
+            handle = self.requests.get(seq.request_id)
+            if handle is not None:
+                handle.queue.put_nowait(Output(None, True, "abort", error=message))
+                self._retire(seq)
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing runs and the head of the queue cannot get blocks: it can never fit."""
+        if self.scheduler.running or not self.scheduler.waiting:
+            return
+        seq = self.scheduler.waiting[0]
+        self._fail(Step([seq], [0]), "prompt does not fit in the KV block pool")

@@ -1,0 +1,49 @@
+"""OpenAI response bodies and stream chunks for completions and chat completions."""
+
+from __future__ import annotations
+
+import time
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class ResponseFormat:
+    """Builds the bodies of one request; `kind` is "completion" or "chat"."""
+
+    def __init__(self, kind: str, request_id: str, model: str) -> None:
+        self.kind = kind
+        self.id = request_id
+        self.model = model
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list, usage_: dict | None) -> dict:
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if usage_ is not None:
+            body["usage"] = usage_
+        return body
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, usage_: dict | None = None,
+              first: bool = False) -> dict:
+        if self.kind == "chat":
+            delta: dict = {"role": "assistant", "content": text or ""} if first else {}
+            if text and not first:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return self._envelope("chat.completion.chunk", [choice], usage_)
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope("text_completion", [choice], usage_)
+
+    def full(self, text: str, finish_reason: str | None, usage_: dict) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            return self._envelope("chat.completion", [choice], usage_)
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope("text_completion", [choice], usage_)

@@ -1,0 +1,34 @@
+"""Model runner registry: `--backend` name -> factory. Torch is imported only when used."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from engine.config import EngineConfig
+from engine.cost_model import get_cost_model
+from engine.model.config import ModelConfig
+from engine.work import ModelRunner, RunnerInfo
+
+
+def model_config(config: EngineConfig) -> ModelConfig:
+    return ModelConfig.from_hf_dir(config.model) if config.model else ModelConfig.tiny()
+
+
+def _torch(config: EngineConfig) -> ModelRunner:
+    from engine.torch_runner import TorchRunner
+
+    return TorchRunner(model_config(config), config.num_blocks, config.block_size, model_dir=config.model,
+                       device=config.device, num_threads=config.num_threads, seed=config.seed)
+
+
+def _sim(config: EngineConfig) -> ModelRunner:
+    from engine.sim import SimRunner
+
+    mc = model_config(config)
+    info = RunnerInfo(model=mc.name, vocab_size=mc.vocab_size, max_model_len=mc.max_position_embeddings,
+                      eos_token_id=mc.eos_token_id, dtype=mc.dtype, num_layers=mc.num_layers,
+                      num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    return SimRunner(get_cost_model(config.cost_model), info, seed=config.seed, time_scale=config.time_scale)
+
+
+RUNNERS: dict[str, Callable[[EngineConfig], ModelRunner]] = {"torch": _torch, "sim": _sim}

@@ -1,0 +1,214 @@
+"""The engine's aiohttp application: OpenAI endpoints, KV info/snapshot/events, load, metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from engine.config import EngineConfig
+from engine.event_publisher import RedisEventPublisher
+from engine.llm_engine import LLMEngine
+from engine.metrics import EngineMetrics
+from engine.runners import RUNNERS
+from engine.serving import CompletionService
+from router.errors import BadRequest
+from router.http import error_middleware, json_response, read_json
+from router.protocol import hash_seed
+from router.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", EngineConfig)
+ENGINE = web.AppKey("engine", LLMEngine)
+SERVICE = web.AppKey("service", CompletionService)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+METRICS = web.AppKey("metrics", EngineMetrics)
+
+MAX_EVENTS_TIMEOUT_S = 30.0
+
+
+def model_name(app: web.Application) -> str:
+    return app[CONFIG].served_model_name or app[ENGINE].runner.info.model
+
+
+async def _engine_ctx(app: web.Application):
+    config = app[CONFIG]
+    runner = RUNNERS[config.backend](config)
+    tokenizer = load_tokenizer(config.model)
+    name = config.served_model_name or runner.info.model
+    metrics = EngineMetrics(name)
+    stop_ids = frozenset(tokenizer.stop_token_ids) | (
+        {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
+    engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
+    app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
+    app[SERVICE] = CompletionService(engine, tokenizer, name)
+    await engine.start()
+    log.info("engine %s ready: backend=%s model=%s blocks=%d x %d", config.instance, config.backend, name,
+             config.num_blocks, config.block_size)
+    yield
+    await engine.stop()
+
+
+async def _redis_ctx(app: web.Application):
+    publisher = RedisEventPublisher(app[CONFIG].redis, app[ENGINE])
+    await publisher.start()
+    yield
+    await publisher.stop()
+
+
+def kv_info(app: web.Application) -> dict:
+    config, engine, tok = app[CONFIG], app[ENGINE], app[TOKENIZER]
+    info = engine.runner.info
+    return {
+        "instance_id": config.instance,
+        "cluster_id": config.cluster,
+        "model": model_name(app),
+        "block_size": config.block_size,
+        "hash_seed": hash_seed(model_name(app)),
+        "hash_algo": "xxh3_64-chained-u32le",
+        "tokenizer": tok.fingerprint,
+        "role": config.role,
+        "backend": config.backend,
+        "num_blocks": config.num_blocks,
+        "max_model_len": info.max_model_len,
+        "dtype": info.dtype,
+        "num_layers": info.num_layers,
+        "num_kv_heads": info.num_kv_heads,
+        "head_dim": info.head_dim,
+        "epoch": engine.events.epoch,
+    }
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVICE].handle(request, "completion")
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVICE].handle(request, "chat")
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    app = request.app
+    card = {"id": model_name(app), "object": "model", "created": int(time.time()), "owned_by": "kvroute",
+            "max_model_len": app[ENGINE].runner.info.max_model_len}
+    return json_response({"object": "list", "data": [card]})
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return json_response({"status": "ok", "instance_id": request.app[CONFIG].instance})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    request.app[METRICS].observe_state(request.app[ENGINE])
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def handle_load(request: web.Request) -> web.Response:
+    return json_response(request.app[ENGINE].load().to_dict())
+
+
+async def handle_kv_info(request: web.Request) -> web.Response:
+    return json_response(kv_info(request.app))
+
+
+async def handle_kv_snapshot(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    return json_response({
+        "instance": engine.config.instance,
+        "epoch": engine.events.epoch,
+        "seq": engine.events.seq,
+        "tiers": {"device": engine.block_manager.cached_hashes()},
+        "load": engine.load().to_dict(),
+    })
+
+
+def _query_number(request: web.Request, name: str, default, cast):
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter '{name}' must be a number, got {raw!r}", param=name) from None
+    if value < 0:
+        raise BadRequest(f"query parameter '{name}' must be >= 0", param=name)
+    return value
+
+
+async def handle_kv_events(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    since = _query_number(request, "since", 0, int)
+    timeout = min(_query_number(request, "timeout", 0.0, float), MAX_EVENTS_TIMEOUT_S)
+    epoch = _query_number(request, "epoch", None, int)
+    batch = await engine.events.wait(since, timeout, epoch)
+    return json_response({
+        "instance": engine.config.instance,
+        "epoch": batch.epoch,
+        "seq": batch.seq,
+        "resync": batch.resync,
+        "events": [e.to_dict() for e in batch.events],
+        "load": engine.load().to_dict(),
+    })
+
+
+async def handle_tokenize(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    service = request.app[SERVICE]
+    service.check_model(body.get("model"))
+    tok = request.app[TOKENIZER]
+    try:
+        if "messages" in body:
+            tokens = tok.encode_chat(body["messages"])
+        elif isinstance(body.get("prompt"), str):
+            tokens = tok.encode(body["prompt"])
+        else:
+            raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    return json_response({"count": len(tokens), "max_model_len": service.max_model_len, "tokens": tokens})
+
+
+async def handle_get_model_info(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    return json_response({"model_path": config.model or model_name(request.app),
+                          "tokenizer_path": config.model or "builtin", "is_generation": True})
+
+
+async def handle_get_server_info(request: web.Request) -> web.Response:
+    import dataclasses
+
+    info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items() if k != "redis"}
+    info.update(kv_info(request.app), version="kvroute-0.1.0")
+    return json_response(info)
+
+
+async def handle_get_load(request: web.Request) -> web.Response:
+    load = request.app[ENGINE].load()
+    return json_response({"load": load.running + load.waiting, "num_reqs": load.running,
+                          "num_waiting_reqs": load.waiting, "num_tokens": load.queued_prefill_tokens})
+
+
+def create_app(config: EngineConfig) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app[CONFIG] = config
+    app.cleanup_ctx.append(_engine_ctx)
+    if config.redis:
+        app.cleanup_ctx.append(_redis_ctx)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/load", handle_load)
+    app.router.add_get("/kv/info", handle_kv_info)
+    app.router.add_get("/kv/snapshot", handle_kv_snapshot)
+    app.router.add_get("/kv/events", handle_kv_events)
+    app.router.add_post("/tokenize", handle_tokenize)
+    app.router.add_get("/get_model_info", handle_get_model_info)
+    app.router.add_get("/get_server_info", handle_get_server_info)
+    app.router.add_get("/get_load", handle_get_load)
+    return app

@@ -1,0 +1,147 @@
+"""Parse and validate OpenAI completion / chat-completion bodies (engine and router alike).
+
+Validation happens before anything is queued or forwarded, and every problem
+becomes a BadRequest naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from router.errors import BadRequest
+
+KINDS = ("completion", "chat")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionRequest:
+    kind: str  # "completion" | "chat"
+    body: dict
+    model: str | None
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    messages: tuple[dict, ...] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    cache_salt: str | None = None
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"'{name}' must be a number", param=name)
+    if not lo <= value <= hi:
+        raise BadRequest(f"'{name}' must be between {lo} and {hi}, got {value}", param=name)
+    return float(value)
+
+
+def _optional_int(body: dict, name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer", param=name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+        raise BadRequest("'stop' must be a non-empty string or a list of up to 4 non-empty strings", param="stop")
+    return tuple(stop)
+
+
+def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("'prompt' is required", param="prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest("'prompt' must not be empty", param="prompt")
+        return prompt, None
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if min(prompt) < 0:
+            raise BadRequest("token ids in 'prompt' must be non-negative", param="prompt")
+        return None, tuple(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise BadRequest("only one prompt per request is supported", param="prompt")
+    raise BadRequest("'prompt' must be a string or a non-empty list of token ids", param="prompt")
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    messages = body.get("messages")
+    if messages is None:
+        raise BadRequest("'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param="messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise BadRequest(f"messages[{i}].content parts must be text parts", param="messages")
+        elif not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", param="messages")
+    return tuple(messages)
+
+
+def parse_request(body: Any, kind: str) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    n = body.get("n", 1)
+    if n != 1:
+        raise BadRequest("only n=1 is supported", param="n")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", param="stream_options")
+    max_tokens = _optional_int(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
+    if max_tokens is not None and max_tokens <= 0:
+        raise BadRequest(f"'max_tokens' must be at least 1, got {max_tokens}", param="max_tokens")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest("'ignore_eos' must be a boolean", param="ignore_eos")
+    salt = body.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadRequest("'cache_salt' must be a string", param="cache_salt")
+    fields: dict = {}
+    if kind == "chat":
+        fields["messages"] = _messages(body)
+    else:
+        fields["prompt"], fields["prompt_ids"] = _prompt(body)
+    return CompletionRequest(
+        kind=kind,
+        body=body,
+        model=model,
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+        seed=_optional_int(body, "seed"),
+        stop=_stop(body),
+        ignore_eos=ignore_eos,
+        cache_salt=salt or None,
+        **fields,
+    )

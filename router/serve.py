@@ -1,0 +1,31 @@
+"""Run an aiohttp app (engine or router) with uvloop when available and clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+
+def install_uvloop() -> bool:
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+def run_app(app: web.Application, host: str, port: int) -> int:
+    install_uvloop()
+    try:
+        web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, access_log=None,
+                    shutdown_timeout=5.0)
+    except OSError as e:
+        print(f"kvroute: cannot serve on {host}:{port}: {e}", file=sys.stderr)
+        return 1
+    return 0
