@@ -114,10 +114,12 @@ class CompletionService:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **self.headers})
         await resp.prepare(request)
-        if fmt.kind == "chat":
-            await resp.write(sse_line(fmt.chunk("", first=True)))
+        first = fmt.kind == "chat"  # the role chunk goes out with the first token, as vLLM does
         try:
             async for delta, reason in self._outputs(handle, processor):
+                if first:
+                    await resp.write(sse_line(fmt.chunk("", first=True)))
+                    first = False
                 if reason is not None:
                     await resp.write(sse_line(fmt.chunk(delta, reason, self._usage(handle, processor))))
                 elif delta:
