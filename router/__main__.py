@@ -1,0 +1,5 @@
+import sys
+
+from router.cli import main
+
+sys.exit(main())

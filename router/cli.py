@@ -1,0 +1,65 @@
+"""`kvroute router`: run the KV-cache-aware router."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from router.config import EVENT_SOURCES, RouterConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from router.index import INDEXES
+    from router.policies import POLICIES
+
+    d = RouterConfig.__dataclass_fields__
+    p = argparse.ArgumentParser(prog="kvroute router", description="Run the KV-cache-aware OpenAI router.")
+    p.add_argument("--engine", dest="engines", action="append", required=True, metavar="URL",
+                   help="engine base URL (repeat for each engine)")
+    p.add_argument("--host", default=d["host"].default)
+    p.add_argument("--port", type=int, default=d["port"].default)
+    p.add_argument("--policy", choices=sorted(POLICIES), default=d["policy"].default)
+    p.add_argument("--index", choices=sorted(INDEXES), default=d["index"].default)
+    p.add_argument("--redis", default=None, help="Redis URL for --index redis and/or --events redis")
+    p.add_argument("--events", choices=EVENT_SOURCES, default=d["events"].default,
+                   help="poll each engine's /kv/events (default) or read the engines' Redis stream")
+    p.add_argument("--tokenizer", default=None, help="local HF model dir (for --model DIR engines)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--admin-key", default=None, help="require 'Authorization: Bearer KEY' on /router/*")
+    p.add_argument("--max-inflight", type=int, default=d["max_inflight"].default,
+                   help="per instance; beyond it requests get 429 (0 = unlimited)")
+    p.add_argument("--max-retries", type=int, default=d["max_retries"].default)
+    p.add_argument("--health-interval-s", type=float, default=d["health_interval_s"].default)
+    p.add_argument("--eject-after", type=int, default=d["eject_after"].default)
+    p.add_argument("--readmit-after", type=int, default=d["readmit_after"].default)
+    p.add_argument("--load-interval-s", type=float, default=d["load_interval_s"].default)
+    p.add_argument("--clear-grace-s", type=float, default=d["clear_grace_s"].default)
+    p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fields = {f.name for f in dataclasses.fields(RouterConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    values["engines"] = tuple(values["engines"])
+    try:
+        config = RouterConfig(**values)
+        from router.tokenizer import load_tokenizer
+
+        load_tokenizer(config.tokenizer)
+    except ValueError as e:
+        print(f"kvroute router: {e}", file=sys.stderr)
+        return 2
+    from router.app import create_app
+    from router.serve import run_app
+
+    return run_app(create_app(config), config.host, config.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

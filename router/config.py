@@ -1,0 +1,52 @@
+"""Router configuration: one frozen dataclass, CLI flags map 1:1 onto its fields."""
+
+from __future__ import annotations
+
+import dataclasses
+
+EVENT_SOURCES = ("poll", "redis")
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig:
+    engines: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    policy: str = "kv_aware"
+    index: str = "memory"
+    redis: str | None = None
+    events: str = "poll"  # "poll": follow each engine's /kv/events; "redis": the engines' Redis stream
+    tokenizer: str | None = None  # local HF dir; None = the built-in tokenizer
+    api_key: str | None = None
+    admin_key: str | None = None
+    max_inflight: int = 0  # per instance; 0 = unlimited
+    max_retries: int = 2
+    health_interval_s: float = 2.0
+    eject_after: int = 3
+    readmit_after: int = 2
+    load_interval_s: float = 0.1
+    clear_grace_s: float = 10.0
+    events_timeout_s: float = 2.0
+    connect_timeout_s: float = 2.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.engines:
+            raise ValueError("give at least one --engine URL")
+        for url in self.engines:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--engine must be an http(s) URL, got {url!r}")
+        if len(set(self.engines)) != len(self.engines):
+            raise ValueError("the same --engine URL is given twice")
+        if self.events not in EVENT_SOURCES:
+            raise ValueError(f"--events must be one of {', '.join(EVENT_SOURCES)}, got {self.events!r}")
+        if (self.index == "redis" or self.events == "redis") and not self.redis:
+            raise ValueError("--index redis and --events redis need --redis URL")
+        if self.max_inflight < 0 or self.max_retries < 0:
+            raise ValueError("--max-inflight and --max-retries must be >= 0")
+        if min(self.health_interval_s, self.load_interval_s, self.events_timeout_s) <= 0:
+            raise ValueError("intervals and timeouts must be positive")
+        if self.eject_after < 1 or self.readmit_after < 1:
+            raise ValueError("--eject-after and --readmit-after must be >= 1")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be between 0 and 65535, got {self.port}")

@@ -1,0 +1,165 @@
+"""Keep the block index in step with each engine's KV events.
+
+Two transports feed one `EventSync`: long-polling each engine's GET /kv/events
+(`PollFollower`, default) or reading the engines' Redis stream (`RedisFollower`).
+Events are applied strictly in `seq` order per instance and `epoch`; a gap, a new
+epoch or a resync marker reloads that instance from GET /kv/snapshot instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import orjson
+
+from router.cluster import Cluster
+from router.index.base import IndexUnavailable, apply_event
+from router.instance import Instance
+from router.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
+
+log = logging.getLogger(__name__)
+
+
+class EventSync:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.index = cluster.index
+        self.metrics = cluster.metrics
+
+    async def resync(self, inst: Instance) -> None:
+        snap = await self.cluster._get_json(inst, "/kv/snapshot")
+        await self.index.clear(inst.id)
+        total = 0
+        for tier, blocks in (snap.get("tiers") or {}).items():
+            if tier in TIERS and blocks:
+                await self.index.add(inst.id, tier, [int(b) for b in blocks])
+                total += len(blocks)
+        inst.epoch, inst.seq = int(snap["epoch"]), int(snap["seq"])
+        inst.blocks_indexed = total
+        inst.needs_resync = False
+        inst.resyncs += 1
+        self.metrics.resyncs.inc()
+        log.info("resynced %s from snapshot: %d blocks at epoch %d seq %d", inst.id, total, inst.epoch, inst.seq)
+
+    async def apply(self, inst: Instance, events: list[KVEvent]) -> None:
+        """Apply in-order events; flag a resync on a gap or another epoch."""
+        for event in events:
+            if event.epoch == inst.epoch and event.seq <= inst.seq:
+                continue  # already applied (e.g. both snapshot and stream carried it)
+            if event.epoch != inst.epoch or event.seq != inst.seq + 1:
+                log.warning("%s: event gap (epoch %s seq %d after epoch %s seq %d); resyncing", inst.id,
+                            event.epoch, event.seq, inst.epoch, inst.seq)
+                inst.needs_resync = True
+                return
+            await apply_event(self.index, event)
+            inst.seq = event.seq
+            inst.blocks_indexed += len(event.blocks) if event.type == "stored" else -len(event.blocks)
+            if event.type == "cleared":
+                inst.blocks_indexed = 0
+            self.metrics.events.labels(event.type).inc()
+        inst.blocks_indexed = max(inst.blocks_indexed, 0)
+        if events:
+            inst.last_event_time = time.time()
+
+    async def step(self, inst: Instance, coro) -> None:
+        """Run one follower step for `inst`, turning failures into health reports and resyncs."""
+        try:
+            if inst.needs_resync:
+                await self.resync(inst)
+            else:
+                await coro()
+        except IndexUnavailable as e:
+            log.warning("index unavailable while syncing %s: %s", inst.id, e)
+            self.metrics.errors.labels("index").inc()
+            inst.needs_resync = True  # events were lost: reload once the index is back
+            await asyncio.sleep(1.0)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
+            self.cluster.report_failure(inst, f"event feed failed: {e!r}")
+            await asyncio.sleep(0.5)
+
+
+class PollFollower:
+    """Long-polls GET /kv/events of every routable instance."""
+
+    def __init__(self, sync: EventSync) -> None:
+        self.sync = sync
+        self.cluster = sync.cluster
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._follow(inst) for inst in self.cluster.instances))
+
+    async def _follow(self, inst: Instance) -> None:
+        while True:
+            if not inst.routable:
+                await asyncio.sleep(0.1)
+                continue
+            await self.sync.step(inst, lambda: self._poll(inst))
+
+    async def _poll(self, inst: Instance) -> None:
+        timeout = self.cluster.config.events_timeout_s
+        params = {"since": inst.seq, "timeout": timeout}
+        if inst.epoch is not None:
+            params["epoch"] = inst.epoch
+        data = await self.cluster._get_json(inst, "/kv/events", extra_s=timeout, **params)
+        if data.get("load"):
+            load = LoadRecord.from_dict(data["load"])
+            inst.load = load
+            self.sync.metrics.event_lag.observe(max(0.0, time.time() - load.ts))
+        if data.get("resync") or data.get("epoch") != inst.epoch:
+            inst.needs_resync = True
+            return
+        await self.sync.apply(inst, [KVEvent.from_dict(e) for e in data.get("events") or ()])
+
+
+class RedisFollower:
+    """Reads every engine's events from one Redis stream (engines started with --redis)."""
+
+    def __init__(self, sync: EventSync, url: str, stream: str = REDIS_EVENT_STREAM) -> None:
+        import redis.asyncio as aioredis
+
+        self.sync = sync
+        self.cluster = sync.cluster
+        self.client = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        self.stream = stream
+
+    async def run(self) -> None:
+        from redis.exceptions import RedisError
+
+        last_id = "$"
+        while True:
+            for inst in self.cluster.instances:
+                if inst.routable and inst.needs_resync:
+                    await self.sync.step(inst, _noop)
+            try:
+                reply = await self.client.xread({self.stream: last_id}, count=1000, block=500)
+            except (RedisError, OSError) as e:
+                log.warning("redis event stream unavailable: %s", e)
+                self.sync.metrics.errors.labels("redis_stream").inc()
+                for inst in self.cluster.instances:
+                    inst.needs_resync = True
+                await asyncio.sleep(1.0)
+                continue
+            for _, entries in reply or ():
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    await self._handle(orjson.loads(fields[b"data"]))
+
+    async def _handle(self, entry: dict) -> None:
+        inst = self.cluster.by_id(entry.get("instance", ""))
+        if inst is None or not inst.routable:
+            return
+        if entry.get("load"):
+            inst.load = LoadRecord.from_dict(entry["load"])
+            self.sync.metrics.event_lag.observe(max(0.0, time.time() - inst.load.ts))
+        events = [KVEvent.from_dict(e) for e in entry.get("events") or ()]
+        await self.sync.step(inst, lambda: self.sync.apply(inst, events))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+async def _noop() -> None:
+    return None
