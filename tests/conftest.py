@@ -33,12 +33,12 @@ class LoopbackServer:
         self.runner = None
         self.url = ""
 
-    async def start(self):
+    async def start(self, port: int = 0):
         from aiohttp import web
 
         self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
@@ -58,10 +58,11 @@ async def start_engine():
 
     servers = []
 
-    async def start(**overrides):
+    async def start(port=0, **overrides):
+        overrides.setdefault("instance_id", f"e{len(servers)}")
         overrides.setdefault("backend", "sim")
         overrides.setdefault("num_threads", 1)
-        server = await LoopbackServer(create_app(EngineConfig(port=0, **overrides))).start()
+        server = await LoopbackServer(create_app(EngineConfig(port=port, **overrides))).start(port)
         servers.append(server)
         return server.url, server
 
@@ -76,3 +77,25 @@ async def http():
 
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest.fixture
+async def start_router():
+    """Start router apps on loopback over given engine URLs; yields (base URL, server)."""
+    from router.app import create_app
+    from router.config import RouterConfig
+
+    servers = []
+
+    async def start(engines, **overrides):
+        overrides.setdefault("health_interval_s", 0.2)
+        overrides.setdefault("load_interval_s", 0.05)
+        overrides.setdefault("events_timeout_s", 0.5)
+        overrides.setdefault("seed", 0)
+        server = await LoopbackServer(create_app(RouterConfig(engines=tuple(engines), port=0, **overrides))).start()
+        servers.append(server)
+        return server.url, server
+
+    yield start
+    for server in servers:
+        await server.close()

@@ -41,9 +41,16 @@ class PrefillRate:
     def __init__(self, config: RateConfig) -> None:
         self.config = config
         self._rates: dict[str, float] = {}
+        self._fleet_mean = config.initial
 
     def get(self, instance: str) -> float:
-        return self._rates.get(instance, self.config.initial)
+        """The instance's learned rate; an unobserved one gets the fleet's mean, so that
+        the first instance to be measured does not look faster (or slower) than the
+        rest merely because the others still carry the initial guess."""
+        rate = self._rates.get(instance)
+        if rate is not None:
+            return rate
+        return self._fleet_mean if self._rates else self.config.initial
 
     def observe(self, instance: str, work_tokens: int, ttft_s: float) -> bool:
         """Fold one observation in; returns False when the sample was ignored."""
@@ -51,8 +58,9 @@ class PrefillRate:
         if work_tokens < cfg.min_sample_tokens or not ttft_s > 0:
             return False
         sample = min(max(work_tokens / ttft_s, cfg.min_rate), cfg.max_rate)
-        old = self._rates.get(instance, cfg.initial)
+        old = self.get(instance)
         self._rates[instance] = old + cfg.alpha * (sample - old)
+        self._fleet_mean = sum(self._rates.values()) / len(self._rates)
         return True
 
     def snapshot(self) -> dict[str, float]:
