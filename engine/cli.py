@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--num-threads", type=int, default=d.num_threads)
     p.add_argument("--device", default=d.device)
+    p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16", "float16"),
+                   help="override the checkpoint's dtype (bf16 is slow on most CPUs)")
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")

@@ -29,6 +29,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     device: str = "cpu"
+    dtype: str | None = None  # override the checkpoint's dtype (float32, bfloat16, float16)
     event_buffer: int = 10_000
 
     def __post_init__(self) -> None:
@@ -46,6 +47,8 @@ class EngineConfig:
             raise ValueError("--max-running must be >= 1 and --max-waiting >= 0")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.time_scale <= 0:
             raise ValueError("--time-scale must be positive")
 

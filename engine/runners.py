@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from engine.config import EngineConfig
@@ -11,7 +12,8 @@ from engine.work import ModelRunner, RunnerInfo
 
 
 def model_config(config: EngineConfig) -> ModelConfig:
-    return ModelConfig.from_hf_dir(config.model) if config.model else ModelConfig.tiny()
+    mc = ModelConfig.from_hf_dir(config.model) if config.model else ModelConfig.tiny()
+    return dataclasses.replace(mc, dtype=config.dtype) if config.dtype else mc
 
 
 def _torch(config: EngineConfig) -> ModelRunner:
