@@ -46,9 +46,11 @@ def time_step(runner, works, repeats: int) -> float:
 
 
 def fit(rows: list[tuple[tuple[float, ...], float]]) -> np.ndarray:
-    """Least squares on [1, features...] with coefficients forced >= 0 (drop-and-refit)."""
-    x = np.array([(1.0, *f) for f, _ in rows])
-    y = np.array([t for _, t in rows])
+    """Least squares of the *relative* error on [1, features...], coefficients forced >= 0
+    (drop the most negative one and refit), so short decode steps weigh as much as long prefills."""
+    t = np.array([t for _, t in rows])
+    x = np.array([(1.0, *f) for f, _ in rows]) / t[:, None]
+    y = np.ones_like(t)
     active = list(range(x.shape[1]))
     while True:
         coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
@@ -62,7 +64,8 @@ def fit(rows: list[tuple[tuple[float, ...], float]]) -> np.ndarray:
 def run_calibration(config: EngineConfig, out_path: str | None = None, repeats: int = 5) -> int:
     from engine.runners import RUNNERS
 
-    runner = RUNNERS["torch"](dataclasses.replace(config, backend="torch", num_blocks=max(config.num_blocks, 4096)))
+    runner = RUNNERS["torch"](dataclasses.replace(config, backend="torch", num_blocks=max(config.num_blocks, 4096),
+                                                  num_threads=config.num_threads or 1))
     probe = CostModel("probe", 0.0, 0.0, 0.0, 0.0, 0.0)
     bs = config.block_size
     rows = []
