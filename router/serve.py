@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 from aiohttp import web
@@ -12,6 +13,9 @@ log = logging.getLogger(__name__)
 
 
 def install_uvloop() -> bool:
+    """Use uvloop unless KVROUTE_NO_UVLOOP=1 (kept for before/after measurements)."""
+    if os.environ.get("KVROUTE_NO_UVLOOP") == "1":
+        return False
     try:
         import uvloop
     except ImportError:
