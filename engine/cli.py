@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvroute engine", description="Run a kvroute engine server.")
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--instance-id", default=d.instance_id, help="default: engine-<port>")
+    p.add_argument("--instance-id", default=d.instance_id, help="default: <hostname>:<port>")
     p.add_argument("--cluster-id", default=d.cluster_id, help="default: the instance id")
     p.add_argument("--backend", choices=BACKENDS, default=d.backend)
     p.add_argument("--role", choices=ROLES, default=d.role)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 BACKENDS = ("torch", "sim")
 ROLES = ("both", "prefill", "decode")
@@ -12,7 +13,7 @@ ROLES = ("both", "prefill", "decode")
 class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 8001
-    instance_id: str = ""  # default: "engine-<port>"
+    instance_id: str = ""  # default: "<hostname>:<port>"
     cluster_id: str = ""  # default: the instance id
     backend: str = "torch"
     role: str = "both"
@@ -54,7 +55,7 @@ class EngineConfig:
 
     @property
     def instance(self) -> str:
-        return self.instance_id or f"engine-{self.port}"
+        return self.instance_id or f"{socket.gethostname()}:{self.port}"
 
     @property
     def cluster(self) -> str:
