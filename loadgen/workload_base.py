@@ -31,3 +31,7 @@ class Workload(Protocol):
     def requests(self) -> list[RequestSpec]:
         """All requests, in index order (index == position)."""
         ...
+
+    def info(self) -> dict:
+        """The knobs and any scaling applied (reported as `workload_info` in summaries)."""
+        ...

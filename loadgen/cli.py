@@ -1,0 +1,224 @@
+"""`kvroute loadgen`: drive an OpenAI-compatible endpoint with a workload; write requests.jsonl and summary.json.
+
+Bad arguments and an unreachable target give one line on stderr and a non-zero
+exit. Ctrl-C stops sending, cancels what is in flight and still writes what was
+measured (exit 130).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import math
+import pathlib
+import signal
+import sys
+
+import aiohttp
+
+from loadgen.arrivals import ArrivalConfig, count_within
+from loadgen.client import APIS, PROMPT_FORMATS, TargetError, normalize_target, probe_target
+from loadgen.progress import Progress
+from loadgen.report import write_run
+from loadgen.runner import LoadConfig, LoadResult, run_load
+from loadgen.summary import format_summary
+from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
+
+PROG = "kvroute loadgen"
+CLOSED_LOOP_CAP = 10_000  # requests generated for --concurrency with --duration and no --num-requests
+KNOB_HELP = {
+    "groups": "number of groups",
+    "prefix_tokens": "tokens of each group's shared system prompt",
+    "question_tokens": "tokens of each question",
+    "output_tokens": "output tokens per request (max_tokens with ignore_eos)",
+    "input_tokens": "prompt tokens",
+    "turns": "turns per session",
+    "system_tokens": "tokens of a system prompt shared by all sessions",
+    "answer_tokens": "synthetic answer tokens appended after each turn",
+    "think_time": "seconds between a turn's end and the next turn",
+    "documents": "number of documents",
+    "doc_tokens": "tokens per document",
+    "zipf": "Zipf exponent of document popularity (0 = uniform)",
+    "trace_block_tokens": "tokens per hash id (the trace's blocks are 512)",
+    "trace_time_scale": "multiply timestamps by this (2 = half the rate)",
+    "trace_max_input": "truncate prompts to this many tokens",
+    "trace_max_output": "cap output lengths at this many tokens",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _knob_defaults() -> dict[str, tuple[type, list[str]]]:
+    knobs: dict[str, tuple[type, list[str]]] = {}
+    for name, config in CONFIGS.items():
+        for f in dataclasses.fields(config):
+            if f.name not in ("num_requests", "path"):
+                knobs.setdefault(f.name, (type(f.default), []))[1].append(name)
+    return knobs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
+    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--workload", required=True, help=f"one of {workload_names()}")
+    p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
+    p.add_argument("--rate", type=float, help="open loop: requests/s (session starts for multi-turn)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
+    p.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    p.add_argument("--duration", type=float, help="stop sending after this many seconds")
+    p.add_argument("--num-requests", type=int, help="requests to generate (trace: the first N lines)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
+    p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
+    p.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
+    p.add_argument("--api", choices=list(APIS), default="completions")
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="tokens",
+                   help="tokens: token-id lists (exact sharing); text: decoded text (re-tokenization may "
+                        "shift a few boundary tokens)")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    for name, (kind, workloads) in _knob_defaults().items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
+                       help=f"{KNOB_HELP.get(name, name)} [{', '.join(workloads)}]")
+    return p
+
+
+def _knobs(args: argparse.Namespace, workload: str) -> dict:
+    allowed = set(knob_names(workload))
+    given = {k: v for k, v in vars(args).items() if k in _knob_defaults() and v is not None}
+    for name in given:
+        if name not in allowed:
+            flags = ", ".join("--" + k.replace("_", "-") for k in knob_names(workload) if k != "num_requests")
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to workload {split_name(workload)[0]}; "
+                             f"its flags: {flags or 'none'}")
+    return given
+
+
+def _count_starts(workload) -> tuple[int, int]:
+    specs = workload.requests()
+    return len(specs), sum(s.after is None for s in specs)
+
+
+def build_workload(args: argparse.Namespace, arrival: ArrivalConfig):
+    """The workload, sized by --num-requests, or by --duration at --rate (session starts), or a cap."""
+    knobs = _knobs(args, args.workload)
+    if args.num_requests is not None:
+        return make_workload(args.workload, seed=args.seed, num_requests=args.num_requests, **knobs)
+    if args.duration is None or arrival.mode == "fixed":
+        return make_workload(args.workload, seed=args.seed, **knobs)
+    if arrival.mode == "closed":
+        return make_workload(args.workload, seed=args.seed, num_requests=CLOSED_LOOP_CAP, **knobs)
+    needed = max(1, count_within(arrival.rate, arrival.burstiness, args.duration, args.seed))
+    workload = make_workload(args.workload, seed=args.seed, num_requests=needed, **knobs)
+    total, starts = _count_starts(workload)
+    if starts < needed:  # several requests per start (multi-turn)
+        scaled = math.ceil(total * needed / starts)
+        workload = make_workload(args.workload, seed=args.seed, num_requests=scaled, **knobs)
+    return workload
+
+
+def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
+    split_name(args.workload)
+    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    for flag in ("slo_ttft", "slo_tpot"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    arrival = ArrivalConfig(rate=args.rate, burstiness=args.burstiness, concurrency=args.concurrency)
+    workload = build_workload(args, arrival)
+    config = LoadConfig(target=normalize_target(args.target), arrival=arrival, duration_s=args.duration,
+                        model=args.model, api=args.api, prompt_format=args.prompt_format,
+                        request_timeout_s=args.request_timeout, seed=args.seed)
+    specs = workload.requests()
+    if arrival.mode == "fixed" and any(s.arrival_s is None for s in specs if s.after is None):
+        raise ValueError(f"workload {args.workload} needs --rate R (open loop) or --concurrency C (closed loop)")
+    return config, workload, len(specs)
+
+
+async def _run(config: LoadConfig, workload, header: str, show_progress: bool) -> LoadResult:
+    async with aiohttp.ClientSession() as session:
+        await probe_target(session, config.target)  # fail in one line before printing anything
+    print(header, file=sys.stderr)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+
+    def on_sigint() -> None:
+        if stop.is_set():
+            main_task.cancel()
+        stop.set()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (RuntimeError, ValueError, NotImplementedError):  # not the main thread, or no signals here
+        pass
+    try:
+        return await run_load(config, workload, progress=Progress() if show_progress else None, stop=stop)
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (RuntimeError, ValueError, NotImplementedError):
+            pass
+
+
+def _loop_factory():
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        config, workload, n = _check(args)
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    except (UsageError, ValueError, OSError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    limit = f"up to {n} requests in {args.duration:g} s" if args.duration else f"{n} requests"
+    header = f"{PROG}: {args.workload}, {limit}, {config.arrival.describe()} -> {config.target}"
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            result = runner.run(_run(config, workload, header, not args.no_progress))
+    except (TargetError, ValueError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return _finish(args, config, result)
+
+
+def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) -> int:
+    """Write requests.jsonl and summary.json, print the table; the exit status."""
+    summary = {"target": config.target, "workload": args.workload, "model": result.model,
+               **result.summary(args.slo_ttft, args.slo_tpot)}
+    try:
+        write_run(args.out, summary, result.records)
+    except OSError as e:
+        print(f"{PROG}: cannot write to {args.out}: {e}", file=sys.stderr)
+        return 1
+    print(format_summary(summary))
+    if result.interrupted:
+        print(f"{PROG}: interrupted; wrote the {len(result.records)} requests that finished", file=sys.stderr)
+        return 130
+    if result.records and summary["completed"] == 0:
+        print(f"{PROG}: all {len(result.records)} requests failed: {next(iter(summary['error_kinds']))}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

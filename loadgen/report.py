@@ -1,0 +1,97 @@
+"""Write what runs measured: one run's files (`write_run`) and a comparison of runs (`write_report`).
+
+    write_run(out_dir, summary, records)      -> requests.jsonl, summary.json
+    write_report(out_dir, runs)               -> results.json, results.md, ttft_cdf.png,
+                                                 ttft_over_time.png, requests_per_instance.png
+
+A run is a `Run(name, summary, records)`, a (name, summary, records) tuple or a
+dict with those keys; records are RequestRecord objects or their dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+from loadgen.plots import PLOTS
+from loadgen.record import RequestRecord, as_record
+
+_JSON = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+COLUMNS = (  # (header, summary key, scale, digits, unit)
+    ("requests", "requests", 1, 0, ""), ("errors", "errors", 1, 0, ""),
+    ("TTFT p50", "ttft_p50_s", 1000, 0, " ms"), ("TTFT p90", "ttft_p90_s", 1000, 0, " ms"),
+    ("TTFT p99", "ttft_p99_s", 1000, 0, " ms"), ("TPOT p50", "tpot_p50_s", 1000, 1, " ms"),
+    ("E2E p50", "e2e_p50_s", 1, 3, " s"), ("cached", "cached_token_ratio", 100, 1, "%"),
+    ("goodput", "goodput", 100, 1, "%"), ("req/s", "throughput_rps", 1, 2, ""), ("tok/s", "output_tok_s", 1, 0, ""),
+)
+
+
+@dataclasses.dataclass
+class Run:
+    name: str
+    summary: dict
+    records: Sequence[RequestRecord | Mapping[str, Any]] = ()
+
+
+def _as_run(run: Run | tuple | Mapping) -> Run:
+    if isinstance(run, Run):
+        return run
+    if isinstance(run, Mapping):
+        return Run(run["name"], run["summary"], run.get("records", ()))
+    return Run(*run)
+
+
+def write_run(out_dir: str | pathlib.Path, summary: Mapping, records: Sequence) -> None:
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "requests.jsonl", "wb") as f:
+        for r in records:
+            f.write(orjson.dumps(as_record(r).to_dict()) + b"\n")
+    (out / "summary.json").write_bytes(orjson.dumps(dict(summary), option=_JSON))
+
+
+def _cell(summary: Mapping, key: str, scale: float, digits: int, unit: str) -> str:
+    value = summary.get(key)
+    return "-" if value is None else f"{value * scale:.{digits}f}{unit}"
+
+
+def markdown_table(runs: Sequence[Run]) -> str:
+    lines = ["| run | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for run in runs:
+        lines.append(f"| {run.name} | " + " | ".join(_cell(run.summary, *c[1:]) for c in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def _markdown(runs: Sequence[Run]) -> str:
+    parts = ["# Results", "", markdown_table(runs), ""]
+    slo = runs[0].summary if runs else {}
+    if slo.get("slo_ttft_s") is not None or slo.get("slo_tpot_s") is not None:
+        parts += [f"Goodput SLOs: TTFT <= {slo.get('slo_ttft_s')} s, TPOT <= {slo.get('slo_tpot_s')} s.", ""]
+    for run in runs:
+        share = run.summary.get("instance_share") or {}
+        if share:
+            parts.append(f"- {run.name}: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items()))
+    infos = [(r.name, orjson.dumps(r.summary["workload_info"]).decode()) for r in runs if r.summary.get("workload_info")]
+    if infos and len({info for _, info in infos}) == 1:
+        parts += ["", f"Workload: `{infos[0][1]}`"]
+    elif infos:
+        parts += ["", "Workloads:", ""] + [f"- {name}: `{info}`" for name, info in infos]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def write_report(out_dir: str | pathlib.Path, runs: Sequence[Run | tuple | Mapping]) -> dict[str, pathlib.Path]:
+    """Write results.json, results.md and the PNG plots under out_dir; return {file name: path}."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [_as_run(r) for r in runs]
+    written = {"results.json": out / "results.json", "results.md": out / "results.md"}
+    written["results.json"].write_bytes(orjson.dumps([{"name": r.name, **r.summary} for r in runs], option=_JSON))
+    written["results.md"].write_text(_markdown(runs), encoding="utf-8")
+    named = [(r.name, [as_record(x) for x in r.records]) for r in runs]
+    for file_name, plot in PLOTS.items():
+        written[file_name] = out / file_name
+        plot(named, written[file_name])
+    return written
