@@ -65,11 +65,10 @@ def _knob_defaults() -> dict[str, tuple[type, list[str]]]:
     return knobs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
-    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--workload", required=True, help=f"one of {workload_names()}")
-    p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
+def add_load_args(p: argparse.ArgumentParser, workload_default: str | None = None) -> None:
+    """Workload, arrival and SLO flags, shared by `kvroute loadgen` and `kvroute bench`."""
+    p.add_argument("--workload", required=workload_default is None, default=workload_default,
+                   help=f"one of {workload_names()}")
     p.add_argument("--rate", type=float, help="open loop: requests/s (session starts for multi-turn)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
     p.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
@@ -88,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (kind, workloads) in _knob_defaults().items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
                        help=f"{KNOB_HELP.get(name, name)} [{', '.join(workloads)}]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
+    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
+    add_load_args(p)
     return p
 
 
@@ -125,22 +131,27 @@ def build_workload(args: argparse.Namespace, arrival: ArrivalConfig):
     return workload
 
 
-def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
+def check_load_args(args: argparse.Namespace, target: str = "") -> tuple[LoadConfig, object, int]:
+    """Validate the shared flags; the load config (for `target`), the workload and its size."""
     split_name(args.workload)
-    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
     for flag in ("slo_ttft", "slo_tpot"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     arrival = ArrivalConfig(rate=args.rate, burstiness=args.burstiness, concurrency=args.concurrency)
     workload = build_workload(args, arrival)
-    config = LoadConfig(target=normalize_target(args.target), arrival=arrival, duration_s=args.duration,
+    config = LoadConfig(target=normalize_target(target) if target else "", arrival=arrival, duration_s=args.duration,
                         model=args.model, api=args.api, prompt_format=args.prompt_format,
                         request_timeout_s=args.request_timeout, seed=args.seed)
     specs = workload.requests()
     if arrival.mode == "fixed" and any(s.arrival_s is None for s in specs if s.after is None):
         raise ValueError(f"workload {args.workload} needs --rate R (open loop) or --concurrency C (closed loop)")
     return config, workload, len(specs)
+
+
+def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
+    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} exists and is not a directory")
+    return check_load_args(args, args.target)
 
 
 async def _run(config: LoadConfig, workload, header: str, show_progress: bool) -> LoadResult:

@@ -1,0 +1,153 @@
+"""`kvroute bench`: start a local cluster and compare routing policies on one workload.
+
+Each policy gets a fresh cluster (engines restarted, so every run starts cold),
+the same workload and the same seed; `--extra-target NAME=URL` adds any other
+OpenAI endpoint to the comparison. Writes results.json, results.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import pathlib
+import sys
+import time
+
+import aiohttp
+
+from loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
+from loadgen.client import TargetError, probe_target
+from loadgen.local_cluster import ClusterSpec, LocalCluster
+from loadgen.progress import Progress
+from loadgen.report import Run, markdown_table, write_report
+from loadgen.runner import run_load
+
+PROG = "kvroute bench"
+DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"
+
+# Sizing chosen so the groups' shared prefixes fit the cluster's aggregate KV cache but
+# not one engine's: a router that scatters a group re-prefills it everywhere and thrashes
+# the LRU. Long prefix, short question: the llm-d benchmark's shape, scaled down.
+# Keyed by (backend, quick); `rate_per_engine` x engines is the default arrival rate.
+SIZING = {
+    ("sim", False): {"engines": 8, "groups": 16, "prefix_tokens": 3072, "num_requests": 480, "rate_per_engine": 3.0,
+                     "num_blocks": 1024},
+    ("sim", True): {"engines": 8, "groups": 8, "prefix_tokens": 3072, "num_requests": 160, "rate_per_engine": 3.0,
+                    "num_blocks": 1024},
+    ("torch", False): {"engines": 4, "groups": 8, "prefix_tokens": 2048, "num_requests": 160, "rate_per_engine": 1.5,
+                       "num_blocks": 512},
+    ("torch", True): {"engines": 4, "groups": 6, "prefix_tokens": 2048, "num_requests": 96, "rate_per_engine": 1.0,
+                      "num_blocks": 512},
+}
+SHARED_PREFIX_REST = {"question_tokens": 64, "output_tokens": 16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Compare routing policies on a local cluster, same workload and seed.")
+    p.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes with sim engines)")
+    p.add_argument("--backend", choices=("sim", "torch"), default="sim")
+    p.add_argument("--engines", type=int, default=None, help="default: 8 sim or 4 torch engines")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated router policies")
+    p.add_argument("--extra-target", action="append", default=[], metavar="NAME=URL",
+                   help="another OpenAI endpoint to run the same workload against")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per engine")
+    p.add_argument("--engine-arg", action="append", default=[], help="extra flag passed to every engine")
+    p.add_argument("--router-arg", action="append", default=[], help="extra flag passed to the router")
+    p.add_argument("--out", default="kvroute-bench", help="output directory")
+    add_load_args(p, workload_default="shared-prefix")
+    return p
+
+
+def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill what the user left unset from the sizing for this backend (and --quick)."""
+    sizing = {**SIZING[(args.backend, args.quick)], **SHARED_PREFIX_REST}
+    if args.engines is None:
+        args.engines = sizing["engines"]
+    if args.rate is None and args.concurrency is None:
+        args.rate = sizing["rate_per_engine"] * args.engines
+    if args.num_requests is None and args.duration is None:
+        args.num_requests = sizing["num_requests"]
+    if args.num_blocks is None:
+        args.num_blocks = sizing["num_blocks"]
+    if args.workload == "shared-prefix":
+        for knob in ("groups", "prefix_tokens", "question_tokens", "output_tokens"):
+            if getattr(args, knob) is None:
+                setattr(args, knob, sizing[knob])
+    return args
+
+
+def parse_targets(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise ValueError(f"--extra-target must be NAME=http://host:port, got {item!r}")
+        out.append((name, url))
+    return out
+
+
+async def run_one(name: str, target: str, args, config, workload, show_progress: bool) -> Run:
+    print(f"{PROG}: {name}: {len(workload.requests())} requests -> {target}", file=sys.stderr, flush=True)
+    result = await run_load(dataclasses.replace(config, target=target), workload,
+                            progress=Progress() if show_progress else None)
+    summary = {"target": target, **result.summary(args.slo_ttft, args.slo_tpot)}
+    return Run(name, summary, result.records)
+
+
+async def bench(args, policies: list[str], extras: list[tuple[str, str]]) -> list[Run]:
+    config, workload, _ = check_load_args(args)
+    async with aiohttp.ClientSession() as session:  # fail before starting anything
+        for name, url in extras:
+            try:
+                await probe_target(session, url)
+            except TargetError as e:
+                raise TargetError(f"--extra-target {name}: {e}") from None
+    runs = []
+    for policy in policies:
+        spec = ClusterSpec(engines=args.engines, backend=args.backend, num_blocks=args.num_blocks, policy=policy,
+                           engine_args=tuple(args.engine_arg), router_args=tuple(args.router_arg))
+        t0 = time.monotonic()
+        async with LocalCluster(spec) as cluster:
+            print(f"{PROG}: {args.engines} {args.backend} engines + router ({policy}) up in "
+                  f"{time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+            runs.append(await run_one(policy, cluster.router_url, args, config, workload, not args.no_progress))
+    for name, url in extras:
+        runs.append(await run_one(name, url, args, config, workload, not args.no_progress))
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = apply_defaults(build_parser().parse_args(argv))
+        from router.policies import POLICIES
+
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown or not policies:
+            raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+        if args.engines < 1:
+            raise ValueError(f"--engines must be at least 1, got {args.engines}")
+        extras = parse_targets(args.extra_target)
+        check_load_args(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    except (UsageError, ValueError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    try:
+        runs = asyncio.run(bench(args, policies, extras))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; all processes stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError, TargetError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    paths = write_report(args.out, runs)
+    print(markdown_table(runs))
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""`kvroute bench` end to end (real processes on loopback), and its argument errors."""
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from loadgen import bench
+from loadgen.local_cluster import free_port
+
+SUMMARY_FIELDS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "cached_token_ratio", "goodput",
+                  "requests", "errors")
+
+
+@pytest.fixture
+def direct_engine():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "--backend", "sim", "--port", str(port),
+                             "--instance-id", "direct", "--time-scale", "0.1", "--log-level", "WARNING"])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait()
+
+
+def test_tiny_bench_writes_all_outputs(tmp_path, direct_engine, capsys):
+    out = tmp_path / "bench"
+    rc = bench.main(["--engines", "2", "--policies", "round_robin,kv_aware", "--num-requests", "16",
+                     "--groups", "2", "--prefix-tokens", "256", "--question-tokens", "16", "--output-tokens", "4",
+                     "--rate", "20", "--slo-ttft", "1.0", "--slo-tpot", "0.5", "--engine-arg=--time-scale=0.1",
+                     "--extra-target", f"direct={direct_engine}", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    runs = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in runs] == ["round_robin", "kv_aware", "direct"]
+    for run in runs:
+        assert all(field in run for field in SUMMARY_FIELDS)
+        assert run["requests"] == 16 and run["errors"] == 0
+    kv = runs[1]
+    assert kv["cached_token_ratio"] > 0.5  # 2 groups x 8 requests: all but the first of each hit
+    assert "| kv_aware |" in (out / "results.md").read_text()
+    for png in ("ttft_cdf.png", "ttft_over_time.png", "requests_per_instance.png"):
+        assert (out / png).stat().st_size > 1000
+    assert "| kv_aware |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--policies", "nope"], "unknown policy"),
+    (["--workload", "nope"], "unknown workload"),
+    (["--rate", "0"], "rate"),
+    (["--rate", "-2"], "rate"),
+    (["--engines", "0"], "--engines"),
+    (["--extra-target", "x"], "NAME=http"),
+])
+def test_bad_arguments_one_line_error(argv, needle, capsys, tmp_path):
+    assert bench.main(argv + ["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_unreachable_extra_target_fails_cleanly(tmp_path, capsys):
+    port = free_port()  # nothing listens there
+    rc = bench.main(["--engines", "1", "--policies", "round_robin", "--num-requests", "2", "--groups", "1",
+                     "--prefix-tokens", "32", "--rate", "50", "--engine-arg=--time-scale=0.1", "--no-progress",
+                     "--extra-target", f"gone=http://127.0.0.1:{port}", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "--extra-target gone" in err[0] and str(port) in err[0]
