@@ -20,7 +20,7 @@ from loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
 from loadgen.client import TargetError, probe_target
 from loadgen.local_cluster import ClusterSpec, LocalCluster
 from loadgen.progress import Progress
-from loadgen.report import Run, markdown_table, write_report
+from loadgen.report import Run, markdown_table, write_report, write_run
 from loadgen.runner import run_load
 
 PROG = "kvroute bench"
@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     paths = write_report(args.out, runs)
+    for run in runs:
+        write_run(pathlib.Path(args.out) / "runs" / run.name, run.summary, run.records)
     print(markdown_table(runs))
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
     return 0
