@@ -384,3 +384,25 @@ def test_recent_blocks_bounded_by_capacity_and_purges_expired():
     r.record("a", [1], now=3)
     r.forget("a")
     assert len(r) == 0
+
+
+def test_kv_aware_fleet_rate_by_default_and_per_instance_on_request():
+    pooled = kv(prefill_rate=10_000, min_rate_sample_tokens=64)
+    pooled.on_first_token(req(()), "a", ttft_s=0.1, uncached_tokens=4000)  # 40k tok/s seen on a
+    assert pooled.rates.get("b") == pooled.rates.get("a") > 10_000  # one rate for the fleet
+    split = kv(prefill_rate=10_000, min_rate_sample_tokens=64, per_instance_rate=True)
+    split.on_first_token(req(()), "a", ttft_s=0.1, uncached_tokens=4000)
+    split.on_first_token(req(()), "b", ttft_s=1.0, uncached_tokens=4000)
+    assert split.rates.get("a") > split.rates.get("b")  # each instance keeps its own
+
+
+def test_kv_aware_near_ties_go_to_the_least_recently_loaded():
+    p = kv()
+    cands = [InstanceState(x) for x in ("a", "b", "c")]
+    seen = []
+    for i in range(6):  # six new prefixes on an idle fleet: two each, not a pile on one
+        r = req(chain(100 + i, 8), num_tokens=128, request_id=f"n{i}")
+        d = p.select(r, cands, {})
+        p.on_routed(r, d.instance)
+        seen.append(d.instance)
+    assert sorted(seen) == ["a", "a", "b", "b", "c", "c"]

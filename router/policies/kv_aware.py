@@ -12,8 +12,9 @@ block counts `device_credit`, a host block `host_credit`, a remote block
 `remote_credit` (fetching a block saves part of its compute, not all). Blocks recently
 routed to i and not yet reported by its KV events (*pending*, kept `pending_ttl_s`)
 count as device blocks; i gets the larger of the two credits. A candidate with
-`cache_ok=False` gets no credit. `rate_i` is i's prefill rate, learned online from
-`on_first_token` (see `rate.py`), starting at `prefill_rate`. The decode term charges
+`cache_ok=False` gets no credit. `rate_i` is the prefill rate, learned online from
+`on_first_token` (see `rate.py`; one for the fleet unless `per_instance_rate`),
+starting at `prefill_rate`. The decode term charges
 decode interleaving and queueing per sequence there (the router's own `inflight`
 stands in when the engine's report is stale). The last term charges the prefill this
 request adds to i, which every request sent there after it waits for: without it a
@@ -21,7 +22,11 @@ burst of siblings scatters (on an instance already prefilling their shared prefi
 sibling waits for that prefill, so by TTFT alone any idle instance looks as good);
 with compute_weight=1 a sibling follows the first one when its own suffix is shorter
 than the shared prefix. compute_weight=0 makes the cost the bare TTFT prediction.
-The lowest cost wins; exact ties are broken at random. `Decision.costs` holds every
+The lowest cost wins. Costs within `tie_tolerance` (relative) of the lowest count as
+a tie -- learned rates differ by noise, and an idle fleet scores a new prefix alike
+everywhere -- and a tie goes to the instance sent the fewest requests lately (a count
+decaying with half-life `share_halflife_s`), then at random: the load a prefix brings
+follows it, so new prefixes spread evenly instead of piling onto one instance. `Decision.costs` holds every
 cost, `Decision.uncached_tokens` the chosen candidate's predicted uncached tokens.
 
 Hot-spot guard. Cost alone lets one dominant shared prefix pile every request onto
@@ -42,7 +47,10 @@ Parameters (keywords; defaults in `KvAwareConfig`):
     prefill_rate           initial prefill rate, tokens/s (10000)
     rate_alpha             EWMA weight of one TTFT observation (0.2)
     min_prefill_rate, max_prefill_rate   clamp on rate samples, tokens/s (50, 5e6)
-    min_rate_sample_tokens ignore observations with less prefill work (64 tokens)
+    min_rate_sample_tokens ignore observations with less prefill work (512 tokens: a short
+                           prefill's TTFT is mostly fixed overhead and would read as a slow rate)
+    per_instance_rate      learn one rate per instance instead of one for the fleet (False;
+                           set it for fleets of unequal engines, see rate.py)
     decode_weight_s        seconds per running/waiting sequence (0.002)
     compute_weight         weight of the prefill compute a request adds (1.0)
     device_credit, host_credit, remote_credit   fraction of a cached block's
@@ -50,6 +58,8 @@ Parameters (keywords; defaults in `KvAwareConfig`):
     hot_factor             guard: inflight over the others' mean to be hot (2.0)
     hot_min_inflight       guard: below this inflight never hot (4)
     hot_tolerance_s        guard: most extra cost a spill may take, seconds (0.5)
+    tie_tolerance          relative cost difference treated as a tie (0.05)
+    share_halflife_s       half-life of the recent-requests count that breaks ties (30 s)
     pending_ttl_s          how long routed blocks count as cached there (2.0 s)
     pending_capacity       most pending block entries kept (200000)
 
@@ -82,7 +92,8 @@ class KvCostConfig:
     rate_alpha: float = 0.2
     min_prefill_rate: float = 50.0
     max_prefill_rate: float = 5_000_000.0
-    min_rate_sample_tokens: int = 64
+    min_rate_sample_tokens: int = 512
+    per_instance_rate: bool = False
     decode_weight_s: float = 0.002
     compute_weight: float = 1.0
     device_credit: float = 1.0
@@ -91,9 +102,14 @@ class KvCostConfig:
     hot_factor: float = 2.0
     hot_min_inflight: int = 4
     hot_tolerance_s: float = 0.5
+    tie_tolerance: float = 0.05
+    share_halflife_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.rate_config()  # validates the rate fields
+        if not 0 <= self.tie_tolerance < 1 or self.share_halflife_s <= 0:
+            raise ValueError(f"tie_tolerance must be in [0, 1) and share_halflife_s positive, "
+                             f"got {self.tie_tolerance} and {self.share_halflife_s}")
         for name in ("device_credit", "host_credit", "remote_credit"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} is a fraction of a block's compute, in [0, 1]; got {getattr(self, name)}")
@@ -111,6 +127,7 @@ class KvCostConfig:
             min_rate=self.min_prefill_rate,
             max_rate=self.max_prefill_rate,
             min_sample_tokens=self.min_rate_sample_tokens,
+            per_instance=self.per_instance_rate,
         )
 
 
@@ -146,6 +163,7 @@ class KvCostPolicy(PolicyBase):
         self._tier_credit = {"device": config.device_credit, "host": config.host_credit, "remote": config.remote_credit}
         self._last: tuple[RouteRequest, Sequence[InstanceState]] | None = None
         self._dispatched: OrderedDict[str, int] = OrderedDict()
+        self._routed: dict[str, tuple[float, float]] = {}  # instance -> (decayed request count, as of)
 
     def credits(
         self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
@@ -164,7 +182,7 @@ class KvCostPolicy(PolicyBase):
             load = max(c.running + c.waiting, c.inflight)
             costs[c.id] = ((c.queued_prefill_tokens + (1.0 + compute_w) * uncached) / rate_of(c.id)) + decode_w * load
         best = min(costs.values())
-        chosen = self.rng.choice([c for c in candidates if costs[c.id] == best])
+        chosen = self._break_tie([c for c in candidates if costs[c.id] <= best * (1.0 + cfg.tie_tolerance)])
         reason = f"lowest cost {best:.4f} s ({credits.get(chosen.id, 0.0):g} cached blocks credited)"
         spill = self._spill_target(chosen, candidates, costs)
         if spill is not None:
@@ -177,6 +195,19 @@ class KvCostPolicy(PolicyBase):
         self._last = (request, candidates)
         uncached = round(max(request.num_tokens - credits.get(chosen.id, 0.0) * bs, 0.0))
         return Decision(chosen.id, costs=costs, reason=reason, uncached_tokens=uncached)
+
+    def _break_tie(self, near: list[InstanceState]) -> InstanceState:
+        """Among near-equal costs, the instance that was sent the fewest requests lately."""
+        if len(near) == 1:
+            return near[0]
+        now = self.clock()
+        shares = {c.id: self._share(c.id, now) for c in near}
+        least = min(shares.values())
+        return self.rng.choice([c for c in near if shares[c.id] <= least + 1e-9])
+
+    def _share(self, instance: str, now: float) -> float:
+        value, since = self._routed.get(instance, (0.0, now))
+        return value * 0.5 ** ((now - since) / self.config.share_halflife_s)
 
     def _spill_target(
         self, best: InstanceState, candidates: Sequence[InstanceState], costs: Mapping[str, float]
@@ -196,6 +227,8 @@ class KvCostPolicy(PolicyBase):
         return self.rng.choice([c for c in cooler if costs[c.id] == cheapest])
 
     def on_routed(self, request: RouteRequest, instance: str) -> None:
+        now = self.clock()
+        self._routed[instance] = (self._share(instance, now) + 1.0, now)
         if request.block_hashes:
             self.recent.record(instance, request.block_hashes, self.clock())
         last, self._last = self._last, None

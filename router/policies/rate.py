@@ -8,6 +8,12 @@ very low rate); each sample is clamped to [min_rate, max_rate] before it enters 
 exponentially weighted moving average with weight `alpha`. The rate therefore also
 absorbs whatever slows prefill down on that instance (decode interleaving, network):
 it is an effective rate, which is what a TTFT prediction wants.
+
+By default one fleet-wide rate pools every instance's samples: in a fleet of equal
+engines, per-instance estimates differ only by sampling noise (a sibling that waited
+for most of a prefill already done reads as a fast rate), and that noise would
+outweigh the load terms that should separate idle instances. Set `per_instance` for
+fleets of unequal engines.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ class RateConfig:
     min_rate: float = 50.0  # tokens/s; samples are clamped into [min_rate, max_rate]
     max_rate: float = 5_000_000.0
     min_sample_tokens: int = 64  # ignore samples with less prefill work than this
+    per_instance: bool = False  # False: one fleet-wide rate fed by every instance's samples
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rate <= self.initial <= self.max_rate:
@@ -43,11 +50,14 @@ class PrefillRate:
         self._rates: dict[str, float] = {}
         self._fleet_mean = config.initial
 
+    def _key(self, instance: str) -> str:
+        return instance if self.config.per_instance else "*"
+
     def get(self, instance: str) -> float:
         """The instance's learned rate; an unobserved one gets the fleet's mean, so that
         the first instance to be measured does not look faster (or slower) than the
         rest merely because the others still carry the initial guess."""
-        rate = self._rates.get(instance)
+        rate = self._rates.get(self._key(instance))
         if rate is not None:
             return rate
         return self._fleet_mean if self._rates else self.config.initial
@@ -59,7 +69,7 @@ class PrefillRate:
             return False
         sample = min(max(work_tokens / ttft_s, cfg.min_rate), cfg.max_rate)
         old = self.get(instance)
-        self._rates[instance] = old + cfg.alpha * (sample - old)
+        self._rates[self._key(instance)] = old + cfg.alpha * (sample - old)
         self._fleet_mean = sum(self._rates.values()) / len(self._rates)
         return True
 
