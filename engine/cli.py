@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device)
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16", "float16"),
                    help="override the checkpoint's dtype (bf16 is slow on most CPUs)")
+    p.add_argument("--kv-pin-ttl-s", type=float, default=d.kv_pin_ttl_s,
+                   help="prefill role: seconds pinned blocks wait to be pulled")
+    p.add_argument("--kv-admit-timeout-s", type=float, default=d.kv_admit_timeout_s,
+                   help="decode role: seconds a remote-prefilled request may wait for free blocks")
+    p.add_argument("--kv-link", default=d.kv_link, help="sim backend: modelled KV link (nvlink, infiniband, loopback)")
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")

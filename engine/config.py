@@ -32,6 +32,9 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str | None = None  # override the checkpoint's dtype (float32, bfloat16, float16)
     event_buffer: int = 10_000
+    kv_pin_ttl_s: float = 30.0  # prefill role: how long pinned blocks wait for their pull
+    kv_admit_timeout_s: float = 10.0  # decode role: how long a remote-prefilled request waits for blocks
+    kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/sim.py LINKS)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -50,6 +53,8 @@ class EngineConfig:
             raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.kv_pin_ttl_s <= 0 or self.kv_admit_timeout_s <= 0:
+            raise ValueError("--kv-pin-ttl-s and --kv-admit-timeout-s must be positive")
         if self.time_scale <= 0:
             raise ValueError("--time-scale must be positive")
 

@@ -17,9 +17,11 @@ from engine.config import EngineConfig
 from engine.kv_events import KVEventLog
 from engine.metrics import EngineMetrics
 from engine.scheduler import Scheduler, SchedulerConfig, Step
-from engine.sequence import Sequence
+from engine.kv_transfer import PinnedBlocks, TransferHandle
+from engine.remote_prefill import RemotePrefill
+from engine.sequence import Sequence, SeqStatus
 from engine.work import ModelRunner, SamplingParams
-from router.errors import Overloaded
+from router.errors import KVRouteError, Overloaded, Unavailable
 from router.protocol import LoadRecord
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ class Output:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    error_type: type[KVRouteError] = Unavailable  # how the HTTP edge reports `error`
 
 
 class RequestHandle:
@@ -64,11 +67,16 @@ class LLMEngine:
         self._aborts: set[str] = set()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.pinned = PinnedBlocks(config.kv_pin_ttl_s)
+        self.remote: RemotePrefill | None = None  # set by start_remote (decode-capable roles)
 
     # -- lifecycle ----------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, local_info: dict | None = None) -> None:
         self.events.append("cleared", [])
+        if local_info is not None:
+            self.remote = RemotePrefill(self, local_info)
+            await self.remote.start()
         self._task = asyncio.create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:
@@ -78,6 +86,8 @@ class LLMEngine:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        if self.remote:
+            await self.remote.stop()
         for handle in self.requests.values():
             handle.queue.put_nowait(Output(None, True, "abort", error="engine shutting down"))
         self.runner.close()
@@ -85,17 +95,77 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                    hash_seed: int) -> RequestHandle:
+                    hash_seed: int, pin_kv: bool = False) -> RequestHandle:
+        """Queue a request; with `pin_kv` its blocks stay pinned for a pull when it ends on length."""
+        handle = self._new_request(request_id, prompt_ids, sampling, hash_seed)
+        handle.seq.pin_kv = pin_kv
+        self.scheduler.add(handle.seq)
+        self._wakeup.set()
+        return handle
+
+    def add_remote_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+                           hash_seed: int, transfer: TransferHandle) -> RequestHandle:
+        """A request prefilled by another engine: its first token is known, its K/V gets pulled."""
+        handle = self._new_request(request_id, prompt_ids, sampling, hash_seed)
+        seq = handle.seq
+        seq.token_ids.append(transfer.first_token)
+        seq.remote = transfer
+        seq.num_cached = transfer.cached_tokens
+        seq.first_token_time = seq.last_token_time = seq.arrival
+        self.remote.add(seq)
+        self._wakeup.set()
+        return handle
+
+    def _new_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
+                     hash_seed: int) -> RequestHandle:
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             self.metrics.rejected.labels("queue_full").inc()
             raise Overloaded(f"engine queue is full ({self.config.max_waiting} waiting requests)", retry_after=1)
         seq = Sequence(request_id, prompt_ids, sampling, hash_seed, arrival=time.monotonic())
         handle = RequestHandle(seq)
         self.requests[request_id] = handle
-        self.scheduler.add(seq)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
-        self._wakeup.set()
         return handle
+
+    def resume(self, seq: Sequence) -> None:
+        """A remote-prefilled sequence has its K/V (pulled, or to compute here): run it."""
+        if seq.is_finished:
+            return
+        seq.status = SeqStatus.RUNNING
+        self.scheduler.running.append(seq)
+        self._publish_events()
+        self._wakeup.set()
+
+    def fail_request(self, seq: Sequence, message: str, error_type: type[KVRouteError] = Unavailable) -> None:
+        self.scheduler.abort(seq)
+        handle = self.requests.get(seq.request_id)
+        if handle is not None:
+            handle.queue.put_nowait(Output(None, True, "abort", error=message, error_type=error_type))
+            self._retire(seq)
+
+    def fail_overloaded(self, seq: Sequence, message: str) -> None:
+        self.metrics.rejected.labels("no_kv_blocks").inc()
+        self.fail_request(seq, message, Overloaded)
+
+    async def read_pinned(self, request_id: str, from_block: int) -> list[tuple[int, int, bytes]] | None:
+        """(index, hash, payload) of a pinned prompt's blocks from `from_block` on; None if not pinned."""
+        seq = self.pinned.get(request_id)
+        if seq is None:
+            return None
+        bs = self.block_manager.block_size
+        ids = seq.block_table[from_block : -(-seq.num_prompt // bs)]
+        data = await asyncio.to_thread(self.runner.read_blocks, ids)
+        size = len(data) // len(ids) if ids else 0
+        full = seq.num_prompt // bs
+        return [(i, seq.block_hashes[i] if i < full else 0, data[(i - from_block) * size:(i - from_block + 1) * size])
+                for i in range(from_block, from_block + len(ids))]
+
+    def release_pinned(self, request_id: str) -> None:
+        seq = self.pinned.pop(request_id)
+        if seq is not None:
+            self.block_manager.free(seq)
+            self._publish_events()
+            self.metrics.kv_pinned.set(len(self.pinned.pinned))
 
     def abort(self, request_id: str) -> None:
         handle = self.requests.get(request_id)
@@ -119,9 +189,16 @@ class LLMEngine:
     async def _run(self) -> None:
         while True:
             self._apply_aborts()
+            self._housekeeping()
             if not self.scheduler.has_work():
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                if self.pinned.pinned or (self.remote and self.remote.waiting):
+                    try:  # pins expire and waiting pulls time out even when nothing runs
+                        await asyncio.wait_for(self._wakeup.wait(), 0.5)
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    await self._wakeup.wait()
                 continue
             step = self.scheduler.schedule()
             self._publish_events()
@@ -141,6 +218,7 @@ class LLMEngine:
                 continue
             self.metrics.observe_step(time.perf_counter() - t0, sum(step.num_tokens))
             self.scheduler.postprocess(step, tokens)
+            self._housekeeping()
             self._publish_events()
             self._deliver(step, tokens)
             self.metrics.observe_state(self)
@@ -165,15 +243,31 @@ class LLMEngine:
             if seq.is_finished:
                 self._retire(seq)
 
+    def _housekeeping(self) -> None:
+        """Pin finished prefills, free expired pins, admit remote-prefilled requests."""
+        for seq in self.scheduler.pinned_out:
+            self.pinned.pin(seq)
+        self.scheduler.pinned_out.clear()
+        for seq in self.pinned.pop_expired():
+            self.block_manager.free(seq)
+            self.metrics.kv_pins_expired.inc()
+            log.warning("pinned KV of %s expired unpulled; blocks freed", seq.request_id)
+        self.metrics.kv_pinned.set(len(self.pinned.pinned))
+        if self.remote:
+            self.remote.admit()
+
     def _apply_aborts(self) -> None:
+        deferred = set()
         for request_id in self._aborts:
             handle = self.requests.get(request_id)
-            if handle is not None and not handle.finished:
+            if handle is not None and handle.seq.pulling:
+                deferred.add(request_id)  # its blocks are being written: abort once the pull ends
+            elif handle is not None and not handle.finished:
                 self.scheduler.abort(handle.seq)
                 handle.queue.put_nowait(Output(None, True, "abort"))
                 self.metrics.aborted.inc()
                 self._retire(handle.seq)
-        self._aborts.clear()
+        self._aborts = deferred
 
     def _retire(self, seq: Sequence) -> None:
         self.requests.pop(seq.request_id, None)
@@ -186,12 +280,7 @@ class LLMEngine:
 
     def _fail(self, step: Step, message: str) -> None:
         for seq in step.seqs:
-            if not seq.is_finished:
-                self.scheduler.abort(seq)
-            handle = self.requests.get(seq.request_id)
-            if handle is not None:
-                handle.queue.put_nowait(Output(None, True, "abort", error=message))
-                self._retire(seq)
+            self.fail_request(seq, message)
 
     def _fail_unschedulable(self) -> None:
         """Nothing runs and the head of the queue cannot get blocks: it can never fit."""

@@ -45,6 +45,16 @@ class EngineMetrics:
         self.kv_events = Counter("kvroute_engine_kv_events", "KV events emitted, by type.", ["type"], registry=r)
         self.rejected = Counter("kvroute_engine_rejected_requests", "Requests rejected, by reason.", ["reason"],
                                 registry=r)
+        self.kv_pull_bytes = counter("kvroute_engine_kv_pull_bytes", "K/V bytes pulled from prefill engines.")
+        self.kv_pull_blocks = counter("kvroute_engine_kv_pull_blocks", "Blocks pulled from prefill engines.")
+        self.kv_pull_skipped = counter("kvroute_engine_kv_pull_skipped_blocks",
+                                       "Blocks not pulled because the local prefix cache had them.")
+        self.kv_pull_seconds = histogram("kvroute_engine_kv_pull_seconds", "Duration of one KV pull.")
+        self.kv_pull_failures = Counter("kvroute_engine_kv_pull_failures",
+                                        "KV pulls that failed (the blocks were then computed here).", ["reason"],
+                                        registry=r)
+        self.kv_pinned = gauge("kvroute_engine_kv_pinned_requests", "Prefilled requests whose blocks await a pull.")
+        self.kv_pins_expired = counter("kvroute_engine_kv_pins_expired", "Pinned blocks freed by TTL, unpulled.")
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
 
     def observe_step(self, seconds: float, tokens: int) -> None:

@@ -30,7 +30,8 @@ def _sim(config: EngineConfig) -> ModelRunner:
     info = RunnerInfo(model=mc.name, vocab_size=mc.vocab_size, max_model_len=mc.max_position_embeddings,
                       eos_token_id=mc.eos_token_id, dtype=mc.dtype, num_layers=mc.num_layers,
                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
-    return SimRunner(get_cost_model(config.cost_model), info, seed=config.seed, time_scale=config.time_scale)
+    return SimRunner(get_cost_model(config.cost_model), info, seed=config.seed, time_scale=config.time_scale,
+                     block_size=config.block_size, link=config.kv_link)
 
 
 RUNNERS: dict[str, Callable[[EngineConfig], ModelRunner]] = {"torch": _torch, "sim": _sim}

@@ -63,6 +63,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.dropped: list[Sequence] = []  # finished while scheduling (could never fit); engine drains
+        self.pinned_out: list[Sequence] = []  # finished prefills whose blocks stay for a pull; engine drains
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -78,9 +79,10 @@ class Scheduler:
     def abort(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
-            self.block_manager.free(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if seq.block_table:
+            self.block_manager.free(seq)
         self._finish(seq, "abort")
 
     def schedule(self) -> Step:
@@ -132,7 +134,10 @@ class Scheduler:
             reason = self._stop_reason(seq, token)
             if reason:
                 self.running.remove(seq)
-                self.block_manager.free(seq)
+                if seq.pin_kv and reason == "length":
+                    self.pinned_out.append(seq)
+                else:
+                    self.block_manager.free(seq)
                 self._finish(seq, reason)
         return advanced
 

@@ -42,6 +42,9 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.first_token_time: float | None = None
+        self.pin_kv = False  # prefill for a remote decode: keep the blocks for a pull
+        self.remote = None  # decode of a remote prefill: its TransferHandle
+        self.pulling = False  # K/V being pulled into this sequence's blocks
         self.last_token_time = 0.0
 
     def __len__(self) -> int:

@@ -14,6 +14,7 @@ from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
 from engine.runners import RUNNERS
 from engine.serving import CompletionService
+from engine.transfer_api import handle_transfer
 from router.errors import BadRequest
 from router.http import error_middleware, json_response, read_json
 from router.protocol import hash_seed
@@ -45,7 +46,7 @@ async def _engine_ctx(app: web.Application):
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
     app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
     app[SERVICE] = CompletionService(engine, tokenizer, name)
-    await engine.start()
+    await engine.start(kv_info(app) if config.role in ("decode", "both") else None)
     log.info("engine %s ready: backend=%s model=%s blocks=%d x %d", config.instance, config.backend, name,
              config.num_blocks, config.block_size)
     yield
@@ -207,6 +208,7 @@ def create_app(config: EngineConfig) -> web.Application:
     app.router.add_get("/kv/info", handle_kv_info)
     app.router.add_get("/kv/snapshot", handle_kv_snapshot)
     app.router.add_get("/kv/events", handle_kv_events)
+    app.router.add_post("/kv/transfer", handle_transfer)
     app.router.add_post("/tokenize", handle_tokenize)
     app.router.add_get("/get_model_info", handle_get_model_info)
     app.router.add_get("/get_server_info", handle_get_server_info)

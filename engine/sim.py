@@ -17,14 +17,41 @@ from engine.work import RunnerInfo, SeqWork
 
 NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special tokens
 
+# Modelled KV links for prefill -> decode pulls: (bytes/s, seconds of latency per pull).
+# NVLink 4 (H100: 900 GB/s bidirectional, ~450 GB/s one way; we take 300 GB/s achieved),
+# 200 Gb/s InfiniBand NDR per GPU (~25 GB/s achieved), and this machine's loopback as
+# measured by tools/bench_disagg.py with the torch runner (about 1 GB/s, 2 ms per pull).
+LINKS: dict[str, tuple[float, float]] = {
+    "nvlink": (300e9, 10e-6),
+    "infiniband": (25e9, 20e-6),
+    "loopback": (1e9, 2e-3),
+}
+
 
 class SimRunner:
-    def __init__(self, cost_model: CostModel, info: RunnerInfo, seed: int = 0, time_scale: float = 1.0) -> None:
+    def __init__(self, cost_model: CostModel, info: RunnerInfo, seed: int = 0, time_scale: float = 1.0,
+                 block_size: int = 16, link: str = "loopback") -> None:
+        if link not in LINKS:
+            raise ValueError(f"unknown KV link {link!r}; choose from {', '.join(LINKS)}")
         self.cost_model = cost_model
         self.info = info
         self.seed = seed
         self.time_scale = time_scale
         self.busy_s = 0.0
+        self.link = LINKS[link]
+        dtype_bytes = 2 if info.dtype in ("bfloat16", "float16") else 4
+        self.kv_bytes_per_block = info.num_layers * 2 * block_size * info.num_kv_heads * info.head_dim * dtype_bytes
+
+    def read_blocks(self, block_ids: Sequence[int]) -> bytes:
+        """No K/V exists here: a pull moves empty payloads and `transfer_time` stands for the bytes."""
+        return b""
+
+    def write_blocks(self, block_ids: Sequence[int], data: bytes) -> None:
+        pass
+
+    def transfer_time(self, num_blocks: int) -> float:
+        bandwidth, latency = self.link
+        return (latency + num_blocks * self.kv_bytes_per_block / bandwidth) * self.time_scale
 
     def sample(self, work: SeqWork) -> int:
         key = f"{self.seed}:{work.sampling.seed}:{work.token_ids[-1]}:{work.context_len}"

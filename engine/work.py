@@ -66,12 +66,20 @@ class RunnerInfo:
 
 
 class ModelRunner(Protocol):
-    """Runs one scheduler step: writes new K/V into the pool, samples where asked."""
+    """Runs one scheduler step: writes new K/V into the pool, samples where asked.
+
+    `read_blocks` / `write_blocks` move whole blocks' raw K/V (all layers) for
+    prefill -> decode transfers."""
 
     info: RunnerInfo
+    kv_bytes_per_block: int
 
     async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
         """One sampled token per work item with `sample` set, else None (same order)."""
         ...
+
+    def read_blocks(self, block_ids: Sequence[int]) -> bytes: ...
+
+    def write_blocks(self, block_ids: Sequence[int], data: bytes) -> None: ...
 
     def close(self) -> None: ...

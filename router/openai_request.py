@@ -31,6 +31,7 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     cache_salt: str | None = None
+    kv_transfer_params: dict | None = None  # prefill/decode disaggregation (see engine/kv_transfer.py)
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -125,6 +126,9 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise BadRequest("'cache_salt' must be a string", param="cache_salt")
+    kv_params = body.get("kv_transfer_params")
+    if kv_params is not None and not isinstance(kv_params, dict):
+        raise BadRequest("'kv_transfer_params' must be an object", param="kv_transfer_params")
     fields: dict = {}
     if kind == "chat":
         fields["messages"] = _messages(body)
@@ -143,5 +147,6 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         stop=_stop(body),
         ignore_eos=ignore_eos,
         cache_salt=salt or None,
+        kv_transfer_params=kv_params,
         **fields,
     )
