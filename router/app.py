@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router.cluster import Cluster
 from router.config import RouterConfig
+from router.disagg import Disaggregation
 from router.errors import Unauthorized
 from router.events import EventSync, PollFollower, RedisFollower
 from router.http import error_middleware, json_response, read_json
@@ -66,7 +67,8 @@ async def _router_ctx(app: web.Application):
     cluster.session = session
     router = Router(cluster, policy, tokenizer, metrics, config.policy)
     app[METRICS], app[CLUSTER], app[ROUTER] = metrics, cluster, router
-    app[PROXY] = Proxy(router, cluster, session)
+    app[PROXY] = proxy = Proxy(router, cluster, session)
+    proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng)
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
@@ -130,7 +132,10 @@ async def handle_explain(request: web.Request) -> web.Response:
     body = await read_json(request)
     kind = "chat" if "messages" in body else "completion"
     prepared = await router.prepare(body, kind)
-    choice = await router.decide(prepared, record=False)
+    disagg = request.app[PROXY].disagg
+    if disagg.active(prepared.model):
+        return json_response(await disagg.explain(prepared))
+    choice = await router.decide(prepared, record=False, roles=request.app[CLUSTER].colocated_roles(prepared.model))
     return json_response(router.explain(prepared, choice))
 
 

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readmit-after", type=int, default=d["readmit_after"].default)
     p.add_argument("--load-interval-s", type=float, default=d["load_interval_s"].default)
     p.add_argument("--clear-grace-s", type=float, default=d["clear_grace_s"].default)
+    p.add_argument("--pd-min-uncached", type=int, default=d["pd_min_uncached"].default,
+                   help="with prefill and decode engines: prompts with fewer uncached tokens skip the prefill stage")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks")
     p.add_argument("--log-level", default="INFO")
     return p

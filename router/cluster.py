@@ -6,6 +6,7 @@ import asyncio
 import collections
 import logging
 import time
+from typing import Sequence
 
 import aiohttp
 
@@ -36,8 +37,13 @@ class Cluster:
     def models(self) -> list[str]:
         return sorted({i.info.model for i in self.instances if i.info})
 
-    def routable(self, model: str | None) -> list[Instance]:
-        return [i for i in self.instances if i.routable and (model is None or i.info.model == model)]
+    def routable(self, model: str | None, roles: Sequence[str] | None = None) -> list[Instance]:
+        return [i for i in self.instances if i.routable and (model is None or i.info.model == model)
+                and (roles is None or i.info.role in roles)]
+
+    def colocated_roles(self, model: str) -> tuple[str, ...] | None:
+        """Roles that serve whole requests: "both" engines when there are any, else every engine."""
+        return ("both",) if self.routable(model, ("both",)) else None
 
     def block_size(self, model: str) -> int:
         sizes = collections.Counter(i.info.block_size for i in self.instances if i.info and i.info.model == model)

@@ -29,6 +29,11 @@ class RouterConfig:
     events_timeout_s: float = 2.0
     connect_timeout_s: float = 2.0
     seed: int | None = None
+    # Prefill/decode disaggregation (used when the cluster has prefill- and decode-role engines):
+    # prompts with fewer uncached tokens than this go whole to a decode engine. 256 tokens take
+    # ~10 ms to prefill on the built-in model here, about twice what the prefill hop and the pull
+    # add (tools/bench_disagg.py); below that, moving K/V costs more than computing it in place.
+    pd_min_uncached: int = 256
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -42,6 +47,8 @@ class RouterConfig:
             raise ValueError(f"--events must be one of {', '.join(EVENT_SOURCES)}, got {self.events!r}")
         if (self.index == "redis" or self.events == "redis") and not self.redis:
             raise ValueError("--index redis and --events redis need --redis URL")
+        if self.pd_min_uncached < 0:
+            raise ValueError("--pd-min-uncached must be >= 0")
         if self.max_inflight < 0 or self.max_retries < 0:
             raise ValueError("--max-inflight and --max-retries must be >= 0")
         if min(self.health_interval_s, self.load_interval_s, self.events_timeout_s) <= 0:

@@ -68,19 +68,28 @@ class Proxy:
         self.cluster = cluster
         self.session = session
         self.metrics = router.metrics
+        self.disagg = None  # router.disagg.Disaggregation, when the cluster has prefill and decode engines
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         body = await read_json(request)
         prepared = await self.router.prepare(body, kind)
-        raw = await request.read()
-        tried: list[str] = []
+        if self.disagg is not None and self.disagg.active(prepared.model):
+            return await self.disagg.handle(request, body, prepared)
+        return await self.forward(request, await request.read(), prepared,
+                                  self.cluster.colocated_roles(prepared.model))
+
+    async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
+                      roles: tuple[str, ...] | None, exclude: tuple[str, ...] = ()) -> web.StreamResponse:
+        """Send the request whole to one instance (of `roles`), retrying on the next-best."""
+        tried: list[str] = list(exclude)
         last_error: KVRouteError = Unavailable("no instance could take the request")
         for attempt in range(self.cluster.config.max_retries + 1):
             if attempt:
                 self.metrics.retries.inc()
             try:
-                choice = await self.router.decide(prepared, exclude=tried, record=True)
-            except Unavailable:
+                choice = await self.router.decide(prepared, exclude=tried, record=True, roles=roles)
+            except Unavailable as e:
+                last_error = e if not attempt else last_error
                 break
             self._observe_choice(prepared, choice)
             dispatch = Dispatch(self.router, prepared, choice)

@@ -102,10 +102,13 @@ class Router:
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
 
-    async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True) -> Choice:
-        candidates = [i for i in self.cluster.routable(prepared.model) if i.id not in exclude]
+    async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
+                     roles: Sequence[str] | None = None) -> Choice:
+        """Pick among routable instances (of `roles`, if given) not in `exclude`."""
+        candidates = [i for i in self.cluster.routable(prepared.model, roles) if i.id not in exclude]
         if not candidates:
-            raise Unavailable(f"no healthy instance serves {prepared.model!r}")
+            what = f" in role {'/'.join(roles)}" if roles else ""
+            raise Unavailable(f"no healthy instance{what} serves {prepared.model!r}")
         limit = self.cluster.config.max_inflight
         if limit:
             candidates = [i for i in candidates if i.inflight < limit]

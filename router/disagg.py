@@ -1,0 +1,204 @@
+"""Prefill/decode disaggregation in the router: prefill here, decode there, one stream back.
+
+With prefill-role and decode-role engines in the cluster, a request whose uncached
+prompt (on the best prefill engine) is at least `pd_min_uncached` tokens goes:
+
+  1. to a prefill engine chosen by the routing policy (KV-aware cost), with
+     `kv_transfer_params: {"do_remote_decode": true}`: it computes the prompt and the
+     first token and answers with a transfer handle (its blocks stay pinned);
+  2. the first token goes to the client at once (TTFT does not wait for the transfer);
+  3. to a decode engine chosen by decode load (fewest requests, then KV usage), with
+     the original request and the handle: it pulls the K/V and streams the rest.
+
+Shorter uncached prompts skip step 1 and go whole to a decode engine (chosen by the
+policy: decode engines cache prefixes too). A prefill failure before any token reached
+the client is retried on another prefill engine, then whole on a decode engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import orjson
+from aiohttp import web
+
+from router.cluster import Cluster
+from router.errors import KVRouteError, Unavailable
+from router.http import SSE_DONE, json_response, sse_error, sse_line
+from router.instance import Instance
+from router.policies.base import Decision
+from router.proxy import INSTANCE_HEADER, RETRYABLE, Dispatch, Proxy
+from router.routing import Choice, Prepared
+
+log = logging.getLogger(__name__)
+
+PREFILL_HEADER = "x-kvroute-prefill-instance"
+
+
+def pick_decode(candidates: list[Instance], rng: random.Random) -> Instance:
+    """Decode load: fewest requests (router in-flight, engine running + waiting), then KV usage."""
+
+    def load(i: Instance) -> tuple[int, float]:
+        engine = (i.load.running + i.load.waiting) if i.load else 0
+        return max(i.inflight, engine), i.load.kv_usage if i.load else 0.0
+
+    best = min(load(i) for i in candidates)
+    return rng.choice([i for i in candidates if load(i) == best])
+
+
+def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) -> dict:
+    """The stream chunk carrying the prefill's first token (and its end, if it was the last)."""
+    choice = prefilled["choices"][0]
+    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
+    if kind == "chat":
+        text = (choice.get("message") or {}).get("content") or ""
+        chunk["object"] = "chat.completion.chunk"
+        chunk["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": None,
+                             "finish_reason": finish_reason}]
+    else:
+        chunk["object"] = "text_completion"
+        chunk["choices"] = [{"index": 0, "text": choice.get("text", ""), "logprobs": None,
+                             "finish_reason": finish_reason}]
+    if finish_reason is not None and "usage" in prefilled:
+        chunk["usage"] = prefilled["usage"]
+    return chunk
+
+
+class Disaggregation:
+    def __init__(self, proxy: Proxy, min_uncached: int, rng: random.Random | None = None) -> None:
+        self.proxy = proxy
+        self.router = proxy.router
+        self.cluster: Cluster = proxy.cluster
+        self.min_uncached = min_uncached
+        self.rng = rng or random.Random()
+
+    def active(self, model: str) -> bool:
+        return bool(self.cluster.routable(model, ("prefill",)) and self.cluster.routable(model, ("decode",)))
+
+    async def plan(self, prepared: Prepared, exclude: tuple[str, ...] = (),
+                   record: bool = True) -> tuple[Choice | None, Instance]:
+        """(prefill choice, or None to skip the prefill stage; decode instance)."""
+        decodes = self.cluster.routable(prepared.model, ("decode",))
+        if not decodes:
+            raise Unavailable(f"no healthy decode instance serves {prepared.model!r}")
+        decode = pick_decode(decodes, self.rng)
+        try:
+            prefill = await self.router.decide(prepared, exclude=exclude, record=False, roles=("prefill",))
+        except Unavailable:
+            return None, decode
+        if prefill.uncached_tokens < self.min_uncached:
+            return None, decode
+        if record:
+            self.router.policy.on_routed(prepared.route, prefill.instance.id)
+        return prefill, decode
+
+    async def explain(self, prepared: Prepared) -> dict:
+        prefill, decode = await self.plan(prepared, record=False)
+        out = {"disaggregated": prefill is not None, "pd_min_uncached": self.min_uncached, "decode": {
+            "choice": decode.id, "candidates": [{"instance": i.id, "inflight": i.inflight,
+                                                 "load": i.load.to_dict() if i.load else None}
+                                                for i in self.cluster.routable(prepared.model, ("decode",))]}}
+        if prefill is not None:
+            out["prefill"] = self.router.explain(prepared, prefill)
+        return out
+
+    async def handle(self, request: web.Request, body: dict, prepared: Prepared) -> web.StreamResponse:
+        tried: list[str] = []
+        for attempt in range(self.cluster.config.max_retries + 1):
+            prefill, decode = await self.plan(prepared, exclude=tuple(tried))
+            if prefill is None:
+                break
+            result = await self._prefill(request, body, prepared, prefill)
+            if isinstance(result, web.StreamResponse):
+                return result
+            if isinstance(result, dict):
+                return await self._decode(request, body, prepared, prefill.instance, decode, result)
+            tried.append(prefill.instance.id)
+            self.router.metrics.retries.inc()
+        # Short uncached prompt, or no prefill engine could take it: whole on a decode engine.
+        return await self.proxy.forward(request, orjson.dumps(body), prepared, ("decode",))
+
+    async def _prefill(self, request: web.Request, body: dict, prepared: Prepared,
+                       choice: Choice) -> dict | web.StreamResponse | None:
+        """The prefill's JSON (with a handle); a final response to relay; None to retry elsewhere."""
+        inst = choice.instance
+        self.proxy._observe_choice(prepared, choice)
+        dispatch = Dispatch(self.router, prepared, choice)
+        p_body = {**body, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+        try:
+            async with self.proxy.session.post(inst.url + request.path, json=p_body) as r:
+                data = await r.read()
+                status = r.status
+        except RETRYABLE as e:
+            dispatch.end("error")
+            self.cluster.report_failure(inst, f"prefill failed: {e!r}")
+            return None
+        dispatch.first_byte()
+        dispatch.end(str(status))
+        if status >= 500:
+            log.warning("prefill instance %s answered %d", inst.id, status)
+            return None
+        if status != 200:
+            return web.Response(body=data, status=status, content_type="application/json",
+                                headers={INSTANCE_HEADER: inst.id})
+        prefilled = orjson.loads(data)
+        params = prefilled.get("kv_transfer_params")
+        if not params:  # it ended at the first token (a stop token): that is the whole answer
+            return await self._finished_at_prefill(request, prepared, inst, prefilled)
+        params["handle"]["address"] = inst.url
+        return prefilled
+
+    async def _finished_at_prefill(self, request, prepared, inst: Instance, prefilled: dict) -> web.StreamResponse:
+        headers = {INSTANCE_HEADER: inst.id, PREFILL_HEADER: inst.id}
+        if not prepared.request.stream:
+            return json_response(prefilled, headers=headers)
+        reason = prefilled["choices"][0].get("finish_reason")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
+        await resp.prepare(request)
+        await resp.write(sse_line(first_chunk(prepared.request.kind, prefilled, reason)) + SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+    async def _decode(self, request: web.Request, body: dict, prepared: Prepared, prefill: Instance,
+                      decode: Instance, prefilled: dict) -> web.StreamResponse:
+        d_body = orjson.dumps({**body, "kv_transfer_params": prefilled["kv_transfer_params"]})
+        headers = {INSTANCE_HEADER: decode.id, PREFILL_HEADER: prefill.id}
+        if not prepared.request.stream:
+            return await self.proxy.forward(request, d_body, prepared, ("decode",),
+                                            exclude=tuple(i.id for i in self.cluster.routable(
+                                                prepared.model, ("decode",)) if i is not decode))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **headers})
+        await resp.prepare(request)
+        await resp.write(sse_line(first_chunk(prepared.request.kind, prefilled)))
+        choice = Choice(decode, Decision(decode.id, uncached_tokens=0), {}, [decode], prepared.num_tokens)
+        dispatch = Dispatch(self.router, prepared, choice)
+        status = "200"
+        try:
+            async with self.proxy.session.post(decode.url + request.path, data=d_body,
+                                               headers={"Content-Type": "application/json"}) as r:
+                if r.status != 200:
+                    raise _UpstreamStatus(r.status, (await r.read())[:300])
+                dispatch.first_byte()
+                async for chunk in r.content.iter_any():
+                    await resp.write(chunk)
+        except (*RETRYABLE, _UpstreamStatus) as e:
+            status = "broken"
+            err = e.error if isinstance(e, _UpstreamStatus) else Unavailable(f"decode {decode.id} failed: {e!r}")
+            await resp.write(sse_error(err) + SSE_DONE)
+        finally:
+            dispatch.end(status)
+        await resp.write_eof()
+        return resp
+
+
+class _UpstreamStatus(Exception):
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(status)
+        try:
+            message = orjson.loads(body)["error"]["message"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            message = body.decode(errors="replace")
+        self.error = KVRouteError(f"decode instance answered HTTP {status}: {message}")
+
