@@ -106,20 +106,22 @@ class RemotePrefill:
         bm, runner = self.engine.block_manager, self.engine.runner
         expected = block_hashes(seq.token_ids[: handle.num_tokens], bm.block_size, seq.hash_seed)
         body = {"request_id": handle.request_id, "from_block": first}
-        received, seen = 0, set()
+        received, block_ids, payloads = 0, [], []
         async with self.session.post(handle.address + "/kv/transfer", json=body) as r:
             if r.status != 200:
                 raise TransferError(f"prefill answered HTTP {r.status}: {(await r.text())[:200]}")
             async for index, block_hash, payload in read_frames(r.content):
                 want = expected[index] if index < len(expected) else 0
-                if not first <= index < end or block_hash != want:
+                if not first <= index < end or block_hash != want or index in block_ids:
                     raise TransferError(f"block {index} does not match the prompt (hash {block_hash} != {want})")
-                if payload:
-                    await asyncio.to_thread(runner.write_blocks, [seq.block_table[index]], payload)
+                block_ids.append(index)
+                payloads.append(payload)
                 received += len(payload)
-                seen.add(index)
-        if len(seen) != end - first:
-            raise TransferError(f"received {len(seen)} of {end - first} blocks")
+        if len(block_ids) != end - first:
+            raise TransferError(f"received {len(block_ids)} of {end - first} blocks")
+        if received:  # one write, one wait for the runner between steps
+            targets = [seq.block_table[i] for i in block_ids]
+            await asyncio.to_thread(runner.write_blocks, targets, b"".join(payloads))
         return received
 
     def queued_tokens(self) -> int:

@@ -90,9 +90,11 @@ class TorchRunner:
             return self.model(self._prepare(works), self.pool)
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes:
-        """Raw K/V of whole blocks, all layers; layout in `engine.model.kv_pool`."""
-        with self._lock:
-            return self.pool.read_blocks(block_ids)
+        """Raw K/V of whole blocks, all layers; layout in `engine.model.kv_pool`.
+
+        Takes no lock: callers read blocks no step writes (a pinned prefill's blocks are
+        referenced, so never reallocated), and a transfer must not wait for a long step."""
+        return self.pool.read_blocks(block_ids)
 
     def write_blocks(self, block_ids: Sequence[int], data: bytes | bytearray | memoryview) -> None:
         with self._lock:

@@ -41,6 +41,9 @@ SIZING = {
                       "num_blocks": 512},
 }
 SHARED_PREFIX_REST = {"question_tokens": 64, "output_tokens": 16}
+# --pd: two engines, long prompts and long outputs mixed (prefill stalls decode when colocated).
+PD_SIZING = {"engines": 2, "num_requests": 120, "rate": 3.0, "num_blocks": 2048}
+PD_RANDOM = {"input_tokens": 2048, "min_input_tokens": 128, "output_tokens": 128, "min_output_tokens": 16}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,13 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per engine")
     p.add_argument("--engine-arg", action="append", default=[], help="extra flag passed to every engine")
     p.add_argument("--router-arg", action="append", default=[], help="extra flag passed to the router")
+    p.add_argument("--pd", action="store_true",
+                   help="compare colocated engines against prefill + decode engines (same engines, workload)")
+    p.add_argument("--prefill-engines", type=int, default=None, help="with --pd: prefill engines (default half)")
     p.add_argument("--out", default="kvroute-bench", help="output directory")
-    add_load_args(p, workload_default="shared-prefix")
+    add_load_args(p, workload_required=False)
     return p
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """Fill what the user left unset from the sizing for this backend (and --quick)."""
+    if args.pd:
+        for knob, value in PD_SIZING.items():
+            if getattr(args, knob, None) is None and not (knob == "rate" and args.concurrency is not None):
+                setattr(args, knob, value)
+        args.workload = args.workload or "random"
+        if args.workload == "random":
+            for knob, value in PD_RANDOM.items():
+                if getattr(args, knob) is None:
+                    setattr(args, knob, value)
+    args.workload = args.workload or "shared-prefix"
     sizing = {**SIZING[(args.backend, args.quick)], **SHARED_PREFIX_REST}
     if args.engines is None:
         args.engines = sizing["engines"]
@@ -104,17 +120,51 @@ async def bench(args, policies: list[str], extras: list[tuple[str, str]]) -> lis
             except TargetError as e:
                 raise TargetError(f"--extra-target {name}: {e}") from None
     runs = []
-    for policy in policies:
-        spec = ClusterSpec(engines=args.engines, backend=args.backend, num_blocks=args.num_blocks, policy=policy,
-                           engine_args=tuple(args.engine_arg), router_args=tuple(args.router_arg))
+    for name, spec in cluster_specs(args, policies):
         t0 = time.monotonic()
         async with LocalCluster(spec) as cluster:
-            print(f"{PROG}: {args.engines} {args.backend} engines + router ({policy}) up in "
-                  f"{time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
-            runs.append(await run_one(policy, cluster.router_url, args, config, workload, not args.no_progress))
+            print(f"{PROG}: {name}: {spec.engines} {args.backend} engines ({', '.join(spec.roles) or 'both'}) + "
+                  f"router ({spec.policy}) up in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+            run = await run_one(name, cluster.router_url, args, config, workload, not args.no_progress)
+            if args.pd:
+                run.summary.update(await transfer_stats(cluster.engine_urls, run.summary))
+            runs.append(run)
     for name, url in extras:
         runs.append(await run_one(name, url, args, config, workload, not args.no_progress))
     return runs
+
+
+def cluster_specs(args, policies: list[str]) -> list[tuple[str, ClusterSpec]]:
+    """One cluster per policy; with --pd, colocated (all "both") against prefill + decode engines."""
+    base = dict(engines=args.engines, backend=args.backend, num_blocks=args.num_blocks,
+                engine_args=tuple(args.engine_arg), router_args=tuple(args.router_arg))
+    if not args.pd:
+        return [(p, ClusterSpec(policy=p, **base)) for p in policies]
+    k = args.prefill_engines or max(1, args.engines // 2)
+    return [("colocated", ClusterSpec(policy=policies[-1], roles=("both",) * args.engines, **base)),
+            (f"disaggregated {k}P+{args.engines - k}D",
+             ClusterSpec(policy=policies[-1], roles=("prefill",) * k + ("decode",) * (args.engines - k), **base))]
+
+
+async def transfer_stats(engine_urls: list[str], summary: dict) -> dict:
+    """KV pulled by decode engines during the run: MB/s while pulling, and pull time over TTFT."""
+    totals = {"kvroute_engine_kv_pull_bytes_total": 0.0, "kvroute_engine_kv_pull_seconds_sum": 0.0,
+              "kvroute_engine_kv_pull_seconds_count": 0.0}
+    async with aiohttp.ClientSession() as session:
+        for url in engine_urls:
+            async with session.get(url + "/metrics") as r:
+                for line in (await r.text()).splitlines():
+                    name = line.split("{", 1)[0].split(" ", 1)[0]
+                    if name in totals:
+                        totals[name] += float(line.rsplit(" ", 1)[1])
+    pulls = totals["kvroute_engine_kv_pull_seconds_count"]
+    if not pulls:
+        return {}
+    seconds, nbytes = totals["kvroute_engine_kv_pull_seconds_sum"], totals["kvroute_engine_kv_pull_bytes_total"]
+    mean_pull = seconds / pulls
+    ttft = summary.get("ttft_p50_s") or 0.0
+    return {"kv_pulls": int(pulls), "kv_pulled_mb": nbytes / 1e6, "kv_pull_mb_per_s": nbytes / 1e6 / seconds,
+            "kv_pull_mean_s": mean_pull, "kv_pull_over_ttft_p50": mean_pull / ttft if ttft else None}
 
 
 def main(argv: list[str] | None = None) -> int:

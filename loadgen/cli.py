@@ -33,6 +33,8 @@ KNOB_HELP = {
     "question_tokens": "tokens of each question",
     "output_tokens": "output tokens per request (max_tokens with ignore_eos)",
     "input_tokens": "prompt tokens",
+    "min_input_tokens": "draw prompt lengths uniformly from here to --input-tokens",
+    "min_output_tokens": "draw output lengths uniformly from here to --output-tokens",
     "turns": "turns per session",
     "system_tokens": "tokens of a system prompt shared by all sessions",
     "answer_tokens": "synthetic answer tokens appended after each turn",
@@ -65,10 +67,9 @@ def _knob_defaults() -> dict[str, tuple[type, list[str]]]:
     return knobs
 
 
-def add_load_args(p: argparse.ArgumentParser, workload_default: str | None = None) -> None:
+def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) -> None:
     """Workload, arrival and SLO flags, shared by `kvroute loadgen` and `kvroute bench`."""
-    p.add_argument("--workload", required=workload_default is None, default=workload_default,
-                   help=f"one of {workload_names()}")
+    p.add_argument("--workload", required=workload_required, help=f"one of {workload_names()}")
     p.add_argument("--rate", type=float, help="open loop: requests/s (session starts for multi-turn)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
     p.add_argument("--concurrency", type=int, help="closed loop: requests in flight")

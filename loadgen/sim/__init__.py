@@ -1,0 +1,16 @@
+"""`kvroute sim`: the real policies, index and engine scheduler on a virtual clock, for many instances.
+
+    cluster.py    virtual clock (event heap) + the simulated instances
+    instance.py   one engine: BlockManager + Scheduler + the sim runner's cost model
+    load_view.py  the router's per-instance load, as InstanceStates kept current incrementally
+    router.py     the simulated router: MemoryIndex + policy, dispatch bookkeeping, records
+    oracle.py     the reference policy with instant, exact knowledge (simulator only)
+    runner.py     simulate(config, policy, specs, arrival) -> SimResult
+    report.py     the comparison table
+    cli.py        `kvroute sim` (main)
+"""
+
+from loadgen.sim.cli import main
+from loadgen.sim.runner import SimConfig, SimResult, simulate
+
+__all__ = ["main", "simulate", "SimConfig", "SimResult"]

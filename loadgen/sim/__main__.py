@@ -1,0 +1,5 @@
+import sys
+
+from loadgen.sim import main
+
+sys.exit(main())

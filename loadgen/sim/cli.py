@@ -1,0 +1,157 @@
+"""`kvroute sim`: run policies over a workload on a simulated cluster and compare them.
+
+    kvroute sim --instances 64 --policy kv_aware,round_robin,oracle --workload shared-prefix \
+        --rate 800 --requests 20000 [--groups 64 --prefix-tokens 512 ...] [--cost-model a100-llama2-7b] \
+        [--event-delay 0.05] [--fast-candidates 16] [--json] [--out results.json]
+
+Workload flags are loadgen's (the workload's config fields); the same --seed drives
+the workload, the arrival process, the policies' random choices and the sampled
+tokens, so a run is reproducible and matches `kvroute loadgen` at the same seed.
+Bad arguments give one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from engine.cost_model import COST_MODELS
+from loadgen.arrivals import ArrivalConfig
+from loadgen.sim.report import format_table, relative_to_oracle
+from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
+from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
+
+PROG = "kvroute sim"
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _knob_types() -> dict[str, type]:
+    knobs: dict[str, type] = {}
+    for config in CONFIGS.values():
+        for f in dataclasses.fields(config):
+            if f.name not in ("num_requests", "path"):
+                knobs.setdefault(f.name, type(f.default))
+    return knobs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = {f.name: f.default for f in dataclasses.fields(SimConfig)}
+    p = _Parser(prog=PROG, description="Discrete-event simulation of a large cluster with the real policies.")
+    p.add_argument("--instances", type=int, default=d["instances"], help="simulated engines")
+    p.add_argument("--policy", default="kv_aware", help=f"comma-separated, from: {', '.join(policy_names())}")
+    p.add_argument("--workload", required=True, help=f"one of {workload_names()}")
+    p.add_argument("--requests", "--num-requests", dest="num_requests", type=int, help="requests to generate")
+    p.add_argument("--rate", type=float, help="open loop: requests/s (omit for a trace's own send times)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
+    p.add_argument("--cost-model", default=d["cost_model"], choices=list(COST_MODELS))
+    p.add_argument("--event-delay", type=float, default=d["event_delay_s"], help="KV event delivery delay, s")
+    p.add_argument("--poll-interval", type=float, default=d["poll_interval_s"], help="load poll interval, s; 0 = live")
+    p.add_argument("--fast-candidates", type=int, default=d["fast_candidates"],
+                   help="K > 0: index policies see index holders + recent + K least loaded instances only")
+    p.add_argument("--recent-ttl", type=float, default=d["recent_ttl_s"], help="fast path: recent-sender memory, s")
+    for name in ("block_size", "num_blocks", "max_batched_tokens", "max_running", "max_waiting"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name], help="per engine, as kvroute engine")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
+    p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("--out", help="also write the results as JSON to this file")
+    p.add_argument("--records", help="write every request's record as JSON lines (with its policy) to this file")
+    for name, kind in _knob_types().items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
+                       help=f"workload knob {name}")
+    return p
+
+
+def _workload(args: argparse.Namespace):
+    base, _ = split_name(args.workload)
+    allowed = set(knob_names(args.workload))
+    knobs = {k: v for k, v in vars(args).items() if k in _knob_types() and v is not None}
+    for name in knobs:
+        if name not in allowed:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to workload {base}")
+    if args.num_requests is not None:
+        knobs["num_requests"] = args.num_requests
+    return make_workload(args.workload, seed=args.seed, **knobs)
+
+
+def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfig]:
+    config = SimConfig(
+        instances=args.instances, cost_model=args.cost_model, event_delay_s=args.event_delay,
+        poll_interval_s=args.poll_interval, fast_candidates=args.fast_candidates, recent_ttl_s=args.recent_ttl,
+        block_size=args.block_size, num_blocks=args.num_blocks, max_batched_tokens=args.max_batched_tokens,
+        max_running=args.max_running, max_waiting=args.max_waiting, seed=args.seed)
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    valid = policy_names()
+    for name in policies or [""]:
+        if name not in valid:
+            raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(valid)}")
+    if len(set(policies)) != len(policies):
+        raise ValueError("--policy names a policy twice")
+    for flag in ("slo_ttft", "slo_tpot"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    for flag in ("out", "records"):
+        path = getattr(args, flag)
+        if path is not None and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
+            raise ValueError(f"--{flag} {path}: not a file in an existing directory")
+    return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
+
+
+def run(args: argparse.Namespace) -> dict:
+    config, policies, arrival = _check(args)
+    started = time.perf_counter()
+    workload = _workload(args)
+    specs = workload.requests()
+    generate_s = time.perf_counter() - started
+    arrivals(specs, arrival, config.seed)  # refuse a workload without send times before running anything
+    results, records = {}, {}
+    for name in policies:
+        print(f"{PROG}: {name} on {config.instances} instances, {len(specs)} requests ...", file=sys.stderr)
+        result = simulate(config, name, specs, arrival)
+        results[name] = result.summary(args.slo_ttft, args.slo_tpot)
+        if args.records:
+            records[name] = result.records
+    out = {
+        "config": dataclasses.asdict(config),
+        "workload": workload.info() if hasattr(workload, "info") else {"workload": workload.name},
+        "arrival": arrival.describe(),
+        "workload_generation_s": generate_s,
+        "results": results,
+        "relative_to_oracle": relative_to_oracle(results),
+    }
+    if args.records:
+        with open(args.records, "w", encoding="utf-8") as f:
+            for name, recs in records.items():
+                for r in recs:
+                    f.write(json.dumps({"policy": name, **r.to_dict()}) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        out = run(args)
+    except (UsageError, ValueError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(out, indent=2)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text if args.json else format_table(out))
+    return 0

@@ -1,0 +1,158 @@
+"""The virtual clock and the simulated instances.
+
+One heap of timed events -- instance step completions, delayed KV-event
+deliveries, load polls and follow-up arrivals (multi-turn) -- merged with the
+workload's arrival stream, which is already in time order and never enters the
+heap. Nothing sleeps and no instance is visited unless it has work: an instance
+with requests runs one step after another (each ending in one heap event), and
+an idle one costs nothing until a request arrives.
+
+The router side (`Sink`, implemented by runner.SimRouter) is called back with:
+arrivals, tokens produced by a finished step, failed requests, KV events (after
+`event_delay_s`), and load reports (every `poll_interval_s`, for the instances that
+changed since the last poll; with 0, at once after every change).
+
+`kv_listeners` get every instance's KV events the moment they are drained and
+`step_listeners` every instance whose queue changed (the oracle's instant view).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+from typing import Callable, Iterator, Protocol
+
+from engine.config import EngineConfig
+from engine.sequence import Sequence
+from loadgen.sim.instance import SimInstance
+from loadgen.workload_base import RequestSpec
+
+STEP, DELIVER, POLL, ARRIVE = 0, 1, 2, 3
+
+KVEvents = list[tuple[str, list[int], int | None]]
+
+
+class Sink(Protocol):
+    def on_arrival(self, spec: RequestSpec) -> None: ...
+
+    def on_tokens(self, inst: SimInstance, seqs: list[Sequence]) -> None: ...
+
+    def on_failed(self, inst: SimInstance, seq: Sequence, error: str, status: int) -> None: ...
+
+    def on_kv_events(self, index: int, events: KVEvents) -> None: ...
+
+    def on_load(self, inst: SimInstance) -> None: ...
+
+
+class Cluster:
+    def __init__(self, num_instances: int, engine: EngineConfig, event_delay_s: float = 0.0,
+                 poll_interval_s: float = 0.1) -> None:
+        self.instances = [SimInstance(i, dataclasses.replace(engine, instance_id=f"sim-{i}", seed=engine.seed + i))
+                          for i in range(num_instances)]
+        self.event_delay_s = event_delay_s
+        self.poll_interval_s = poll_interval_s
+        self.now = 0.0
+        self.kv_listeners: list[Callable[[int, KVEvents], None]] = []
+        self.step_listeners: list[Callable[[SimInstance], None]] = []
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._order = itertools.count()
+        self._changed: dict[int, None] = {}
+        self._poll_pending = False
+        self._sink: Sink | None = None
+        self.num_events = 0
+
+    def push(self, at: float, kind: int, payload: object) -> None:
+        heapq.heappush(self._heap, (at, next(self._order), kind, payload))
+
+    def run(self, sink: Sink, arrivals: Iterator[tuple[float, RequestSpec]]) -> None:
+        """Process everything until no arrival or event is left."""
+        self._sink = sink
+        heap, pop = self._heap, heapq.heappop
+        nxt = next(arrivals, None)
+        while True:
+            if heap and (nxt is None or heap[0][0] <= nxt[0]):
+                at, _, kind, payload = pop(heap)
+                self.now = at
+                if kind == STEP:
+                    self._finish_step(payload)
+                elif kind == DELIVER:
+                    sink.on_kv_events(*payload)
+                elif kind == POLL:
+                    self._poll()
+                else:
+                    sink.on_arrival(payload)
+            elif nxt is not None:
+                self.now = nxt[0]
+                sink.on_arrival(nxt[1])
+                nxt = next(arrivals, None)
+            else:
+                break
+
+    def submit(self, index: int, seq: Sequence) -> bool:
+        """Hand `seq` to instance `index` now; False when its queue is full."""
+        inst = self.instances[index]
+        if not inst.admit(seq):
+            return False
+        if not inst.busy:
+            self._start_step(inst)
+        else:
+            self._load_changed(inst)
+        return True
+
+    # -- instance steps -------------------------------------------------------------
+
+    def _start_step(self, inst: SimInstance) -> None:
+        sink = self._sink
+        while inst.scheduler.has_work():
+            duration, failed = inst.start_step(self.now)
+            self._publish(inst)
+            for seq, error in failed:
+                sink.on_failed(inst, seq, error, 200)
+            if duration is not None:
+                self.push(inst.busy_until, STEP, inst)
+                break
+        self._load_changed(inst)
+
+    def _finish_step(self, inst: SimInstance) -> None:
+        advanced = inst.finish_step()
+        self._publish(inst)
+        self._sink.on_tokens(inst, advanced)
+        if inst.scheduler.has_work():
+            self._start_step(inst)
+        else:
+            self._load_changed(inst)
+
+    def _publish(self, inst: SimInstance) -> None:
+        if not inst.block_manager.pending_events:
+            return
+        events = inst.block_manager.drain_events()
+        self.num_events += len(events)
+        for listener in self.kv_listeners:
+            listener(inst.index, events)
+        if self.event_delay_s > 0:
+            self.push(self.now + self.event_delay_s, DELIVER, (inst.index, events))
+        else:
+            self._sink.on_kv_events(inst.index, events)
+
+    # -- load reports ---------------------------------------------------------------
+
+    def _load_changed(self, inst: SimInstance) -> None:
+        for listener in self.step_listeners:
+            listener(inst)
+        if self.poll_interval_s <= 0:
+            self._sink.on_load(inst)
+            return
+        self._changed[inst.index] = None
+        if not self._poll_pending:
+            self._poll_pending = True
+            tick = self.poll_interval_s
+            self.push((math.floor(self.now / tick) + 1) * tick, POLL, None)
+
+    def _poll(self) -> None:
+        self._poll_pending = False
+        changed, self._changed = self._changed, {}
+        for index in changed:
+            self._sink.on_load(self.instances[index])
+

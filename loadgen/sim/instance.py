@@ -1,0 +1,141 @@
+"""One simulated engine: the real BlockManager and Scheduler, step times from the sim runner's cost model.
+
+This is the loop of engine/llm_engine.py without asyncio or sleeping, split at the
+two instants the virtual clock needs: `start_step` schedules a step and prices it
+with the engine's cost model (that of the `SimRunner` that `engine.runners` builds
+from an `EngineConfig`, exactly as `kvroute engine --backend sim` does);
+`finish_step`, at the step's end time, runs the scheduler's postprocess. KV
+changes are drained with `block_manager.drain_events()` after each of the two,
+where the engine publishes them (evictions while scheduling, newly computed
+blocks after a step).
+
+Speed: building `Step.works()` (copies of every chunk's tokens and block table)
+for `SimRunner.execute_sync` costs more than the rest of a step, so `step_time`
+reads the same features straight from the step -- `CostModel.features`' rule,
+checked equal to `cost_model.step_time(step.works())` in tests/test_sim.py -- and
+every sampled token is one fixed ordinary id: the runner's tokens are never read
+(generation runs to max_tokens either way, as with SimRunner's, which are never
+special), only hashed into output blocks that no prompt shares.
+
+Failures mirror the engine: a full waiting queue rejects at admission (HTTP 429
+there), a prompt that can never fit the KV pool fails at the head of the queue,
+and a sequence the scheduler drops (alone and out of blocks) ends.
+"""
+
+from __future__ import annotations
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.runners import RUNNERS
+from engine.scheduler import Scheduler, SchedulerConfig, Step
+from engine.cost_model import CostModel
+from engine.sequence import Sequence, SeqStatus
+from engine.sim import NUM_SPECIAL_TOKENS
+
+QUEUE_FULL = "engine queue is full"
+NO_FIT = "prompt does not fit in the KV block pool"
+DROPPED = "sequence dropped: out of KV blocks"
+SAMPLED_TOKEN = NUM_SPECIAL_TOKENS  # the first ordinary id
+
+
+def step_time(cost_model: CostModel, step: Step) -> float:
+    """`cost_model.step_time(step.works())`, without building the works."""
+    if not step.seqs:
+        return 0.0
+    p_tok = p_pair = d_seq = d_ctx = 0.0
+    for seq, n in zip(step.seqs, step.num_tokens):
+        start = seq.num_computed
+        if n > 1 or not start:
+            p_tok += n
+            p_pair += n * (start + (n + 1) / 2)
+        else:
+            d_seq += 1
+            d_ctx += start + 1
+    cm = cost_model
+    return (cm.step_s + cm.prefill_token_s * p_tok + cm.prefill_pair_s * p_pair + cm.decode_seq_s * d_seq
+            + cm.decode_context_s * d_ctx)
+
+
+class SimInstance:
+    """An engine on the virtual clock; `busy` while a step is in flight."""
+
+    def __init__(self, index: int, config: EngineConfig) -> None:
+        if config.backend != "sim":
+            raise ValueError("a simulated instance needs an EngineConfig with backend='sim'")
+        self.index = index
+        self.id = config.instance
+        self.config = config
+        self.runner = RUNNERS["sim"](config)
+        self.cost_model = self.runner.cost_model
+        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        sched = SchedulerConfig(config.max_batched_tokens, config.max_running, self.runner.info.max_model_len)
+        self.scheduler = Scheduler(sched, self.block_manager, frozenset())
+        self.step: Step | None = None
+        self.tokens: list[int | None] = []
+        self.busy_until = 0.0
+        self.busy_s = 0.0
+        self.num_steps = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.step is not None
+
+    def admit(self, seq: Sequence) -> bool:
+        """Queue `seq`; False (nothing queued) when the waiting queue is full."""
+        if len(self.scheduler.waiting) >= self.config.max_waiting:
+            return False
+        self.scheduler.add(seq)
+        return True
+
+    def start_step(self, now: float) -> tuple[float | None, list[tuple[Sequence, str]]]:
+        """Schedule one step; its duration (None: nothing could run) and the sequences that failed."""
+        sched = self.scheduler
+        step = sched.schedule()
+        failed = [(seq, DROPPED) for seq in sched.dropped]
+        sched.dropped = []
+        if not step.seqs:
+            failed.extend((seq, NO_FIT) for seq in self._unschedulable())
+            return None, failed
+        duration = step_time(self.cost_model, step) * self.runner.time_scale
+        self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq) else None
+                       for seq, n in zip(step.seqs, step.num_tokens)]
+        self.step = step
+        self.busy_until = now + duration
+        self.busy_s += duration
+        self.num_steps += 1
+        return duration, failed
+
+    def finish_step(self) -> list[Sequence]:
+        """Advance the step's sequences; returns those that got a token (finished ones included)."""
+        step, self.step = self.step, None
+        return self.scheduler.postprocess(step, self.tokens)
+
+    def _unschedulable(self) -> list[Sequence]:
+        """Nothing ran: the head of the queue can never fit (or, defensively, nothing can)."""
+        sched = self.scheduler
+        stuck = [sched.waiting[0]] if not sched.running and sched.waiting else list(sched.running)
+        for seq in stuck:
+            sched.abort(seq)
+        return stuck
+
+    def load(self) -> tuple[int, int, float]:
+        """(running, waiting, kv_usage), what the engine's GET /load reports."""
+        bm = self.block_manager
+        return len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used / bm.num_blocks
+
+    def prefill_backlog(self) -> tuple[int, int, int]:
+        """(prompt tokens still to prefill after the step in flight, decoding sequences, their context tokens)."""
+        sched = self.scheduler
+        queued = sum(len(s) - s.num_computed for s in sched.waiting)
+        decoding = context = 0
+        for s in sched.running:
+            if s.is_prefilling:
+                queued += len(s) - s.num_computed
+            else:
+                decoding += 1
+                context += len(s)
+        if self.step is not None:
+            for seq, n in zip(self.step.seqs, self.step.num_tokens):
+                if seq.status == SeqStatus.RUNNING and n > 1:
+                    queued -= n
+        return max(queued, 0), decoding, context

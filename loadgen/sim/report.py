@@ -1,0 +1,70 @@
+"""The simulator's comparison: one row per policy, and each policy against the oracle."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+ORACLE = "oracle"
+
+COLUMNS = (  # (header, summary key, scale, digits)
+    ("requests", "requests", 1, 0),
+    ("errors", "errors", 1, 0),
+    ("ttft p50 ms", "ttft_p50_s", 1e3, 1),
+    ("ttft p90 ms", "ttft_p90_s", 1e3, 1),
+    ("ttft p99 ms", "ttft_p99_s", 1e3, 1),
+    ("tpot p50 ms", "tpot_p50_s", 1e3, 2),
+    ("cached %", "cached_token_ratio", 100, 1),
+    ("goodput %", "goodput", 100, 1),
+    ("decide us", "decision_us_mean", 1, 1),
+    ("decide p99 us", "decision_us_p99", 1, 1),
+    ("candidates", "candidates_mean", 1, 1),
+    ("index entries", "index_entries", 1, 0),
+    ("wall s", "sim_wall_s", 1, 1),
+)
+
+
+def relative_to_oracle(results: Mapping[str, Mapping[str, Any]]) -> dict | None:
+    """Per policy: its cached-token share and TTFT p90 divided by the oracle's (None without an oracle)."""
+    oracle = results.get(ORACLE)
+    if oracle is None:
+        return None
+    out = {}
+    for name, s in results.items():
+        out[name] = {
+            "cached_token_ratio": _ratio(s.get("cached_token_ratio"), oracle.get("cached_token_ratio")),
+            "ttft_p90": _ratio(s.get("ttft_p90_s"), oracle.get("ttft_p90_s")),
+        }
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _cell(value: Any, scale: float, digits: int) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def format_table(out: Mapping[str, Any]) -> str:
+    """A plain-text table of `cli.run`'s output."""
+    results, rel = out["results"], out.get("relative_to_oracle")
+    headers = ["policy", *(h for h, *_ in COLUMNS)]
+    if rel:
+        headers += ["cached / oracle", "ttft p90 / oracle"]
+    rows = []
+    for name, s in results.items():
+        row = [name, *(_cell(s.get(key), scale, digits) for _, key, scale, digits in COLUMNS)]
+        if rel:
+            row += [_cell(rel[name]["cached_token_ratio"], 1, 3), _cell(rel[name]["ttft_p90"], 1, 3)]
+        rows.append(row)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [
+        f"{out['config']['instances']} instances, {out['workload'].get('workload')}, {out['arrival']}, "
+        f"cost model {out['config']['cost_model']}, event delay {out['config']['event_delay_s']:g} s",
+        "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
+    ]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    for name, s in results.items():
+        for message, count in (s.get("error_kinds") or {}).items():
+            lines.append(f"{name}: error x{count}: {message}")
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""The simulated router: the real index and policy, driven by the cluster's callbacks.
+
+Per arrival: hash the prompt's blocks (router/protocol.py), look them up in the
+real `MemoryIndex` (sync methods), pick candidates (`LoadView`), let the policy
+select, then dispatch as router/proxy.py does: `on_routed`, +1 inflight and the
+predicted uncached tokens queued; at the first token `on_first_token` with the
+TTFT and those tokens, which leave the queue; at the end `on_finished`. The CPU
+time of lookup + candidates + select is measured with `time.perf_counter` (real
+seconds, not virtual ones). Each request yields a `loadgen.record.RequestRecord`
+with the fields the load generator measures, times on the virtual clock.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+
+from engine.sequence import Sequence
+from engine.work import SamplingParams
+from loadgen.record import RequestRecord
+from loadgen.sim.cluster import ARRIVE, Cluster, KVEvents
+from loadgen.sim.instance import QUEUE_FULL, SimInstance
+from loadgen.sim.load_view import LoadView
+from loadgen.workload_base import RequestSpec
+from router.index.memory import MemoryIndex
+from router.policies.base import Policy, RouteRequest
+from router.protocol import block_hashes, hash_seed
+
+CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
+
+
+class Flight:
+    """One request between dispatch and its end."""
+
+    __slots__ = ("record", "route", "instance", "uncached", "first", "last_t", "spec_index")
+
+    def __init__(self, record: RequestRecord, route: RouteRequest, instance: int, uncached: int) -> None:
+        self.record, self.route, self.instance, self.uncached = record, route, instance, uncached
+        self.first = False
+        self.last_t = 0.0
+        self.spec_index = record.index
+
+
+class SimRouter:
+    def __init__(self, cluster: Cluster, policy: Policy, followers: dict[int, list[RequestSpec]] | None = None,
+                 fast_k: int = 0, recent_ttl_s: float = 2.0) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        first = cluster.instances[0]
+        self.block_size = first.config.block_size
+        self.hash_seed = hash_seed(first.runner.info.model)
+        self.max_model_len = first.runner.info.max_model_len
+        self.pool_tokens = first.config.num_blocks * self.block_size
+        self.ids = [inst.id for inst in cluster.instances]
+        self.index = MemoryIndex()
+        self.view = LoadView(self.ids, fast_k if policy.uses_index else 0, recent_ttl_s)
+        self.followers = followers or {}
+        self.flights: dict[int, Flight] = {}
+        self.records: list[RequestRecord] = []
+        self.decision_s = array("d")
+        self.num_candidates = 0
+        self.index_peak = 0
+        self._sampling: dict[int, SamplingParams] = {}
+
+    # -- arrivals -------------------------------------------------------------------
+
+    def on_arrival(self, spec: RequestSpec) -> None:
+        now = self.cluster.now
+        tokens = spec.prompt_ids
+        n = len(tokens)
+        route = RouteRequest(n, tuple(block_hashes(tokens, self.block_size, self.hash_seed)), self.block_size,
+                             f"r{spec.index}")
+        first_block = route.block_hashes[0] if route.block_hashes else None
+        policy, view = self.policy, self.view
+        t0 = time.perf_counter()
+        matches = self.index.lookup_sync(route.block_hashes) if policy.uses_index else {}
+        candidates = view.fast(matches, first_block, now) if view.fast_k else view.all()
+        decision = policy.select(route, candidates, matches)
+        self.decision_s.append(time.perf_counter() - t0)
+        self.num_candidates += len(candidates)
+        i = view.position[decision.instance]
+        uncached = decision.uncached_tokens
+        if uncached is None:
+            match = matches.get(decision.instance)
+            uncached = max(0, n - (match.blocks * self.block_size if match is not None else 0))
+        policy.on_routed(route, decision.instance)
+        view.dispatched(i, uncached, first_block, now)
+        record = RequestRecord(index=spec.index, group=spec.group, send_s=now, planned_s=now, prompt_tokens=n,
+                               instance=decision.instance)
+        flight = Flight(record, route, i, uncached)
+        seq = Sequence(route.request_id, list(tokens), self._sampling_for(spec.max_tokens), self.hash_seed, now)
+        self.flights[seq.seq_id] = flight
+        if n + spec.max_tokens > self.max_model_len or n + 1 > self.pool_tokens:
+            self._end(flight, seq, CONTEXT_TOO_LONG, 400)
+        elif not self.cluster.submit(i, seq):
+            self._end(flight, seq, QUEUE_FULL, 429)
+        if len(self.records) & 1023 == 0:
+            self.index_peak = max(self.index_peak, self.index.size_sync())
+
+    def _sampling_for(self, max_tokens: int) -> SamplingParams:
+        sampling = self._sampling.get(max_tokens)
+        if sampling is None:
+            sampling = self._sampling[max_tokens] = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        return sampling
+
+    # -- engine callbacks -------------------------------------------------------------
+
+    def on_tokens(self, inst: SimInstance, seqs: list[Sequence]) -> None:
+        now = self.cluster.now
+        flights = self.flights
+        for seq in seqs:
+            flight = flights[seq.seq_id]
+            if flight.first:
+                flight.record.itl_s.append(now - flight.last_t)
+            else:
+                flight.first = True
+                record = flight.record
+                record.ttft_s = ttft = now - record.send_s
+                self.view.first_token(flight.instance, flight.uncached)
+                self.policy.on_first_token(flight.route, inst.id, ttft, flight.uncached)
+            flight.last_t = now
+            if seq.is_finished:
+                self._end(flight, seq, "", 200)
+
+    def on_failed(self, inst: SimInstance, seq: Sequence, error: str, status: int) -> None:
+        self._end(self.flights[seq.seq_id], seq, error, status)
+
+    def _end(self, flight: Flight, seq: Sequence, error: str, status: int) -> None:
+        now = self.cluster.now
+        record = flight.record
+        record.e2e_s = now - record.send_s
+        record.status, record.error = status, error
+        record.output_tokens = seq.num_generated
+        record.cached_tokens = seq.num_cached
+        if not flight.first:
+            self.view.first_token(flight.instance, flight.uncached)
+        self.view.finished(flight.instance)
+        self.policy.on_finished(flight.route, self.ids[flight.instance])
+        del self.flights[seq.seq_id]
+        self.records.append(record)
+        for follower in self.followers.get(flight.spec_index, ()):
+            self.cluster.push(now + follower.think_s, ARRIVE, follower)
+
+    def on_kv_events(self, index: int, events: KVEvents) -> None:
+        inst = self.ids[index]
+        for kind, blocks, _ in events:
+            if kind == "stored":
+                self.index.add_sync(inst, "device", blocks)
+            elif kind == "removed":
+                self.index.remove_sync(inst, "device", blocks)
+            else:
+                self.index.clear_sync(inst)
+
+    def on_load(self, inst: SimInstance) -> None:
+        self.view.polled(inst.index, inst.load())
