@@ -28,6 +28,8 @@ class CostModel:
     decode_seq_s: float
     decode_context_s: float
     description: str = ""
+    kv_bytes_per_token: int = 0  # K/V bytes of one token (all layers), for modelled transfers; 0 = the model's
+
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -90,6 +92,7 @@ COST_MODELS: dict[str, CostModel] = {
         decode_seq_s=3.0e-5,
         decode_context_s=2.8e-7,
         description="Llama-2-7B fp16 on one A100-80GB, from published peak figures",
+        kv_bytes_per_token=2 * 32 * 4096 * 2,  # K and V, 32 layers, 4096 wide, fp16: 0.5 MiB
     ),
 }
 DEFAULT_COST_MODEL = "cpu-tiny"

@@ -83,6 +83,7 @@ class RemotePrefill:
                 delay = getattr(self.engine.runner, "transfer_time", None)
                 if delay is not None:  # the sim runner models the link instead of moving bytes
                     await asyncio.sleep(delay(num_blocks - first_block))
+                    received = (num_blocks - first_block) * self.engine.runner.kv_bytes_per_block
                 metrics.kv_pull_bytes.inc(received)
                 metrics.kv_pull_blocks.inc(num_blocks - first_block)
             seq.num_computed = handle.num_tokens

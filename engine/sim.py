@@ -40,7 +40,8 @@ class SimRunner:
         self.busy_s = 0.0
         self.link = LINKS[link]
         dtype_bytes = 2 if info.dtype in ("bfloat16", "float16") else 4
-        self.kv_bytes_per_block = info.num_layers * 2 * block_size * info.num_kv_heads * info.head_dim * dtype_bytes
+        per_token = cost_model.kv_bytes_per_token or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes
+        self.kv_bytes_per_block = per_token * block_size
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes:
         """No K/V exists here: a pull moves empty payloads and `transfer_time` stands for the bytes."""
