@@ -120,3 +120,21 @@ async def test_role_checks(pd, http):
     status, out = await post(http, p_url, {"prompt": [5, 6, 7], "kv_transfer_params": {"do_remote_prefill": True,
                                                                                         "handle": {}}})
     assert status == 400 and "role decode or both" in out["error"]["message"]
+
+
+async def test_decode_without_room_waits_then_503(start_engine, http):
+    p_url, _ = await start_engine(backend="sim", role="prefill", instance_id="pbig", time_scale=0.01)
+    d_url, _ = await start_engine(backend="sim", role="decode", instance_id="dsmall", num_blocks=300,
+                                  kv_admit_timeout_s=0.5, time_scale=5.0)
+    hog = {"prompt": prompt_ids(6, 4000), "max_tokens": 20, "ignore_eos": True}  # 252 of the 300 blocks
+    hog_task = asyncio.ensure_future(post(http, d_url, hog))
+    await asyncio.sleep(1.0)  # it is running and holds its blocks
+    body = {"prompt": prompt_ids(7, 1000), "max_tokens": 4}  # needs 63 blocks: more than are free
+    _, pre = await post(http, p_url, {**body, "kv_transfer_params": {"do_remote_decode": True}})
+    params = pre["kv_transfer_params"]
+    params["handle"]["address"] = p_url
+    async with http.post(d_url + "/v1/completions", json={**body, "kv_transfer_params": params}) as r:
+        assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+        assert "no free KV blocks" in (await r.json())["error"]["message"]
+    status, _ = await hog_task
+    assert status == 200
