@@ -168,3 +168,13 @@ def test_cli_bad_arguments_one_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("kvroute sim: ") and words in err
+
+
+def test_request_overhead_shifts_ttft_and_e2e_only():
+    specs = shared_prefix(100)
+    base = simulate(SimConfig(instances=4, seed=1), "kv_aware", specs, ArrivalConfig(rate=100.0))
+    late = simulate(SimConfig(instances=4, seed=1, request_overhead_s=0.005), "kv_aware", specs,
+                    ArrivalConfig(rate=100.0))
+    for a, b in zip(base.records, late.records):
+        assert b.ttft_s == pytest.approx(a.ttft_s + 0.005) and b.e2e_s == pytest.approx(a.e2e_s + 0.005)
+        assert b.instance == a.instance and b.cached_tokens == a.cached_tokens
