@@ -45,6 +45,7 @@ class Choice:
     decision: Decision
     matches: Mapping[str, PrefixMatch]
     candidates: Sequence[Instance]
+    prepared_tokens: int = 0
 
     @property
     def cached_tokens(self) -> int:
@@ -56,8 +57,6 @@ class Choice:
         if self.decision.uncached_tokens is not None:
             return self.decision.uncached_tokens
         return max(0, self.prepared_tokens - self.cached_tokens)
-
-    prepared_tokens: int = 0
 
 
 class Router:
