@@ -147,20 +147,8 @@ class LLMEngine:
         self.metrics.rejected.labels("no_kv_blocks").inc()
         self.fail_request(seq, message, Overloaded)
 
-    async def read_pinned(self, request_id: str, from_block: int) -> list[tuple[int, int, bytes]] | None:
-        """(index, hash, payload) of a pinned prompt's blocks from `from_block` on; None if not pinned."""
-        seq = self.pinned.get(request_id)
-        if seq is None:
-            return None
-        bs = self.block_manager.block_size
-        ids = seq.block_table[from_block : -(-seq.num_prompt // bs)]
-        data = await asyncio.to_thread(self.runner.read_blocks, ids)
-        size = len(data) // len(ids) if ids else 0
-        full = seq.num_prompt // bs
-        return [(i, seq.block_hashes[i] if i < full else 0, data[(i - from_block) * size:(i - from_block + 1) * size])
-                for i in range(from_block, from_block + len(ids))]
-
     def release_pinned(self, request_id: str) -> None:
+        """A pinned prefill was pulled: drop the pin (its blocks stay in the prefix cache)."""
         seq = self.pinned.pop(request_id)
         if seq is not None:
             self.block_manager.free(seq)

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from engine.kv_transfer import encode_frames
 from router.errors import BadRequest, NotFound
 from router.http import read_json
+
+
+async def read_pinned(engine, request_id: str, from_block: int) -> list[tuple[int, int, bytes]] | None:
+    """(index, hash, payload) of a pinned prompt's blocks from `from_block` on; None if not pinned."""
+    seq = engine.pinned.get(request_id)
+    if seq is None:
+        return None
+    bs = engine.block_manager.block_size
+    ids = seq.block_table[from_block : -(-seq.num_prompt // bs)]
+    data = await asyncio.to_thread(engine.runner.read_blocks, ids)
+    size = len(data) // len(ids) if ids else 0
+    full = seq.num_prompt // bs
+    return [(i, seq.block_hashes[i] if i < full else 0, data[(i - from_block) * size:(i - from_block + 1) * size])
+            for i in range(from_block, from_block + len(ids))]
 
 
 async def handle_transfer(request: web.Request) -> web.StreamResponse:
@@ -17,7 +33,7 @@ async def handle_transfer(request: web.Request) -> web.StreamResponse:
     request_id, from_block = body.get("request_id"), body.get("from_block", 0)
     if not isinstance(request_id, str) or not isinstance(from_block, int) or from_block < 0:
         raise BadRequest("body must be {'request_id': str, 'from_block': int >= 0}")
-    frames = await engine.read_pinned(request_id, from_block)
+    frames = await read_pinned(engine, request_id, from_block)
     if frames is None:
         raise NotFound(f"no pinned KV for request {request_id!r}: it was pulled already or its TTL expired",
                        code="kv_handle_not_found")
