@@ -5,8 +5,10 @@
     load_view.py  the router's per-instance load, as InstanceStates kept current incrementally
     router.py     the simulated router: MemoryIndex + policy, dispatch bookkeeping, records
     oracle.py     the reference policy with instant, exact knowledge (simulator only)
+    disagg.py     prefill/decode disaggregation: roles, decode choice, KV pulls
     runner.py     simulate(config, policy, specs, arrival) -> SimResult
     report.py     the comparison table
+    pd_sweep.py   colocated vs every P:D split, goodput under SLOs (--pd-sweep)
     cli.py        `kvroute sim` (main)
 """
 

@@ -3,11 +3,15 @@
     kvroute sim --instances 64 --policy kv_aware,round_robin,oracle --workload shared-prefix \
         --rate 800 --requests 20000 [--groups 64 --prefix-tokens 512 ...] [--cost-model a100-llama2-7b] \
         [--event-delay 0.05] [--fast-candidates 16] [--json] [--out results.json]
+    kvroute sim --instances 8 --prefill-instances 3 [--kv-link nvlink] [--pd-min-uncached 256] ...
+    kvroute sim --instances 8 --policy kv_aware --slo-ttft 1 --slo-tpot 0.04 --pd-sweep ...
 
 Workload flags are loadgen's (the workload's config fields); the same --seed drives
 the workload, the arrival process, the policies' random choices and the sampled
 tokens, so a run is reproducible and matches `kvroute loadgen` at the same seed.
-Bad arguments give one line on stderr and exit 2.
+`--pd-sweep` runs one policy colocated and at every prefill:decode split of the
+instances (pd_sweep.py) and prints that table instead. Bad arguments give one
+line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 
 from engine.cost_model import COST_MODELS
 from loadgen.arrivals import ArrivalConfig
+from engine.sim import LINKS
+from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.report import format_table, relative_to_oracle
 from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
@@ -65,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recent-ttl", type=float, default=d["recent_ttl_s"], help="fast path: recent-sender memory, s")
     for name in ("block_size", "num_blocks", "max_batched_tokens", "max_running", "max_waiting"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name], help="per engine, as kvroute engine")
+    p.add_argument("--prefill-instances", type=int, default=d["prefill_instances"],
+                   help="prefill/decode disaggregation: instances 0..P-1 prefill, the rest decode; 0 = colocated")
+    p.add_argument("--kv-link", default=d["kv_link"], choices=list(LINKS), help="modelled prefill -> decode KV link")
+    p.add_argument("--pd-min-uncached", type=int, default=d["pd_min_uncached"],
+                   help="fewer predicted uncached prompt tokens: run whole on a decode instance (no prefill stage)")
+    p.add_argument("--pd-sweep", action="store_true",
+                   help="run colocated and every P:D split of --instances (one policy); table of goodput per split")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
@@ -95,7 +108,8 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         poll_interval_s=args.poll_interval, fast_candidates=args.fast_candidates, recent_ttl_s=args.recent_ttl,
         block_size=args.block_size, num_blocks=args.num_blocks, max_batched_tokens=args.max_batched_tokens,
         max_running=args.max_running, max_waiting=args.max_waiting, seed=args.seed,
-        request_overhead_s=args.request_overhead)
+        request_overhead_s=args.request_overhead, prefill_instances=args.prefill_instances,
+        kv_link=args.kv_link, pd_min_uncached=args.pd_min_uncached)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     valid = policy_names()
     for name in policies or [""]:
@@ -103,6 +117,8 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
             raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(valid)}")
     if len(set(policies)) != len(policies):
         raise ValueError("--policy names a policy twice")
+    if args.pd_sweep and (len(policies) != 1 or args.instances < 2 or args.records):
+        raise ValueError("--pd-sweep takes one --policy, at least 2 --instances and no --records")
     for flag in ("slo_ttft", "slo_tpot"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
@@ -122,6 +138,9 @@ def run(args: argparse.Namespace) -> dict:
     generate_s = time.perf_counter() - started
     arrivals(specs, arrival, config.seed)  # refuse a workload without send times before running anything
     results, records = {}, {}
+    if args.pd_sweep:
+        sweep = pd_sweep(config, policies[0], specs, arrival, args.slo_ttft, args.slo_tpot, progress=True)
+        policies = []
     for name in policies:
         print(f"{PROG}: {name} on {config.instances} instances, {len(specs)} requests ...", file=sys.stderr)
         result = simulate(config, name, specs, arrival)
@@ -136,6 +155,8 @@ def run(args: argparse.Namespace) -> dict:
         "results": results,
         "relative_to_oracle": relative_to_oracle(results),
     }
+    if args.pd_sweep:
+        out["pd_sweep"] = sweep
     if args.records:
         with open(args.records, "w", encoding="utf-8") as f:
             for name, recs in records.items():
@@ -156,5 +177,5 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text + "\n")
-    print(text if args.json else format_table(out))
+    print(text if args.json else format_sweep(out) if "pd_sweep" in out else format_table(out))
     return 0

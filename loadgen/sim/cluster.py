@@ -1,7 +1,8 @@
 """The virtual clock and the simulated instances.
 
 One heap of timed events -- instance step completions, delayed KV-event
-deliveries, load polls and follow-up arrivals (multi-turn) -- merged with the
+deliveries, load polls, follow-up arrivals (multi-turn) and callbacks (the end
+of a KV pull, disagg.py) -- merged with the
 workload's arrival stream, which is already in time order and never enters the
 heap. Nothing sleeps and no instance is visited unless it has work: an instance
 with requests runs one step after another (each ending in one heap event), and
@@ -29,7 +30,7 @@ from engine.sequence import Sequence
 from loadgen.sim.instance import SimInstance
 from loadgen.workload_base import RequestSpec
 
-STEP, DELIVER, POLL, ARRIVE = 0, 1, 2, 3
+STEP, DELIVER, POLL, ARRIVE, CALL = 0, 1, 2, 3, 4  # CALL: payload() (a KV transfer's end, disagg.py)
 
 KVEvents = list[tuple[str, list[int], int | None]]
 
@@ -81,6 +82,8 @@ class Cluster:
                     sink.on_kv_events(*payload)
                 elif kind == POLL:
                     self._poll()
+                elif kind == CALL:
+                    payload()
                 else:
                     sink.on_arrival(payload)
             elif nxt is not None:
@@ -101,30 +104,39 @@ class Cluster:
             self._load_changed(inst)
         return True
 
+    def kick(self, inst: SimInstance) -> None:
+        """`inst` got work or free blocks outside a step: start one if it is idle."""
+        if not inst.busy and inst.scheduler.has_work():
+            self._start_step(inst)
+        else:
+            self._load_changed(inst)
+
     # -- instance steps -------------------------------------------------------------
 
     def _start_step(self, inst: SimInstance) -> None:
         sink = self._sink
         while inst.scheduler.has_work():
             duration, failed = inst.start_step(self.now)
-            self._publish(inst)
+            self.publish(inst)
             for seq, error in failed:
                 sink.on_failed(inst, seq, error, 200)
             if duration is not None:
                 self.push(inst.busy_until, STEP, inst)
                 break
+            if not failed:
+                break  # waiting for blocks held by a KV transfer
         self._load_changed(inst)
 
     def _finish_step(self, inst: SimInstance) -> None:
         advanced = inst.finish_step()
-        self._publish(inst)
+        self.publish(inst)
         self._sink.on_tokens(inst, advanced)
         if inst.scheduler.has_work():
             self._start_step(inst)
         else:
             self._load_changed(inst)
 
-    def _publish(self, inst: SimInstance) -> None:
+    def publish(self, inst: SimInstance) -> None:
         if not inst.block_manager.pending_events:
             return
         events = inst.block_manager.drain_events()

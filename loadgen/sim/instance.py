@@ -20,9 +20,18 @@ special), only hashed into output blocks that no prompt shares.
 Failures mirror the engine: a full waiting queue rejects at admission (HTTP 429
 there), a prompt that can never fit the KV pool fails at the head of the queue,
 and a sequence the scheduler drops (alone and out of blocks) ends.
+
+Disaggregation (loadgen/sim/disagg.py) gives an instance a `role` and uses two
+more fields: `remote`, decode requests waiting for blocks to pull a prefill's K/V
+into, and `num_held`, sequences whose blocks are held outside the scheduler (a
+finished prefill pinned for a pull, or a decode pulling). While any are held, a
+step that can schedule nothing waits for their release instead of failing the
+head of the queue.
 """
 
 from __future__ import annotations
+
+import collections
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -64,6 +73,9 @@ class SimInstance:
             raise ValueError("a simulated instance needs an EngineConfig with backend='sim'")
         self.index = index
         self.id = config.instance
+        self.role = "both"  # or "prefill" / "decode" (loadgen/sim/disagg.py)
+        self.remote: collections.deque[Sequence] = collections.deque()
+        self.num_held = 0
         self.config = config
         self.runner = RUNNERS["sim"](config)
         self.cost_model = self.runner.cost_model
@@ -94,6 +106,8 @@ class SimInstance:
         failed = [(seq, DROPPED) for seq in sched.dropped]
         sched.dropped = []
         if not step.seqs:
+            if self.num_held:
+                return None, failed  # blocks held for a transfer free up when it completes
             failed.extend((seq, NO_FIT) for seq in self._unschedulable())
             return None, failed
         duration = step_time(self.cost_model, step) * self.runner.time_scale
@@ -108,7 +122,11 @@ class SimInstance:
     def finish_step(self) -> list[Sequence]:
         """Advance the step's sequences; returns those that got a token (finished ones included)."""
         step, self.step = self.step, None
-        return self.scheduler.postprocess(step, self.tokens)
+        advanced = self.scheduler.postprocess(step, self.tokens)
+        if self.scheduler.pinned_out:
+            self.num_held += len(self.scheduler.pinned_out)
+            self.scheduler.pinned_out.clear()
+        return advanced
 
     def _unschedulable(self) -> list[Sequence]:
         """Nothing ran: the head of the queue can never fit (or, defensively, nothing can)."""
@@ -121,7 +139,7 @@ class SimInstance:
     def load(self) -> tuple[int, int, float]:
         """(running, waiting, kv_usage), what the engine's GET /load reports."""
         bm = self.block_manager
-        return len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used / bm.num_blocks
+        return len(self.scheduler.running), len(self.scheduler.waiting) + len(self.remote), bm.num_used / bm.num_blocks
 
     def prefill_backlog(self) -> tuple[int, int, int]:
         """(prompt tokens still to prefill after the step in flight, decoding sequences, their context tokens)."""

@@ -8,6 +8,10 @@ TTFT and those tokens, which leave the queue; at the end `on_finished`. The CPU
 time of lookup + candidates + select is measured with `time.perf_counter` (real
 seconds, not virtual ones). Each request yields a `loadgen.record.RequestRecord`
 with the fields the load generator measures, times on the virtual clock.
+
+With `disagg` (loadgen/sim/disagg.py) a request may run in two stages: a
+prefill to its first token (TTFT, the prefill's dispatch ends there), then a
+decode on another instance (a dispatch with no uncached tokens) to its end.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from engine.sequence import Sequence
 from engine.work import SamplingParams
 from loadgen.record import RequestRecord
 from loadgen.sim.cluster import ARRIVE, Cluster, KVEvents
+from loadgen.sim.disagg import Disagg, uncached_tokens
 from loadgen.sim.instance import QUEUE_FULL, SimInstance
 from loadgen.sim.load_view import LoadView
 from loadgen.workload_base import RequestSpec
@@ -32,13 +37,16 @@ CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV
 class Flight:
     """One request between dispatch and its end."""
 
-    __slots__ = ("record", "route", "instance", "uncached", "first", "last_t", "spec_index")
+    __slots__ = ("record", "route", "instance", "uncached", "first", "last_t", "spec_index", "decode",
+                 "max_tokens")
 
     def __init__(self, record: RequestRecord, route: RouteRequest, instance: int, uncached: int) -> None:
         self.record, self.route, self.instance, self.uncached = record, route, instance, uncached
         self.first = False
         self.last_t = 0.0
         self.spec_index = record.index
+        self.decode: int | None = None  # disaggregated: the decode instance, after this prefill
+        self.max_tokens = 0  # disaggregated: the request's, for its decode
 
 
 class SimRouter:
@@ -61,6 +69,7 @@ class SimRouter:
         self.num_candidates = 0
         self.index_peak = 0
         self._sampling: dict[int, SamplingParams] = {}
+        self.disagg: Disagg | None = None
 
     # -- arrivals -------------------------------------------------------------------
 
@@ -75,20 +84,23 @@ class SimRouter:
         t0 = time.perf_counter()
         matches = self.index.lookup_sync(route.block_hashes) if policy.uses_index else {}
         candidates = view.fast(matches, first_block, now) if view.fast_k else view.all()
-        decision = policy.select(route, candidates, matches)
+        if self.disagg is None:
+            decision, decode = policy.select(route, candidates, matches), None
+        else:
+            decision, decode = self.disagg.plan(route, candidates, matches)
         self.decision_s.append(time.perf_counter() - t0)
         self.num_candidates += len(candidates)
         i = view.position[decision.instance]
-        uncached = decision.uncached_tokens
-        if uncached is None:
-            match = matches.get(decision.instance)
-            uncached = max(0, n - (match.blocks * self.block_size if match is not None else 0))
+        uncached = uncached_tokens(decision, matches, n, self.block_size)
         policy.on_routed(route, decision.instance)
         view.dispatched(i, uncached, first_block, now)
         record = RequestRecord(index=spec.index, group=spec.group, send_s=now, planned_s=now, prompt_tokens=n,
                                instance=decision.instance)
         flight = Flight(record, route, i, uncached)
+        flight.decode, flight.max_tokens = decode, spec.max_tokens
         seq = Sequence(route.request_id, list(tokens), self._sampling_for(spec.max_tokens), self.hash_seed, now)
+        if decode is not None and spec.max_tokens > 1:
+            seq.sampling, seq.pin_kv = self._sampling_for(1), True
         self.flights[seq.seq_id] = flight
         if n + spec.max_tokens > self.max_model_len or n + 1 > self.pool_tokens:
             self._end(flight, seq, CONTEXT_TOO_LONG, 400)
@@ -120,7 +132,21 @@ class SimRouter:
                 self.policy.on_first_token(flight.route, inst.id, ttft, flight.uncached)
             flight.last_t = now
             if seq.is_finished:
-                self._end(flight, seq, "", 200)
+                if flight.decode is not None and seq.pin_kv:
+                    self._to_decode(flight, seq, inst)
+                else:
+                    self._end(flight, seq, "", 200)
+
+    def _to_decode(self, flight: Flight, prefilled: Sequence, prefill: SimInstance) -> None:
+        """The prefill's dispatch ends at its first token; the decode's starts (nothing to prefill)."""
+        self.view.finished(flight.instance)
+        self.policy.on_finished(flight.route, prefill.id)
+        flight.instance = flight.decode
+        self.view.dispatched(flight.decode, 0, None, self.cluster.now)
+        del self.flights[prefilled.seq_id]
+        prefilled.sampling = self._sampling_for(flight.max_tokens)
+        seq = self.disagg.hand_off(prefilled, prefill, flight.decode)
+        self.flights[seq.seq_id] = flight
 
     def on_failed(self, inst: SimInstance, seq: Sequence, error: str, status: int) -> None:
         self._end(self.flights[seq.seq_id], seq, error, status)

@@ -21,9 +21,11 @@ import numpy as np
 
 from engine.config import EngineConfig
 from engine.cost_model import get_cost_model
+from engine.sim import LINKS
 from loadgen.arrivals import ArrivalConfig, arrival_times
 from loadgen.record import RequestRecord
 from loadgen.sim.cluster import Cluster
+from loadgen.sim.disagg import Disagg
 from loadgen.sim.oracle import make_oracle
 from loadgen.sim.router import SimRouter
 from loadgen.summary import summarize
@@ -52,6 +54,10 @@ class SimConfig:
     # the router's own work), added to every TTFT and E2E. On this machine's loopback it measures
     # ~5 ms for 3k-token prompts: `kvroute bench --policies kv_aware --engine-arg=--time-scale=0.001`.
     request_overhead_s: float = 0.0
+    # Prefill/decode disaggregation (disagg.py): instances 0..P-1 prefill, the rest decode; 0 = colocated.
+    prefill_instances: int = 0
+    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/sim.py LINKS
+    pd_min_uncached: int = 256  # fewer predicted uncached prompt tokens: run whole on a decode instance
 
     def __post_init__(self) -> None:
         if self.request_overhead_s < 0:
@@ -63,12 +69,20 @@ class SimConfig:
             raise ValueError("--event-delay and --poll-interval cannot be negative")
         if self.fast_candidates < 0 or self.recent_ttl_s <= 0:
             raise ValueError("--fast-candidates cannot be negative and --recent-ttl must be positive")
+        if not 0 <= self.prefill_instances < self.instances or self.prefill_instances and self.instances < 2:
+            raise ValueError(f"--prefill-instances must be 0 (colocated) or leave at least one of the "
+                             f"{self.instances} instances for decode, got {self.prefill_instances}")
+        if self.kv_link not in LINKS:
+            raise ValueError(f"unknown --kv-link {self.kv_link!r}; choose from {', '.join(LINKS)}")
+        if self.pd_min_uncached < 0:
+            raise ValueError("--pd-min-uncached cannot be negative")
         self.engine_config()
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(backend="sim", cost_model=self.cost_model, block_size=self.block_size,
                             num_blocks=self.num_blocks, max_batched_tokens=self.max_batched_tokens,
-                            max_running=self.max_running, max_waiting=self.max_waiting, seed=self.seed)
+                            max_running=self.max_running, max_waiting=self.max_waiting, seed=self.seed,
+                            kv_link=self.kv_link)
 
 
 def policy_names() -> list[str]:
@@ -111,6 +125,7 @@ class SimResult:
     steps: int
     preemptions: int
     kv_events: int
+    disagg: dict | None = None  # Disagg.stats() when prefill_instances > 0
 
     def summary(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
         out = summarize(self.records, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
@@ -124,6 +139,8 @@ class SimResult:
             sim_wall_s=self.wall_s, sim_virtual_s=self.virtual_s, steps=self.steps,
             preemptions=self.preemptions, kv_events=self.kv_events,
         )
+        if self.disagg is not None:
+            out["disagg"] = self.disagg
         return out
 
 
@@ -152,6 +169,9 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         if s.after is not None:
             followers[s.after].append(s)
     router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s)
+    if config.prefill_instances:
+        router.disagg = Disagg(cluster, router.view, policy, config.prefill_instances, config.pd_min_uncached,
+                               config.seed)
     cluster.run(router, arrivals(specs, arrival, config.seed))
     if router.flights:
         raise RuntimeError(f"simulation ended with {len(router.flights)} requests still in flight")
@@ -166,4 +186,5 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         wall_s=time.perf_counter() - started, virtual_s=cluster.now,
         steps=sum(i.num_steps for i in cluster.instances),
         preemptions=sum(i.scheduler.num_preemptions for i in cluster.instances), kv_events=cluster.num_events,
+        disagg=router.disagg.stats() if router.disagg else None,
     )

@@ -1,0 +1,148 @@
+"""Prefill/decode disaggregation on the virtual clock, as router/disagg.py and the engines do it.
+
+Instances 0..P-1 are prefill-role, the rest decode-role. Per arrival (`plan`):
+the policy picks a prefill instance among the prefill ones; if the prompt's
+predicted uncached tokens there are fewer than `min_uncached`, the policy picks a
+decode instance instead and the request runs whole there. Otherwise the decode
+instance is picked at once by decode load (fewest requests -- router in-flight or
+engine running + waiting -- then KV usage; ties at random), as the router does.
+
+The prefill runs the prompt with max_tokens 1 and `pin_kv`: its blocks stay held
+after the first token (TTFT). `hand_off` then queues a decode sequence (prompt +
+first token) on the decode instance, which admits it pull-based and FIFO when its
+block manager can allocate its blocks (`match_prefix`: locally cached blocks are
+not pulled). The pull takes `latency + pulled blocks x KV bytes per block /
+bandwidth` (`SimRunner.transfer_time`, link `kv_link`); at its end the prefill
+frees its blocks (they stay in its prefix cache) and the decode sequence runs
+with the prompt computed, decoding the rest.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Mapping
+
+from engine.sequence import Sequence, SeqStatus
+from loadgen.sim.cluster import CALL, Cluster
+from loadgen.sim.instance import SimInstance
+from loadgen.sim.load_view import LoadView
+from router.index.base import PrefixMatch
+from router.policies.base import Decision, InstanceState, Policy, RouteRequest
+
+
+def uncached_tokens(decision: Decision, matches: Mapping[str, PrefixMatch], n: int, block_size: int) -> int:
+    """The decision's predicted uncached prompt tokens (the policy's, else the index's)."""
+    if decision.uncached_tokens is not None:
+        return decision.uncached_tokens
+    match = matches.get(decision.instance)
+    return max(0, n - (match.blocks * block_size if match is not None else 0))
+
+
+class Disagg:
+    def __init__(self, cluster: Cluster, view: LoadView, policy: Policy, num_prefill: int, min_uncached: int,
+                 seed: int) -> None:
+        if not 0 < num_prefill < len(cluster.instances):
+            raise ValueError(f"--prefill-instances must leave at least one decode instance, got {num_prefill} "
+                             f"of {len(cluster.instances)}")
+        self.cluster, self.view, self.policy = cluster, view, policy
+        self.num_prefill = num_prefill
+        self.min_uncached = min_uncached
+        self.rng = random.Random(seed)
+        for inst in cluster.instances:
+            inst.role = "prefill" if inst.index < num_prefill else "decode"
+        self.decodes = cluster.instances[num_prefill:]
+        cluster.step_listeners.append(self._on_change)
+        self.num_transfers = 0
+        self.blocks_pulled = 0
+        self.blocks_local = 0  # found in the decode instance's prefix cache, not pulled
+        self.num_whole = 0  # short uncached prompts run whole on a decode instance
+        self.prefill_decode_tokens = 0  # decode tokens scheduled on prefill instances (must stay 0)
+
+    # -- routing --------------------------------------------------------------------
+
+    def plan(self, route: RouteRequest, candidates: list[InstanceState],
+             matches: Mapping[str, PrefixMatch]) -> tuple[Decision, int | None]:
+        """(the policy's decision, the decode instance index, or None to run whole where decided)."""
+        prefill = self._of_role(candidates, prefill=True)
+        decision = self.policy.select(route, prefill, matches)
+        bs = self.cluster.instances[0].config.block_size
+        if uncached_tokens(decision, matches, route.num_tokens, bs) >= self.min_uncached:
+            return decision, self._pick_decode()
+        self.num_whole += 1
+        return self.policy.select(route, self._of_role(candidates, prefill=False), matches), None
+
+    def _of_role(self, candidates: list[InstanceState], prefill: bool) -> list[InstanceState]:
+        position, p = self.view.position, self.num_prefill
+        chosen = [c for c in candidates if (position[c.id] < p) == prefill]
+        if chosen:
+            return chosen
+        states = self.view.all()
+        return states[:p] if prefill else states[p:]
+
+    def _pick_decode(self) -> int:
+        view = self.view
+        loads = []
+        for inst in self.decodes:
+            running, waiting, kv_usage = view.engine[inst.index]
+            loads.append((max(view.inflight[inst.index], running + waiting), kv_usage))
+        best = min(loads)
+        return self.rng.choice([inst.index for inst, load in zip(self.decodes, loads) if load == best])
+
+    # -- prefill -> decode ----------------------------------------------------------
+
+    def hand_off(self, prefilled: Sequence, prefill: SimInstance, decode: int) -> Sequence:
+        """Queue the decode half of `prefilled` (which holds its first token) on instance `decode`."""
+        seq = Sequence(prefilled.request_id, prefilled.token_ids[: prefilled.num_prompt], prefilled.sampling,
+                       prefilled.hash_seed, prefilled.arrival)
+        seq.token_ids.append(prefilled.token_ids[-1])
+        seq.num_cached = prefilled.num_cached
+        seq.remote = (prefilled, prefill)
+        inst = self.cluster.instances[decode]
+        inst.remote.append(seq)
+        self._admit(inst)
+        return seq
+
+    def _on_change(self, inst: SimInstance) -> None:
+        if inst.role == "decode":
+            if inst.remote:
+                self._admit(inst)
+        elif inst.step is not None:
+            self.prefill_decode_tokens += sum(1 for s in inst.step.seqs if s.num_generated > 0)
+
+    def _admit(self, inst: SimInstance) -> None:
+        """Allocate blocks for queued decode requests in arrival order; start each one's pull."""
+        bm = inst.block_manager
+        while inst.remote:
+            seq = inst.remote[0]
+            hits = bm.match_prefix(seq)
+            if not bm.can_allocate(seq, hits):
+                break
+            inst.remote.popleft()
+            bm.allocate(seq, hits)
+            inst.num_held += 1
+            pulled = bm.blocks_needed(seq.num_prompt) - len(hits)
+            self.num_transfers += 1
+            self.blocks_pulled += pulled
+            self.blocks_local += len(hits)
+            done = self.cluster.now + inst.runner.transfer_time(pulled)
+            self.cluster.push(done, CALL, lambda seq=seq, inst=inst: self._pulled(seq, inst))
+        self.cluster.publish(inst)
+
+    def _pulled(self, seq: Sequence, inst: SimInstance) -> None:
+        prefilled, prefill = seq.remote
+        seq.remote = None
+        prefill.block_manager.free(prefilled)
+        prefill.num_held -= 1
+        self.cluster.kick(prefill)
+        inst.num_held -= 1
+        seq.num_computed = seq.num_prompt
+        inst.block_manager.commit_computed(seq)
+        self.cluster.publish(inst)
+        seq.status = SeqStatus.RUNNING
+        inst.scheduler.running.append(seq)
+        self.cluster.kick(inst)
+
+    def stats(self) -> dict:
+        return {"prefill_instances": self.num_prefill, "transfers": self.num_transfers,
+                "kv_blocks_pulled": self.blocks_pulled, "kv_blocks_local": self.blocks_local,
+                "whole_on_decode": self.num_whole, "prefill_decode_tokens": self.prefill_decode_tokens}
