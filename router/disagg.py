@@ -113,6 +113,10 @@ class Disaggregation:
             if isinstance(result, web.StreamResponse):
                 return result
             if isinstance(result, dict):
+                # Decode load is read now, not at arrival: requests whose prefills overlapped
+                # would otherwise all pick the decode engine that was idlest back then.
+                decodes = self.cluster.routable(prepared.model, ("decode",)) or [decode]
+                decode = pick_decode(decodes, self.rng)
                 return await self._decode(request, body, prepared, prefill.instance, decode, result)
             tried.append(prefill.instance.id)
             self.router.metrics.retries.inc()
