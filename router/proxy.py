@@ -40,14 +40,17 @@ class Dispatch:
         self.inst.queued_prefill_tokens += self.uncached
         router.metrics.inflight.labels(self.inst.id).set(self.inst.inflight)
 
-    def first_byte(self) -> None:
+    def first_byte(self, is_ttft: bool = True) -> None:
+        """The prefill is done. `is_ttft=False` for whole (non-streamed) bodies, whose arrival
+        time includes the decode and must not teach the policy a prefill rate."""
         if self.first_seen:
             return
         self.first_seen = True
         self.inst.queued_prefill_tokens -= self.uncached
-        ttft = time.monotonic() - self.sent
-        self.router.metrics.ttft.observe(ttft)
-        self.router.policy.on_first_token(self.prepared.route, self.inst.id, ttft, self.uncached)
+        if is_ttft:
+            ttft = time.monotonic() - self.sent
+            self.router.metrics.ttft.observe(ttft)
+            self.router.policy.on_first_token(self.prepared.route, self.inst.id, ttft, self.uncached)
 
     def end(self, status: str) -> None:
         if self.ended:
@@ -133,7 +136,7 @@ class Proxy:
                 return Unavailable(f"instance {inst.id} answered HTTP {upstream.status}")
             if not prepared.request.stream or upstream.status != 200:
                 body = await upstream.read()
-                dispatch.first_byte()
+                dispatch.first_byte(is_ttft=False)
                 dispatch.end(str(upstream.status))
                 return web.Response(body=body, status=upstream.status, headers=self._headers(upstream, inst.id))
             try:
