@@ -7,7 +7,7 @@ request's credited blocks on an instance are the leading blocks of its chain tha
 were routed there within that time, counted as device blocks (`device_credit`; the
 table knows no tiers, so `host_credit` and `remote_credit` go unused). After the TTL
 the policy assumes the engine has evicted them. Everything else -- predicted TTFT,
-the online prefill rate, the hot-spot guard, ties at random, `cache_ok=False` getting
+the online prefill rate, the hot-spot guard, near-ties broken by recent load, `cache_ok=False` getting
 no credit -- is kv_aware's; see `kv_aware.py` for the formula and those parameters.
 
 Parameters besides kv_aware's cost-model and guard parameters:
