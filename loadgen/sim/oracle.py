@@ -76,12 +76,7 @@ class OraclePolicy(PolicyBase):
     def _on_kv_events(self, index: int, events: KVEvents) -> None:
         inst = self.ids[index]
         for kind, blocks, _ in events:
-            if kind == "stored":
-                self.index.add_sync(inst, "device", blocks)
-            elif kind == "removed":
-                self.index.remove_sync(inst, "device", blocks)
-            else:
-                self.index.clear_sync(inst)
+            self.index.apply_sync(inst, kind, blocks)
 
     def _on_queue_changed(self, inst: SimInstance) -> None:
         i = inst.index

@@ -170,12 +170,7 @@ class SimRouter:
     def on_kv_events(self, index: int, events: KVEvents) -> None:
         inst = self.ids[index]
         for kind, blocks, _ in events:
-            if kind == "stored":
-                self.index.add_sync(inst, "device", blocks)
-            elif kind == "removed":
-                self.index.remove_sync(inst, "device", blocks)
-            else:
-                self.index.clear_sync(inst)
+            self.index.apply_sync(inst, kind, blocks)
 
     def on_load(self, inst: SimInstance) -> None:
         self.view.polled(inst.index, inst.load())

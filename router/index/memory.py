@@ -47,6 +47,15 @@ class MemoryIndex:
         self._held: dict[str, set[int]] = {}
         self._entries = 0
 
+    def apply_sync(self, instance: str, kind: str, blocks, tier: str = "device") -> None:
+        """One engine event ("stored", "removed" or "cleared") applied without a KVEvent object."""
+        if kind == "stored":
+            self.add_sync(instance, tier, blocks)
+        elif kind == "removed":
+            self.remove_sync(instance, tier, blocks)
+        else:
+            self.clear_sync(instance)
+
     def add_sync(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
         bit = tier_bit(tier)
         held = self._held.setdefault(instance, set())
