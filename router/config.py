@@ -30,9 +30,10 @@ class RouterConfig:
     connect_timeout_s: float = 2.0
     seed: int | None = None
     # Prefill/decode disaggregation (used when the cluster has prefill- and decode-role engines):
-    # prompts with fewer uncached tokens than this go whole to a decode engine. 256 tokens take
-    # ~10 ms to prefill on the built-in model here, about twice what the prefill hop and the pull
-    # add (tools/bench_disagg.py); below that, moving K/V costs more than computing it in place.
+    # prompts with fewer uncached tokens than this go whole to a decode engine. The second hop and
+    # the pull add a near-constant ~2.5 ms to TTFT and ~10 ms to E2E here (tools/bench_disagg.py),
+    # while a prefill run in place stalls every running decode for its duration: ~15 ms at 256
+    # tokens on the built-in model, growing linearly. Below ~256 moving K/V costs more than it saves.
     pd_min_uncached: int = 256
 
     def __post_init__(self) -> None:
