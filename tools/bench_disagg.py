@@ -23,6 +23,7 @@ import aiohttp
 
 sys.path.insert(0, ".")
 from loadgen.local_cluster import free_port  # noqa: E402
+from tools.procs import spawn, wait_ready  # noqa: E402
 
 LENGTHS = (64, 128, 256, 512, 1024)
 
@@ -48,24 +49,6 @@ async def pull_stats(session, url) -> tuple[float, float]:
     return vals.get("kvroute_engine_kv_pull_seconds_sum", 0.0), vals.get("kvroute_engine_kv_pull_seconds_count", 0.0)
 
 
-def spawn(args):
-    import subprocess
-
-    return subprocess.Popen([sys.executable, "-m", *args, "--log-level", "WARNING"])
-
-
-async def wait(session, url):
-    for _ in range(300):
-        try:
-            async with session.get(url + "/health") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} did not start")
-
-
 async def main(args) -> int:
     pp, dp, r_pd, r_local = (free_port() for _ in range(4))
     engines = [spawn(["engine", "--port", str(pp), "--instance-id", "p", "--role", "prefill", "--num-threads", "1"]),
@@ -76,11 +59,11 @@ async def main(args) -> int:
     try:
         async with aiohttp.ClientSession() as session:
             for port in (pp, dp):
-                await wait(session, f"http://127.0.0.1:{port}")
+                await wait_ready(session, f"http://127.0.0.1:{port}")
             procs += [spawn(["router", "--port", str(r_pd), "--pd-min-uncached", "0", *urls]),
                       spawn(["router", "--port", str(r_local), "--pd-min-uncached", "1000000", *urls])]
             for port in (r_pd, r_local):
-                await wait(session, f"http://127.0.0.1:{port}")
+                await wait_ready(session, f"http://127.0.0.1:{port}")
             await asyncio.sleep(1.0)  # routers see both engines
             rng = random.Random(0)
             d_url = f"http://127.0.0.1:{dp}"

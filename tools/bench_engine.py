@@ -23,6 +23,7 @@ import aiohttp
 
 sys.path.insert(0, ".")
 from tests.redis_server import free_port  # noqa: E402
+from tools.procs import spawn, wait_ready  # noqa: E402
 
 LENGTHS = (256, 512, 1024)
 
@@ -58,20 +59,7 @@ async def ttft(session: aiohttp.ClientSession, url: str, prompt: list[int]) -> t
 
 
 def start(backend: str, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "engine", "--backend", backend, "--port", str(port),
-                             "--num-threads", "1", "--log-level", "WARNING"])
-
-
-async def wait_ready(session, url):
-    for _ in range(200):
-        try:
-            async with session.get(url + "/health") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"engine at {url} did not start")
+    return spawn(["engine", "--backend", backend, "--port", str(port), "--num-threads", "1"])
 
 
 async def main(args) -> int:

@@ -27,6 +27,7 @@ sys.path.insert(0, ".")
 import aiohttp  # noqa: E402
 
 from tests.redis_server import RedisServer, free_port  # noqa: E402
+from tools.procs import spawn, wait_ready  # noqa: E402
 
 WORDS = "the router hashes blocks of tokens and sends each request where its prefix is cached".split()
 
@@ -97,23 +98,6 @@ async def decision(args) -> dict:
     finally:
         redis.stop()
     return {"decision": rows}
-
-
-def spawn(args_list, env=None):
-    return subprocess.Popen([sys.executable, "-m", *args_list], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-
-async def wait_ready(session, url, path="/health"):
-    for _ in range(300):
-        try:
-            async with session.get(url + path) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
 
 
 async def closed_loop(session, url, requests, concurrency) -> tuple[list[float], float]:
