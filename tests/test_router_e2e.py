@@ -15,6 +15,13 @@ def prompt(group: int, question: int = 0) -> str:
     return shared + f"Question {question}: what is {question} plus {group}?"
 
 
+def prompt_hashes(text: str) -> tuple[int, ...]:
+    from router.protocol import block_hashes, hash_seed
+    from router.tokenizer import load_tokenizer
+
+    return tuple(block_hashes(load_tokenizer().encode(text), 16, hash_seed("kvroute-tiny")))
+
+
 async def complete(http, url, text, max_tokens=3, stream=False, **extra):
     body = {"prompt": text, "max_tokens": max_tokens, "stream": stream, **extra}
     async with http.post(url + "/v1/completions", json=body) as r:
@@ -101,13 +108,21 @@ async def test_killed_engine_costs_no_unstarted_request(start_engine, start_rout
 
 
 async def test_restarted_engine_is_resynced(start_engine, start_router, http):
-    url, server, engines = await cluster(start_engine, start_router, n=2, clear_grace_s=0.2)
+    url, server, engines = await cluster(start_engine, start_router, n=2, clear_grace_s=0.5, policy="round_robin")
     cl = server.app[CLUSTER]
+    for g in range(2):  # round robin: one prompt lands on each engine
+        await complete(http, url, prompt(20 + g))
+    assert await wait_for(lambda: cl.by_id("e0").blocks_indexed > 0)
+    assert "e0" in await cl.index.lookup(prompt_hashes(prompt(20)))  # round robin sent it to e0
     e0_url, e0 = engines[0]
     port = int(e0_url.rsplit(":", 1)[1])
     old_epoch = cl.by_id("e0").epoch
     await e0.close()
     assert await wait_for(lambda: not cl.by_id("e0").routable)
+    # After the grace period its entries leave the index; e1's stay.
+    assert await wait_for(lambda: cl.by_id("e0").blocks_indexed == 0, timeout=5)
+    assert "e0" not in await cl.index.lookup(prompt_hashes(prompt(20)))
+    assert "e1" in await cl.index.lookup(prompt_hashes(prompt(21)))
     await start_engine(port=port, instance_id="e0", time_scale=FAST)
     assert await wait_for(lambda: cl.by_id("e0").routable and cl.by_id("e0").epoch != old_epoch, timeout=10)
     inst = cl.by_id("e0")
