@@ -6,7 +6,8 @@ so a streamed response never shows part of a stop string.
 
 from __future__ import annotations
 
-from router.tokenizer import IncrementalDetokenizer, Tokenizer
+from router.detokenizer import IncrementalDetokenizer
+from router.tokenizer import Tokenizer
 
 
 class OutputProcessor:

@@ -8,7 +8,8 @@ import pytest
 import tokenizers
 from tokenizers import processors
 
-from router.tokenizer import DATA_DIR, IncrementalDetokenizer, load_tokenizer, validate_messages
+from router.detokenizer import IncrementalDetokenizer
+from router.tokenizer import DATA_DIR, load_tokenizer, validate_messages
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MULTIBYTE = "naïve café: 你好，世界 — emoji 🎉👍🏽 and 👨‍👩‍👧 ok, Ελληνικά, العربية"
