@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -53,7 +52,7 @@ async def decision(args) -> dict:
     from router.cluster import Cluster
     from router.config import RouterConfig
     from router.index import make_index
-    from router.instance import EngineInfo, Instance
+    from router.instance import EngineInfo
     from router.metrics import RouterMetrics
     from router.policies import make_policy
     from router.protocol import block_hashes, hash_seed
@@ -80,7 +79,7 @@ async def decision(args) -> dict:
                     for i in range(n_inst):  # instance i holds a prefix of (i+1)/n of the prompt
                         await index.add(f"e{i}", "device", hashes[: len(hashes) * (i + 1) // n_inst])
                     router = Router(cluster, make_policy("kv_aware"), tok, RouterMetrics(), "kv_aware")
-                    times, lookups = [], []
+                    times = []
                     for _ in range(args.reps):
                         t0 = time.perf_counter()
                         prepared = await router.prepare({"prompt": text, "max_tokens": 1}, "completion")

@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 from router.index.base import PrefixMatch
 from router.policies.base import InstanceState, RouteRequest
-from router.policies.kv_aware import KvCostConfig, KvCostPolicy
+from router.policies.kv_cost import KvCostConfig, KvCostPolicy
 from router.policies.recent import RecentBlocks
 
 
