@@ -3,9 +3,10 @@
 Instances 0..P-1 are prefill-role, the rest decode-role. Per arrival (`plan`):
 the policy picks a prefill instance among the prefill ones; if the prompt's
 predicted uncached tokens there are fewer than `min_uncached`, the policy picks a
-decode instance instead and the request runs whole there. Otherwise the decode
-instance is picked at once by decode load (fewest requests -- router in-flight or
-engine running + waiting -- then KV usage; ties at random), as the router does.
+decode instance instead and the request runs whole there. Otherwise, when the
+prefill's first token is out, the decode instance is picked by decode load (fewest
+requests -- router in-flight or engine running + waiting -- then KV usage; ties at
+random), as the router does.
 
 The prefill runs the prompt with max_tokens 1 and `pin_kv`: its blocks stay held
 after the first token (TTFT). `hand_off` then queues a decode sequence (prompt +
@@ -67,7 +68,7 @@ class Disagg:
         decision = self.policy.select(route, prefill, matches)
         bs = self.cluster.instances[0].config.block_size
         if uncached_tokens(decision, matches, route.num_tokens, bs) >= self.min_uncached:
-            return decision, self._pick_decode()
+            return decision, self.pick_decode()
         self.num_whole += 1
         return self.policy.select(route, self._of_role(candidates, prefill=False), matches), None
 
@@ -79,7 +80,7 @@ class Disagg:
         states = self.view.all()
         return states[:p] if prefill else states[p:]
 
-    def _pick_decode(self) -> int:
+    def pick_decode(self) -> int:
         view = self.view
         loads = []
         for inst in self.decodes:

@@ -141,6 +141,7 @@ class SimRouter:
         """The prefill's dispatch ends at its first token; the decode's starts (nothing to prefill)."""
         self.view.finished(flight.instance)
         self.policy.on_finished(flight.route, prefill.id)
+        flight.decode = self.disagg.pick_decode()  # by load now, as the router does, not at arrival
         flight.instance = flight.decode
         self.view.dispatched(flight.decode, 0, None, self.cluster.now)
         del self.flights[prefilled.seq_id]
