@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import logging
 import sys
 
 from engine.config import BACKENDS, ROLES, EngineConfig
+from router.serve import config_values, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,10 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    setup_logging(args.log_level)
     try:
-        config = EngineConfig(**{k: v for k, v in vars(args).items() if k in fields})
+        config = EngineConfig(**config_values(EngineConfig, args))
         if args.calibrate:
             from engine.calibrate import run_calibration
 

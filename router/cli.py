@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import logging
 import sys
 
 from router.config import EVENT_SOURCES, RouterConfig
+from router.serve import config_values, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,9 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    fields = {f.name for f in dataclasses.fields(RouterConfig)}
-    values = {k: v for k, v in vars(args).items() if k in fields}
+    setup_logging(args.log_level)
+    values = config_values(RouterConfig, args)
     values["engines"] = tuple(values["engines"])
     try:
         config = RouterConfig(**values)

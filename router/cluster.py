@@ -28,6 +28,9 @@ class Cluster:
         self.metrics = metrics
         self.instances = [Instance(url) for url in config.engines]
         self.session: aiohttp.ClientSession | None = None
+        # model -> the block size most of its engines use; recomputed when an engine is discovered,
+        # so the per-request path reads a dict instead of scanning the instances.
+        self.block_sizes: dict[str, int] = {}
 
     # -- views ----------------------------------------------------------------------
 
@@ -35,7 +38,7 @@ class Cluster:
         return next((i for i in self.instances if i.id == instance_id), None)
 
     def models(self) -> list[str]:
-        return sorted({i.info.model for i in self.instances if i.info})
+        return sorted(self.block_sizes)
 
     def routable(self, model: str | None, roles: Sequence[str] | None = None) -> list[Instance]:
         return [i for i in self.instances if i.routable and (model is None or i.info.model == model)
@@ -46,8 +49,7 @@ class Cluster:
         return ("both",) if self.routable(model, ("both",)) else None
 
     def block_size(self, model: str) -> int:
-        sizes = collections.Counter(i.info.block_size for i in self.instances if i.info and i.info.model == model)
-        return sizes.most_common(1)[0][0] if sizes else 16
+        return self.block_sizes.get(model, 16)
 
     # -- discovery and compatibility ------------------------------------------------
 
@@ -67,6 +69,11 @@ class Cluster:
 
     def check_compatibility(self) -> None:
         """Flag instances whose cache keys the router cannot reproduce (routed on load only)."""
+        sizes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for inst in self.instances:
+            if inst.info is not None:
+                sizes[inst.info.model][inst.info.block_size] += 1
+        self.block_sizes = {model: counts.most_common(1)[0][0] for model, counts in sizes.items()}
         for inst in self.instances:
             if inst.info is None:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -10,6 +11,16 @@ import sys
 from aiohttp import web
 
 log = logging.getLogger(__name__)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def config_values(config_class: type, args) -> dict:
+    """The parsed CLI flags that are fields of `config_class` (flags map 1:1 onto fields)."""
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    return {k: v for k, v in vars(args).items() if k in fields}
 
 
 def install_uvloop() -> bool:

@@ -74,6 +74,7 @@ async def decision(args) -> dict:
                     for i, inst in enumerate(cluster.instances):
                         inst.info = EngineInfo(f"e{i}", model, 16, hash_seed(model), tok.fingerprint)
                         inst.healthy = inst.reachable = True
+                    cluster.check_compatibility()
                     text = text_of(n_tokens, tok)
                     hashes = block_hashes(tok.encode(text), 16, hash_seed(model))
                     for i in range(n_inst):  # instance i holds a prefix of (i+1)/n of the prompt

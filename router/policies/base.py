@@ -8,7 +8,9 @@ to pick one. Hooks let a policy learn from what happened; they do nothing by def
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Protocol, Sequence
+import random
+import time
+from typing import Callable, Mapping, Protocol, Sequence
 
 from router.index.base import PrefixMatch
 
@@ -62,9 +64,14 @@ class Policy(Protocol):
 
 
 class PolicyBase:
-    """Default no-op hooks; concrete policies subclass this and implement `select`."""
+    """Default no-op hooks and the `rng` / `clock` injections; policies implement `select`."""
 
     uses_index = False
+    config_class: type | None = None  # frozen dataclass of the policy's parameters, if it has any
+
+    def __init__(self, *, rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
+        self.rng = rng or random.Random()
+        self.clock = clock or time.monotonic
 
     def on_routed(self, request: RouteRequest, instance: str) -> None:
         pass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 from collections import OrderedDict
 from typing import Callable, Mapping, Sequence
 
@@ -76,10 +75,9 @@ class KvCostPolicy(PolicyBase):
         rng: random.Random | None,
         clock: Callable[[], float] | None,
     ) -> None:
+        super().__init__(rng=rng, clock=clock)
         self.config = config
         self.recent = recent
-        self.rng = rng or random.Random()
-        self.clock = clock or time.monotonic
         self.rates = PrefillRate(config.rate_config())
         self._tier_credit = {"device": config.device_credit, "host": config.host_credit, "remote": config.remote_credit}
         self._last: tuple[RouteRequest, Sequence[InstanceState]] | None = None

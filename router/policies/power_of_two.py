@@ -10,8 +10,7 @@ Parameters: none (inject `rng: random.Random` for reproducible runs).
 
 from __future__ import annotations
 
-import random
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from router.index.base import PrefixMatch
 from router.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
@@ -19,11 +18,6 @@ from router.policies.least_load import least_loaded
 
 
 class PowerOfTwoPolicy(PolicyBase):
-    config_class = None
-
-    def __init__(self, *, rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
-        self.rng = rng or random.Random()
-
     def select(
         self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
     ) -> Decision:

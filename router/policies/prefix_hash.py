@@ -78,8 +78,8 @@ class PrefixHashPolicy(PolicyBase):
         clock: Callable[[], float] | None = None,
         **params,
     ) -> None:
+        super().__init__(rng=rng, clock=clock)
         self.config = config or PrefixHashConfig(**params)
-        self.rng = rng or random.Random()
         self._rings: dict[tuple[str, ...], tuple[list[int], list[str]]] = {}
 
     def select(

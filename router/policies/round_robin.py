@@ -12,17 +12,15 @@ Parameters: none.
 
 from __future__ import annotations
 
-import random
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from router.index.base import PrefixMatch
 from router.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 class RoundRobinPolicy(PolicyBase):
-    config_class = None
-
-    def __init__(self, *, rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, **injections) -> None:
+        super().__init__(**injections)
         self._last: str | None = None
 
     def select(
