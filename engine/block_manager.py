@@ -4,7 +4,10 @@ Blocks are reference counted. A full block whose K/V has been computed gets the
 chained hash of its tokens (router/protocol.py) and stays findable by that hash
 after its last user frees it; such free cached blocks are evicted least recently
 freed first, and only when a fresh block is needed. A hit is confirmed by
-comparing the stored token ids, so a hash collision never serves wrong K/V.
+comparing the stored token ids and the block's parent (the previous block's hash,
+or the chain seed for a first block, which carries model and salt), so a hash
+collision never serves wrong K/V: same tokens after another prefix, or under
+another salt, is a different block.
 Changes are queued as (type, hashes, parent) tuples for the engine's event log.
 """
 
@@ -23,6 +26,7 @@ class Block:
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] = ()
+    parent: int | None = None  # hash of the previous block, or the chain seed for block 0
 
 
 class BlockManager:
@@ -64,11 +68,16 @@ class BlockManager:
         usable = (len(seq.token_ids) - 1) // bs
         hashes = block_hashes(seq.token_ids[: usable * bs], bs, seq.hash_seed)
         hits = []
+        parent = seq.hash_seed
         for i, h in enumerate(hashes):
             block_id = self.hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.parent != parent or block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
                 break
             hits.append(block_id)
+            parent = h
         return hits
 
     def can_allocate(self, seq: Sequence, hits: list[int]) -> bool:
@@ -128,6 +137,7 @@ class BlockManager:
             if block.hash is None and h not in self.hash_to_block:
                 block.hash = h
                 block.token_ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+                block.parent = new[i - start - 1] if i > start else (parent if i else seq.hash_seed)
                 self.hash_to_block[h] = block.block_id
                 stored.append(h)
                 first = i if first is None else first
@@ -183,3 +193,4 @@ class BlockManager:
                 self.pending_events.append(("removed", [block.hash], None))
             block.hash = None
             block.token_ids = ()
+            block.parent = None

@@ -133,3 +133,33 @@ def test_pool_exhaustion_raises():
     bm = BlockManager(2, BS)
     with pytest.raises(RuntimeError):
         bm.allocate(seq(range(12)), [])
+
+
+def test_collision_with_same_tokens_but_other_parent_is_caught():
+    bm = BlockManager(8, BS)
+    a = seq(list(range(4)) + [9, 9, 9, 9, 1])  # blocks (0,1,2,3) and (9,9,9,9)
+    c = seq([5, 5, 5, 5, 1])  # block (5,5,5,5)
+    for s in (a, c):
+        admit(bm, s)
+        compute_all(bm, s)
+    a_second, c_first = a.block_table[1], c.block_table[0]
+    bm.free(a)
+    bm.free(c)
+    # b = (5,5,5,5)(9,9,9,9): its first block is a genuine hit on c's; forge its second hash onto
+    # a's second block, which holds the same tokens after another first block.
+    b = seq([5, 5, 5, 5, 9, 9, 9, 9, 1])
+    bm.hash_to_block[block_hashes(b.token_ids[:8], BS, SEED)[1]] = a_second
+    assert bm.match_prefix(b) == [c_first]
+
+
+def test_collision_under_another_salt_is_caught():
+    bm = BlockManager(8, BS)
+    a = seq(list(range(4)) + [1])
+    admit(bm, a)
+    compute_all(bm, a)
+    first = a.block_table[0]
+    bm.free(a)
+    other = Sequence("salted", list(range(4)) + [1], SamplingParams(max_tokens=4), SEED + 1)
+    bm.hash_to_block[block_hashes(other.token_ids[:4], BS, SEED + 1)[0]] = first  # same tokens, other seed
+    assert bm.match_prefix(other) == []
+    assert bm.match_prefix(seq(list(range(4)) + [2])) == [first]
