@@ -38,6 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-admit-timeout-s", type=float, default=d.kv_admit_timeout_s,
                    help="decode role: seconds a remote-prefilled request may wait for free blocks")
     p.add_argument("--kv-link", default=d.kv_link, help="sim backend: modelled KV link (nvlink, infiniband, loopback)")
+    p.add_argument("--stall-timeout-s", type=float, default=d.stall_timeout_s,
+                   help="/health answers 503 once one model step has run this long (a hung engine)")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help="largest request body; 0 = 32 bytes per token of the model's context, at least 1 MiB")
+    p.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars,
+                   help="longest prompt in characters, checked before tokenizing; 0 = 8 per token of context")
+    p.add_argument("--tokenize-workers", type=int, default=d.tokenize_workers,
+                   help="threads that tokenize long prompts off the event loop")
+    p.add_argument("--tokenize-queue", type=int, default=d.tokenize_queue,
+                   help="long prompts that may wait for a tokenizer thread; beyond it, 503 + Retry-After")
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")

@@ -35,6 +35,11 @@ class EngineConfig:
     kv_pin_ttl_s: float = 30.0  # prefill role: how long pinned blocks wait for their pull
     kv_admit_timeout_s: float = 10.0  # decode role: how long a remote-prefilled request waits for blocks
     kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/sim.py LINKS)
+    stall_timeout_s: float = 60.0  # /health answers 503 when a step has run this long with work waiting
+    max_body_bytes: int = 0  # 0 = from the context: 32 bytes per token, at least 1 MiB (router/limits.py)
+    max_prompt_chars: int = 0  # 0 = 8 characters per token of context, checked before tokenizing
+    tokenize_workers: int = 2  # threads tokenizing long prompts off the event loop
+    tokenize_queue: int = 64  # long prompts that may wait for them; beyond, 503 + Retry-After
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -55,8 +60,14 @@ class EngineConfig:
             raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.kv_pin_ttl_s <= 0 or self.kv_admit_timeout_s <= 0:
             raise ValueError("--kv-pin-ttl-s and --kv-admit-timeout-s must be positive")
+        if self.stall_timeout_s <= 0:
+            raise ValueError("--stall-timeout-s must be positive")
         if self.time_scale <= 0:
             raise ValueError("--time-scale must be positive")
+        if self.max_body_bytes < 0 or self.max_prompt_chars < 0:
+            raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
+        if self.tokenize_workers < 1 or self.tokenize_queue < 1:
+            raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
 
     @property
     def instance(self) -> str:

@@ -69,6 +69,7 @@ class LLMEngine:
         self._task: asyncio.Task | None = None
         self.pinned = PinnedBlocks(config.kv_pin_ttl_s)
         self.remote: RemotePrefill | None = None  # set by start_remote (decode-capable roles)
+        self.last_progress = time.monotonic()  # a step ended, or the loop went idle
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -161,6 +162,12 @@ class LLMEngine:
             self._aborts.add(request_id)
             self._wakeup.set()
 
+    def stalled_for(self) -> float:
+        """Seconds the step loop has been stuck with work to do (0 when it is moving)."""
+        if not self.scheduler.has_work():
+            return 0.0
+        return max(0.0, time.monotonic() - self.last_progress)
+
     def load(self) -> LoadRecord:
         return LoadRecord(
             instance=self.config.instance,
@@ -178,6 +185,7 @@ class LLMEngine:
         while True:
             self._apply_aborts()
             self._housekeeping()
+            self.last_progress = time.monotonic()
             if not self.scheduler.has_work():
                 self._wakeup.clear()
                 if self.pinned.pinned or (self.remote and self.remote.waiting):

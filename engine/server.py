@@ -17,6 +17,7 @@ from engine.serving import CompletionService
 from engine.transfer_api import handle_transfer
 from router.errors import BadRequest
 from router.http import error_middleware, json_response, read_json
+from router.openai_request import parse_request
 from router.protocol import hash_seed
 from router.tokenizer import Tokenizer, load_tokenizer
 
@@ -51,6 +52,7 @@ async def _engine_ctx(app: web.Application):
              config.num_blocks, config.block_size)
     yield
     await engine.stop()
+    app[SERVICE].pool.close()
 
 
 async def _redis_ctx(app: web.Application):
@@ -75,6 +77,7 @@ def kv_info(app: web.Application) -> dict:
         "backend": config.backend,
         "num_blocks": config.num_blocks,
         "max_model_len": info.max_model_len,
+        "vocab_size": info.vocab_size,
         "dtype": info.dtype,
         "num_layers": info.num_layers,
         "num_kv_heads": info.num_kv_heads,
@@ -99,7 +102,12 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    return json_response({"status": "ok", "instance_id": request.app[CONFIG].instance})
+    """503 while the step loop is stuck (a hung model step): routers stop sending at once."""
+    config, stalled = request.app[CONFIG], request.app[ENGINE].stalled_for()
+    if stalled > config.stall_timeout_s:
+        return json_response({"status": "stalled", "instance_id": config.instance,
+                              "stalled_s": round(stalled, 1)}, status=503)
+    return json_response({"status": "ok", "instance_id": config.instance})
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -157,19 +165,16 @@ async def handle_kv_events(request: web.Request) -> web.Response:
 
 
 async def handle_tokenize(request: web.Request) -> web.Response:
-    body = await read_json(request)
     service = request.app[SERVICE]
+    body = await read_json(request, service.limits.max_body_bytes)
     service.check_model(body.get("model"))
-    tok = request.app[TOKENIZER]
-    try:
-        if "messages" in body:
-            tokens = tok.encode_chat(body["messages"])
-        elif isinstance(body.get("prompt"), str):
-            tokens = tok.encode(body["prompt"])
-        else:
-            raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
-    except ValueError as e:
-        raise BadRequest(str(e)) from None
+    if "messages" in body:
+        req = parse_request(body, "chat")
+    elif isinstance(body.get("prompt"), str):
+        req = parse_request(body, "completion")
+    else:
+        raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
+    tokens = await service.prompt_ids(req)
     return json_response({"count": len(tokens), "max_model_len": service.max_model_len, "tokens": tokens})
 
 
@@ -194,7 +199,7 @@ async def handle_get_load(request: web.Request) -> web.Response:
 
 
 def create_app(config: EngineConfig) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[error_middleware], client_max_size=1 << 40)  # bodies go through read_body
     app[CONFIG] = config
     app.cleanup_ctx.append(_engine_ctx)
     if config.redis:

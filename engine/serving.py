@@ -13,9 +13,11 @@ from engine.openai_format import ResponseFormat, usage
 from engine.output import OutputProcessor
 from engine.work import SamplingParams
 from router.errors import BadRequest, ContextTooLong, KVRouteError, NotFound
-from router.http import SSE_DONE, json_response, read_json, sse_error, sse_line
+from router.http import SSE_DONE, json_response, parse_json, read_body, sse_error, sse_line, write_client
+from router.limits import Limits, check_prompt_chars, check_token_ids
 from router.openai_request import CompletionRequest, parse_request
 from router.protocol import hash_seed
+from router.tokenize_pool import TokenizePool
 from router.tokenizer import Tokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -24,11 +26,15 @@ INSTANCE_HEADER = "x-kvroute-instance"
 
 class CompletionService:
     def __init__(self, engine: LLMEngine, tokenizer: Tokenizer, model_name: str) -> None:
+        config = engine.config
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = engine.runner.info.max_model_len
         self.vocab_size = engine.runner.info.vocab_size
+        self.limits = Limits.derive(self.max_model_len, self.vocab_size, config.max_prompt_chars,
+                                    config.max_body_bytes)
+        self.pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
         self.pool_tokens = engine.block_manager.num_blocks * engine.block_manager.block_size
         self.headers = {INSTANCE_HEADER: engine.config.instance}
 
@@ -37,17 +43,19 @@ class CompletionService:
             raise NotFound(f"model {model!r} does not exist; this engine serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    def prompt_ids(self, req: CompletionRequest) -> list[int]:
+    async def prompt_ids(self, req: CompletionRequest) -> list[int]:
+        """Token ids, checked against the limits before and after tokenizing (off the loop when long)."""
+        chars = check_prompt_chars(req, self.limits)
         try:
             if req.messages is not None:
-                return self.tokenizer.encode_chat(list(req.messages))
-            if req.prompt is not None:
-                return self.tokenizer.encode(req.prompt)
+                ids = await self.pool.run(self.tokenizer.encode_chat, list(req.messages), chars=chars)
+            elif req.prompt is not None:
+                ids = await self.pool.run(self.tokenizer.encode, req.prompt, chars=chars)
+            else:
+                ids = list(req.prompt_ids or ())
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
-        ids = list(req.prompt_ids or ())
-        if max(ids) >= self.vocab_size:
-            raise BadRequest(f"token id {max(ids)} is out of the vocabulary (size {self.vocab_size})", param="prompt")
+        check_token_ids(ids, self.limits)
         return ids
 
     def sampling(self, req: CompletionRequest, num_prompt: int) -> SamplingParams:
@@ -69,9 +77,9 @@ class CompletionService:
                               ignore_eos=req.ignore_eos, stop=req.stop)
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
-        req = parse_request(await read_json(request), kind)
+        req = parse_request(parse_json(await read_body(request, self.limits.max_body_bytes)), kind)
         self.check_model(req.model)
-        prompt_ids = self.prompt_ids(req)
+        prompt_ids = await self.prompt_ids(req)
         sampling = self.sampling(req, len(prompt_ids))
         request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         seed = hash_seed(self.model_name, req.cache_salt)
@@ -159,18 +167,18 @@ class CompletionService:
                 if not resp.prepared:
                     await resp.prepare(request)
                 if first:
-                    await resp.write(sse_line(fmt.chunk("", first=True)))
+                    await write_client(resp, sse_line(fmt.chunk("", first=True)))
                     first = False
                 if reason is not None:
-                    await resp.write(sse_line(fmt.chunk(delta, reason, self._usage(handle, processor))))
+                    await write_client(resp, sse_line(fmt.chunk(delta, reason, self._usage(handle, processor))))
                 elif delta:
-                    await resp.write(sse_line(fmt.chunk(delta)))
+                    await write_client(resp, sse_line(fmt.chunk(delta)))
         except KVRouteError as e:
             if not resp.prepared:
                 raise
-            await resp.write(sse_error(e))
+            await write_client(resp, sse_error(e))
         if not resp.prepared:
             await resp.prepare(request)
-        await resp.write(SSE_DONE)
-        await resp.write_eof()
+        await write_client(resp, SSE_DONE)
+        await write_client(resp)
         return resp

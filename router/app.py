@@ -17,13 +17,14 @@ from router.config import RouterConfig
 from router.disagg import Disaggregation
 from router.errors import Unauthorized
 from router.events import EventSync, PollFollower, RedisFollower
-from router.http import error_middleware, json_response, read_json
+from router.http import error_middleware, json_response, parse_json, read_body
 from router.index import make_index
 from router.index.instrumented import InstrumentedIndex
 from router.metrics import RouterMetrics
 from router.policies import make_policy
 from router.proxy import Proxy
 from router.routing import Router
+from router.tokenize_pool import TokenizePool
 from router.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ async def _router_ctx(app: web.Application):
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
     cluster = Cluster(config, index, tokenizer.fingerprint, metrics)
     cluster.session = session
-    router = Router(cluster, policy, tokenizer, metrics, config.policy)
+    pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
+    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool)
     app[METRICS], app[CLUSTER], app[ROUTER] = metrics, cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
     proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng)
@@ -85,6 +87,7 @@ async def _router_ctx(app: web.Application):
         await follower.close()
     await index.close()
     await session.close()
+    pool.close()
 
 
 async def _index_size_loop(cluster: Cluster, metrics: RouterMetrics) -> None:
@@ -129,7 +132,7 @@ async def handle_instances(request: web.Request) -> web.Response:
 
 async def handle_explain(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    body = await read_json(request)
+    body = parse_json(await read_body(request, request.app[CLUSTER].max_body_bytes))
     kind = "chat" if "messages" in body else "completion"
     prepared = await router.prepare(body, kind)
     disagg = request.app[PROXY].disagg
@@ -140,7 +143,9 @@ async def handle_explain(request: web.Request) -> web.Response:
 
 
 def create_app(config: RouterConfig) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=64 * 1024 * 1024)
+    # Request bodies are read through read_body, bounded by the limit derived from the engines'
+    # context (router/limits.py), which is only known once they are discovered.
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=1 << 40)
     app[CONFIG] = config
     app.cleanup_ctx.append(_router_ctx)
     app.router.add_post("/v1/completions", handle_completions)

@@ -32,9 +32,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-retries", type=int, default=d["max_retries"].default)
     p.add_argument("--health-interval-s", type=float, default=d["health_interval_s"].default)
     p.add_argument("--eject-after", type=int, default=d["eject_after"].default)
+    p.add_argument("--ejection-s", type=float, default=d["ejection_s"].default,
+                   help="seconds an instance ejected for failed requests stays out (doubles per ejection)")
     p.add_argument("--readmit-after", type=int, default=d["readmit_after"].default)
     p.add_argument("--load-interval-s", type=float, default=d["load_interval_s"].default)
     p.add_argument("--clear-grace-s", type=float, default=d["clear_grace_s"].default)
+    p.add_argument("--first-byte-timeout-s", type=float, default=d["first_byte_timeout_s"].default,
+                   help="streams: seconds to wait for an engine's first chunk before retrying elsewhere")
+    p.add_argument("--read-timeout-s", type=float, default=d["read_timeout_s"].default,
+                   help="streams: seconds allowed between two chunks from an engine")
+    p.add_argument("--request-timeout-s", type=float, default=d["request_timeout_s"].default,
+                   help="non-streamed requests: seconds to wait for the whole answer")
+    p.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"].default,
+                   help="largest request body; 0 = 32 bytes per token of the engines' context, at least 1 MiB")
+    p.add_argument("--max-prompt-chars", type=int, default=d["max_prompt_chars"].default,
+                   help="longest prompt in characters, checked before tokenizing; 0 = 8 per token of context")
+    p.add_argument("--tokenize-workers", type=int, default=d["tokenize_workers"].default,
+                   help="threads that tokenize long prompts off the event loop")
+    p.add_argument("--tokenize-queue", type=int, default=d["tokenize_queue"].default,
+                   help="long prompts that may wait for a tokenizer thread; beyond it, 503 + Retry-After")
     p.add_argument("--pd-min-uncached", type=int, default=d["pd_min_uncached"].default,
                    help="with prefill and decode engines: prompts with fewer uncached tokens skip the prefill stage")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks")

@@ -13,6 +13,7 @@ import aiohttp
 from router.config import RouterConfig
 from router.index.base import BlockIndex, IndexUnavailable
 from router.instance import EngineInfo, Instance
+from router.limits import Limits
 from router.metrics import RouterMetrics
 from router.protocol import LoadRecord, hash_seed
 
@@ -31,6 +32,8 @@ class Cluster:
         # model -> the block size most of its engines use; recomputed when an engine is discovered,
         # so the per-request path reads a dict instead of scanning the instances.
         self.block_sizes: dict[str, int] = {}
+        self.limits: dict[str, Limits] = {}
+        self.max_body_bytes = self._limits_for(0, 0).max_body_bytes
 
     # -- views ----------------------------------------------------------------------
 
@@ -50,6 +53,25 @@ class Cluster:
 
     def block_size(self, model: str) -> int:
         return self.block_sizes.get(model, 16)
+
+    def limits_for(self, model: str) -> Limits:
+        return self.limits.get(model) or self._limits_for(0, 0)
+
+    def _limits_for(self, max_model_len: int, vocab_size: int) -> Limits:
+        return Limits.derive(max_model_len, vocab_size, self.config.max_prompt_chars, self.config.max_body_bytes)
+
+    def _update_limits(self) -> None:
+        """Per model: the largest context and vocabulary its engines advertise; the body limit
+        is the largest of any model's (the body is read before its model is known)."""
+        lens: dict[str, int] = collections.defaultdict(int)
+        vocabs: dict[str, int] = collections.defaultdict(int)
+        for inst in self.instances:
+            if inst.info is not None:
+                lens[inst.info.model] = max(lens[inst.info.model], inst.info.max_model_len)
+                vocabs[inst.info.model] = max(vocabs[inst.info.model], inst.info.vocab_size)
+        self.limits = {m: self._limits_for(lens[m], vocabs[m]) for m in lens}
+        self.max_body_bytes = max([lim.max_body_bytes for lim in self.limits.values()]
+                                  or [self._limits_for(0, 0).max_body_bytes])
 
     # -- discovery and compatibility ------------------------------------------------
 
@@ -74,6 +96,7 @@ class Cluster:
             if inst.info is not None:
                 sizes[inst.info.model][inst.info.block_size] += 1
         self.block_sizes = {model: counts.most_common(1)[0][0] for model, counts in sizes.items()}
+        self._update_limits()
         for inst in self.instances:
             if inst.info is None:
                 continue
@@ -114,12 +137,16 @@ class Cluster:
             await self._clear_if_gone(inst)
             self.metrics.healthy.labels(inst.id).set(1 if inst.routable else 0)
 
-    def report_failure(self, inst: Instance, why: str) -> None:
+    def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True) -> None:
+        """A failed probe, or (`request=True`) a failed request: excluded from routing at once
+        (unless `exclude=False`), ejected after `eject_after` in a row."""
         was_reachable = inst.reachable
-        if inst.mark_failure(self.config.eject_after):
-            log.warning("instance %s ejected after %d failures (%s)", inst.id, inst.failures, why)
+        if inst.mark_failure(self.config.eject_after, request, self.config.ejection_s, exclude):
+            count = inst.request_failures if request else inst.failures
+            log.warning("instance %s ejected after %d failed %s (%s)", inst.id, count,
+                        "requests" if request else "probes", why)
             self.metrics.ejections.inc()
-        elif was_reachable:
+        elif was_reachable and exclude:
             log.warning("instance %s unreachable, excluded from routing: %s", inst.id, why)
 
     async def _clear_if_gone(self, inst: Instance) -> None:

@@ -23,11 +23,23 @@ class RouterConfig:
     max_retries: int = 2
     health_interval_s: float = 2.0
     eject_after: int = 3
+    ejection_s: float = 10.0  # an instance ejected for failed requests stays out this long (doubling)
     readmit_after: int = 2
     load_interval_s: float = 0.1
     clear_grace_s: float = 10.0
     events_timeout_s: float = 2.0
     connect_timeout_s: float = 2.0
+    # Every upstream wait is bounded (router/proxy.py): a stream's first chunk, each later chunk,
+    # and a whole non-streamed answer (which an engine sends only when it is done).
+    first_byte_timeout_s: float = 60.0
+    read_timeout_s: float = 30.0
+    request_timeout_s: float = 600.0
+    # Limits checked before the work they bound (router/limits.py); 0 = derived from the
+    # engines' advertised context: 8 chars per token, 4 bytes per char, body at least 1 MiB.
+    max_body_bytes: int = 0
+    max_prompt_chars: int = 0
+    tokenize_workers: int = 2  # threads tokenizing long prompts off the event loop
+    tokenize_queue: int = 64  # long prompts that may wait for them; beyond, 503 + Retry-After
     seed: int | None = None
     # Prefill/decode disaggregation (used when the cluster has prefill- and decode-role engines):
     # prompts with fewer uncached tokens than this go whole to a decode engine. The second hop and
@@ -52,8 +64,15 @@ class RouterConfig:
             raise ValueError("--pd-min-uncached must be >= 0")
         if self.max_inflight < 0 or self.max_retries < 0:
             raise ValueError("--max-inflight and --max-retries must be >= 0")
-        if min(self.health_interval_s, self.load_interval_s, self.events_timeout_s) <= 0:
+        if min(self.health_interval_s, self.load_interval_s, self.events_timeout_s, self.connect_timeout_s,
+               self.first_byte_timeout_s, self.read_timeout_s, self.request_timeout_s) <= 0:
             raise ValueError("intervals and timeouts must be positive")
+        if self.max_body_bytes < 0 or self.max_prompt_chars < 0:
+            raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
+        if self.tokenize_workers < 1 or self.tokenize_queue < 1:
+            raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+        if self.ejection_s < 0:
+            raise ValueError("--ejection-s must be >= 0")
         if self.eject_after < 1 or self.readmit_after < 1:
             raise ValueError("--eject-after and --readmit-after must be >= 1")
         if not 0 <= self.port <= 65535:

@@ -2,8 +2,10 @@
 
     KVRouteError
      ├── BadRequest            malformed body, wrong types, limits exceeded
-     │    └── ContextTooLong   prompt (+ max_tokens) beyond the model's context or KV pool
+     │    ├── ContextTooLong   prompt (+ max_tokens) beyond the model's context or KV pool
+     │    └── PayloadTooLarge  body beyond --max-body-bytes (413), refused before it is read
      ├── Unauthorized          missing or wrong API key
+     ├── Forbidden             a field the caller may not set (unverified kv_transfer_params)
      ├── NotFound              unknown model or route
      ├── Overloaded            queue or in-flight limit reached (carries retry_after)
      └── Unavailable           no healthy instance / upstream failed before the first byte
@@ -36,9 +38,18 @@ class ContextTooLong(BadRequest):
     code = "context_length_exceeded"
 
 
+class PayloadTooLarge(BadRequest):
+    code = "request_too_large"
+
+
 class Unauthorized(KVRouteError):
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class Forbidden(KVRouteError):
+    type = "permission_error"
+    code = "forbidden"
 
 
 class NotFound(KVRouteError):

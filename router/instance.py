@@ -20,12 +20,15 @@ class EngineInfo:
     tokenizer: str
     role: str = "both"
     cluster_id: str = ""
+    max_model_len: int = 0  # 0: not advertised
+    vocab_size: int = 0
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineInfo":
         try:
             return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
-                       str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")))
+                       str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),
+                       int(d.get("max_model_len") or 0), int(d.get("vocab_size") or 0))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed /kv/info: {e}") from None
 
@@ -36,7 +39,10 @@ class Instance:
         self.info: EngineInfo | None = None
         self.healthy = False  # passes health checks (ejected after N failures)
         self.reachable = False  # last contact worked; a failure excludes it from scoring at once
-        self.failures = 0
+        self.failures = 0  # consecutive failed probes
+        self.request_failures = 0  # consecutive failed requests
+        self.ejections = 0  # consecutive ejections for failed requests (backoff)
+        self.ejected_until = 0.0
         self.successes = 0
         self.down_since: float | None = None
         self.mismatch: list[str] = []
@@ -62,29 +68,51 @@ class Instance:
     def cache_ok(self) -> bool:
         return not self.mismatch
 
-    def mark_failure(self, eject_after: int) -> bool:
-        """One failed contact; returns True when this ejects the instance."""
-        self.reachable = False
-        self.successes = 0
-        self.failures += 1
-        if self.down_since is None:
-            self.down_since = time.monotonic()
-        if self.healthy and self.failures >= eject_after:
+    def mark_failure(self, eject_after: int, request: bool = False, ejection_s: float = 0.0,
+                     exclude: bool = True) -> bool:
+        """One failed contact; returns True when this ejects the instance.
+
+        Probe failures (health, load, events) and request failures (timeouts, 5xx, broken
+        streams) are counted apart; `exclude=False` (an HTTP 5xx: the engine is up) counts
+        without excluding it at once. An engine that answers /health but not requests is
+        still ejected after `eject_after` failed requests in a row, and then stays out for
+        `ejection_s`, doubled for each consecutive ejection (up to 16x), whatever its
+        health checks say, so it cannot take a request every health interval.
+        """
+        now = time.monotonic()
+        if exclude:
+            self.reachable = False
+            self.successes = 0
+        if request:
+            self.request_failures += 1
+        else:
+            self.failures += 1
+        if self.down_since is None and exclude:
+            self.down_since = now
+        if self.healthy and max(self.failures, self.request_failures) >= eject_after:
             self.healthy = False
+            if request:
+                self.ejections += 1
+                self.ejected_until = now + ejection_s * 2 ** min(self.ejections - 1, 4)
             return True
         return False
 
     def mark_success(self, readmit_after: int) -> bool:
-        """One good contact; returns True when this readmits an ejected instance (resync it)."""
+        """One good probe; returns True when this readmits an ejected instance (resync it)."""
         self.failures = 0
         self.successes += 1
         self.reachable = True
         self.down_since = None
-        if not self.healthy and self.successes >= readmit_after:
+        if not self.healthy and self.successes >= readmit_after and time.monotonic() >= self.ejected_until:
             self.healthy = True
             self.needs_resync = True
             return True
         return False
+
+    def request_ok(self) -> None:
+        """A request got its answer: the request-failure streak (and ejection backoff) ends."""
+        self.request_failures = 0
+        self.ejections = 0
 
     def state(self) -> InstanceState:
         load = self.load
@@ -112,6 +140,8 @@ class Instance:
             "epoch": self.epoch,
             "seq": self.seq,
             "resyncs": self.resyncs,
+            "failures": self.failures,
+            "request_failures": self.request_failures,
             "mismatch": list(self.mismatch),
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,

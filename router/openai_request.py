@@ -12,6 +12,7 @@ from typing import Any
 from router.errors import BadRequest
 
 KINDS = ("completion", "chat")
+MAX_TOKEN_ID = 0xFFFFFFFF  # ids are hashed as little-endian uint32 (router/protocol.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +77,13 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
             raise BadRequest("'prompt' must not be empty", param="prompt")
         return prompt, None
     if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:  # C speed; bools excluded
-        if min(prompt) < 0:
-            raise BadRequest("token ids in 'prompt' must be non-negative", param="prompt")
+        if min(prompt) < 0 or max(prompt) > MAX_TOKEN_ID:
+            raise BadRequest(f"token ids in 'prompt' must be between 0 and {MAX_TOKEN_ID}", param="prompt")
         return None, tuple(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1:
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest("only one prompt per request is supported", param="prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (int, float)) for p in prompt):
+        raise BadRequest(f"token ids in 'prompt' must be integers between 0 and {MAX_TOKEN_ID}", param="prompt")
     raise BadRequest("'prompt' must be a string or a non-empty list of token ids", param="prompt")
 
 

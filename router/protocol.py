@@ -124,14 +124,32 @@ class LoadRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoadRecord":
+        """Parse and type-check a record from another process (unknown keys are ignored)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a load record must be an object, got {type(d).__name__}")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in d:
+                continue
+            value, want = d[f.name], _NUMBER_TYPES.get(f.type)
+            if want is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise ValueError(f"malformed load record: {f.name} must be a non-negative number, got {value!r}")
+                value = want(value)
+            elif f.type == "str":
+                value = str(value)
+            values[f.name] = value
         try:
-            return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+            return cls(**values)
         except TypeError as e:
-            raise ValueError(f"malformed load record {d!r}: {e}") from None
+            raise ValueError(f"malformed load record: {e}") from None
 
     @property
     def kv_usage(self) -> float:
         return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
+
+
+_NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
 
 
 def new_epoch() -> int:

@@ -1,8 +1,15 @@
 """Forward a prepared request to the chosen instance and relay the answer without buffering.
 
-A connect error, a 5xx, or a stream that breaks before its first byte is retried on
-the next-best instance (at most `max_retries` times). Once bytes have reached the
-client, a broken upstream ends the stream with an SSE error event and [DONE].
+A connect error, a 5xx, a timeout, or a stream that breaks before its first byte is
+retried on the next-best instance (at most `max_retries` times). Once bytes have
+reached the client, a broken upstream ends the stream with an SSE error event and
+[DONE]. Every upstream wait is bounded: the first byte of a stream by
+`first_byte_timeout_s`, each later chunk by `read_timeout_s`, a whole non-streamed
+answer by `request_timeout_s`; a timeout counts as a failure of that engine.
+
+Blame: upstream reads and client writes are kept apart. A client that leaves (a
+write to its closed connection, or the handler cancelled by aiohttp) ends the
+request as `cancelled` and never counts against the engine.
 Router-side load (in flight, queued prefill tokens) is kept per instance here.
 """
 
@@ -17,8 +24,9 @@ from aiohttp import web
 
 from router.cluster import Cluster
 from router.errors import KVRouteError, Overloaded, Unavailable
-from router.http import SSE_DONE, read_json, sse_error
+from router.http import SSE_DONE, ClientGone, parse_json, parse_retry_after, read_body, sse_error, write_client
 from router.routing import Choice, Prepared, Router
+from router.steering import strip_engine_fields
 
 log = logging.getLogger(__name__)
 
@@ -71,22 +79,23 @@ class Proxy:
         self.cluster = cluster
         self.session = session
         self.metrics = router.metrics
+        self.config = cluster.config
         self.disagg = None  # router.disagg.Disaggregation, when the cluster has prefill and decode engines
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
-        body = await read_json(request)
+        raw = await read_body(request, self.cluster.max_body_bytes)
+        body, raw = strip_engine_fields(parse_json(raw), raw)
         prepared = await self.router.prepare(body, kind)
         if self.disagg is not None and self.disagg.active(prepared.model):
             return await self.disagg.handle(request, body, prepared)
-        return await self.forward(request, await request.read(), prepared,
-                                  self.cluster.colocated_roles(prepared.model))
+        return await self.forward(request, raw, prepared, self.cluster.colocated_roles(prepared.model))
 
     async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
                       roles: tuple[str, ...] | None, exclude: tuple[str, ...] = ()) -> web.StreamResponse:
         """Send the request whole to one instance (of `roles`), retrying on the next-best."""
         tried: list[str] = list(exclude)
         last_error: KVRouteError = Unavailable("no instance could take the request")
-        for attempt in range(self.cluster.config.max_retries + 1):
+        for attempt in range(self.config.max_retries + 1):
             if attempt:
                 self.metrics.retries.inc()
             try:
@@ -98,6 +107,9 @@ class Proxy:
             dispatch = Dispatch(self.router, prepared, choice)
             try:
                 result = await self._attempt(request, raw, prepared, dispatch)
+            except (asyncio.CancelledError, ClientGone):
+                dispatch.end("cancelled")
+                raise
             except BaseException:
                 dispatch.end("error")
                 raise
@@ -115,59 +127,87 @@ class Proxy:
         self.metrics.cached_tokens.inc(cached)
         self.metrics.cached_ratio.observe(cached / prepared.num_tokens if prepared.num_tokens else 0.0)
 
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                                     sock_read=self.config.read_timeout_s)
+
     async def _attempt(self, request: web.Request, raw: bytes, prepared: Prepared,
                        dispatch: Dispatch) -> web.StreamResponse | KVRouteError:
         """Relay one attempt; a KVRouteError return means "try the next instance"."""
-        inst = dispatch.inst
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.cluster.config.connect_timeout_s)
+        inst, stream = dispatch.inst, prepared.request.stream
+        wait = self.config.first_byte_timeout_s if stream else self.config.request_timeout_s
+        upstream = None
         try:
-            upstream = await self.session.post(inst.url + request.path, data=raw, timeout=timeout,
-                                               headers={"Content-Type": "application/json"})
+            async with asyncio.timeout(wait):
+                upstream = await self.session.post(inst.url + request.path, data=raw, timeout=self.client_timeout(),
+                                                   headers={"Content-Type": "application/json"})
+                if upstream.status >= 500:
+                    return await self._server_error(inst, upstream)
+                if not stream or upstream.status != 200:
+                    body = await upstream.read()
+                else:
+                    first = await upstream.content.readany()
+                    if not first:
+                        self.cluster.report_failure(inst, "closed the stream before its first byte", request=True)
+                        return Unavailable(f"instance {inst.id} closed the stream before the first byte")
+        except TimeoutError:
+            what = "no first byte" if stream else "no answer"
+            self.cluster.report_failure(inst, f"{what} within {wait:g}s", request=True)
+            return Unavailable(f"instance {inst.id} timed out ({what} within {wait:g}s)")
         except RETRYABLE as e:
-            self.cluster.report_failure(inst, f"request failed: {e!r}")
-            return Unavailable(f"instance {inst.id} failed: {e!r}")
+            self.cluster.report_failure(inst, f"request failed: {type(e).__name__}: {e}", request=True)
+            return Unavailable(f"instance {inst.id} failed: {type(e).__name__}")
+        finally:
+            if upstream is not None and (not stream or upstream.status != 200):
+                upstream.close()
+        inst.request_ok()
+        if not stream or upstream.status != 200:
+            dispatch.first_byte(is_ttft=False)
+            dispatch.end(str(upstream.status))
+            return web.Response(body=body, status=upstream.status, headers=self._headers(upstream, inst.id))
+        dispatch.first_byte()
         try:
-            if upstream.status >= 500:
-                text = await upstream.text()
-                log.warning("instance %s answered %d: %s", inst.id, upstream.status, text[:200])
-                if upstream.status == 503 and "Retry-After" in upstream.headers:
-                    return Overloaded(f"instance {inst.id} is overloaded",
-                                      retry_after=float(upstream.headers["Retry-After"]))
-                return Unavailable(f"instance {inst.id} answered HTTP {upstream.status}")
-            if not prepared.request.stream or upstream.status != 200:
-                body = await upstream.read()
-                dispatch.first_byte(is_ttft=False)
-                dispatch.end(str(upstream.status))
-                return web.Response(body=body, status=upstream.status, headers=self._headers(upstream, inst.id))
-            try:
-                first = await upstream.content.readany()
-            except RETRYABLE as e:
-                self.cluster.report_failure(inst, f"stream broke before its first byte: {e!r}")
-                return Unavailable(f"instance {inst.id} failed before the first byte")
-            if not first:
-                return Unavailable(f"instance {inst.id} closed the stream before the first byte")
-            dispatch.first_byte()
             return await self._relay(request, upstream, first, dispatch)
         finally:
             upstream.close()
+
+    async def _server_error(self, inst, upstream: aiohttp.ClientResponse) -> KVRouteError:
+        text = (await upstream.content.read(2048)).decode(errors="replace")
+        log.warning("instance %s answered %d: %s", inst.id, upstream.status, text[:200])
+        if upstream.status != 503:
+            self.cluster.report_failure(inst, f"answered HTTP {upstream.status}", request=True, exclude=False)
+        elif "Retry-After" in upstream.headers:
+            return Overloaded(f"instance {inst.id} is overloaded",
+                              retry_after=parse_retry_after(upstream.headers["Retry-After"]))
+        return Unavailable(f"instance {inst.id} answered HTTP {upstream.status}")
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
                      dispatch: Dispatch) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, headers=self._headers(upstream, dispatch.inst.id))
         await resp.prepare(request)
-        await resp.write(first)
-        status = "200"
-        try:
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
-        except RETRYABLE as e:
-            status = "broken"
-            self.cluster.report_failure(dispatch.inst, f"stream broke: {e!r}")
-            await resp.write(sse_error(Unavailable(f"instance {dispatch.inst.id} failed mid-stream: {e!r}")))
-            await resp.write(SSE_DONE)
+        await write_client(resp, first)
+        status = await self.pump(upstream, resp, dispatch.inst)
         dispatch.end(status)
-        await resp.write_eof()
+        await write_client(resp)
         return resp
+
+    async def pump(self, upstream: aiohttp.ClientResponse, resp: web.StreamResponse, inst) -> str:
+        """Copy the rest of an upstream stream to the client; the outcome as a status label.
+        A broken or stalled upstream is the engine's fault (SSE error, then [DONE]);
+        a failed write is the client's (ClientGone propagates)."""
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except RETRYABLE as e:
+                why = f"no chunk within {self.config.read_timeout_s:g}s" if isinstance(
+                    e, asyncio.TimeoutError) else f"stream broke: {type(e).__name__}"
+                self.cluster.report_failure(inst, why, request=True)
+                await write_client(resp, sse_error(Unavailable(f"instance {inst.id} failed mid-stream: {why}")))
+                await write_client(resp, SSE_DONE)
+                return "broken"
+            if not chunk:
+                return "200"
+            await write_client(resp, chunk)
 
     @staticmethod
     def _headers(upstream: aiohttp.ClientResponse, instance_id: str) -> dict:

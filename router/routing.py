@@ -7,7 +7,6 @@ by the proxy and by POST /router/explain, so the explanation is the decision.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import logging
@@ -18,15 +17,16 @@ from router.cluster import Cluster
 from router.errors import BadRequest, NotFound, Overloaded, Unavailable
 from router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
 from router.instance import Instance
+from router.limits import check_prompt_chars, check_token_ids
 from router.metrics import RouterMetrics
 from router.openai_request import CompletionRequest, parse_request
 from router.policies.base import Decision, Policy, RouteRequest
 from router.protocol import block_hashes, hash_seed
+from router.tokenize_pool import TokenizePool
 from router.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-THREAD_TOKENIZE_CHARS = 8_000  # longer prompts are tokenized off the event loop
 _request_ids = itertools.count()
 
 
@@ -61,12 +61,13 @@ class Choice:
 
 class Router:
     def __init__(self, cluster: Cluster, policy: Policy, tokenizer: Tokenizer, metrics: RouterMetrics,
-                 policy_name: str) -> None:
+                 policy_name: str, pool: TokenizePool | None = None) -> None:
         self.cluster = cluster
         self.policy = policy
         self.policy_name = policy_name
         self.tokenizer = tokenizer
         self.metrics = metrics
+        self.pool = pool or TokenizePool()
 
     def resolve_model(self, requested: str | None) -> str:
         models = self.cluster.models()
@@ -80,24 +81,27 @@ class Router:
         return models[0]
 
     async def prepare(self, body: dict, kind: str) -> Prepared:
+        """Validate, check limits, tokenize (off the loop when long), hash: in that order, so no
+        work is done for a request that a cheaper check can refuse."""
         started = time.perf_counter()
         req = parse_request(body, kind)
         model = self.resolve_model(req.model)
-        ids = await self._tokenize(req)
+        limits = self.cluster.limits_for(model)
+        chars = check_prompt_chars(req, limits)
+        ids = await self._tokenize(req, chars)
+        check_token_ids(ids, limits)
         block_size = self.cluster.block_size(model)
         hashes = block_hashes(ids, block_size, hash_seed(model, req.cache_salt))
         route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
         return Prepared(req, model, len(ids), route, started)
 
-    async def _tokenize(self, req: CompletionRequest) -> list[int]:
+    async def _tokenize(self, req: CompletionRequest, chars: int) -> list[int]:
+        if req.prompt_ids is not None:
+            return list(req.prompt_ids)
         try:
-            if req.prompt_ids is not None:
-                return list(req.prompt_ids)
             if req.messages is not None:
-                return self.tokenizer.encode_chat(list(req.messages))
-            if len(req.prompt) > THREAD_TOKENIZE_CHARS:
-                return await asyncio.to_thread(self.tokenizer.encode, req.prompt)
-            return self.tokenizer.encode(req.prompt)
+                return await self.pool.run(self.tokenizer.encode_chat, list(req.messages), chars=chars)
+            return await self.pool.run(self.tokenizer.encode, req.prompt, chars=chars)
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
 

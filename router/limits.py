@@ -1,0 +1,77 @@
+"""Limits checked before the work they bound: body bytes, prompt characters, token ids.
+
+A request is refused at the cheapest point that can tell it will not fit:
+
+    body bytes      from Content-Length, before reading        (413, request_too_large)
+    prompt chars    after parsing, before tokenizing            (400, context_length_exceeded)
+    token ids       before hashing: below 2^32 and the vocabulary (400, invalid_request)
+    prompt tokens   after tokenizing, before routing            (400, context_length_exceeded)
+
+Defaults follow the model's context (`max_model_len`, advertised by engines at /kv/info):
+`max_prompt_chars` = 8 characters per token of context (natural text runs 3-5, so a prompt
+past it cannot fit once tokenized), `max_body_bytes` = 4 bytes per such character (UTF-8's
+worst case), but never below 1 MiB so JSON overhead and chat structure always fit.
+A configured value (> 0) overrides either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from router.errors import BadRequest, ContextTooLong
+from router.openai_request import CompletionRequest
+
+CHARS_PER_TOKEN = 8
+BYTES_PER_CHAR = 4
+MIN_BODY_BYTES = 1 << 20
+FALLBACK_MAX_MODEL_LEN = 32_768  # before any engine has told us its context
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    max_model_len: int
+    vocab_size: int
+    max_prompt_chars: int
+    max_body_bytes: int
+
+    @classmethod
+    def derive(cls, max_model_len: int, vocab_size: int, prompt_chars: int = 0, body_bytes: int = 0) -> "Limits":
+        """Limits for a model; `prompt_chars`/`body_bytes` > 0 are the operator's overrides."""
+        max_model_len = max_model_len or FALLBACK_MAX_MODEL_LEN
+        chars = prompt_chars or CHARS_PER_TOKEN * max_model_len
+        body = body_bytes or max(MIN_BODY_BYTES, BYTES_PER_CHAR * chars)
+        return cls(max_model_len, vocab_size, chars, body)
+
+
+def prompt_chars(req: CompletionRequest) -> int:
+    if req.messages is not None:
+        total = 0
+        for m in req.messages:
+            content = m.get("content")
+            if isinstance(content, str):
+                total += len(content)
+            else:
+                total += sum(len(p.get("text", "")) for p in content)
+        return total
+    return len(req.prompt) if req.prompt is not None else 0
+
+
+def check_prompt_chars(req: CompletionRequest, limits: Limits) -> int:
+    """The prompt's character count, refused before tokenizing when it cannot fit the context."""
+    chars = prompt_chars(req)
+    if chars > limits.max_prompt_chars:
+        param = "messages" if req.messages is not None else "prompt"
+        raise ContextTooLong(
+            f"prompt has {chars} characters; the limit is {limits.max_prompt_chars} "
+            f"({CHARS_PER_TOKEN} per token of the model's {limits.max_model_len}-token context; --max-prompt-chars)",
+            param=param)
+    return chars
+
+
+def check_token_ids(ids: Sequence[int], limits: Limits) -> None:
+    if len(ids) >= limits.max_model_len:
+        raise ContextTooLong(f"prompt has {len(ids)} tokens; this model's context is {limits.max_model_len} tokens",
+                             param="prompt")
+    if limits.vocab_size and ids and max(ids) >= limits.vocab_size:
+        raise BadRequest(f"token id {max(ids)} is out of the vocabulary (size {limits.vocab_size})", param="prompt")
