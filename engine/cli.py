@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-admit-timeout-s", type=float, default=d.kv_admit_timeout_s,
                    help="decode role: seconds a remote-prefilled request may wait for free blocks")
     p.add_argument("--kv-link", default=d.kv_link, help="sim backend: modelled KV link (nvlink, infiniband, loopback)")
+    p.add_argument("--kv-secret", default=None,
+                   help="shared secret for prefill/decode transfer grants and handles (default: $KVROUTE_KV_SECRET)")
+    p.add_argument("--kv-peers", type=lambda v: tuple(h.strip() for h in v.split(",") if h.strip()), default=(),
+                   help="comma-separated hosts/IPs trusted for unsigned KV transfers (default: none)")
     p.add_argument("--stall-timeout-s", type=float, default=d.stall_timeout_s,
                    help="/health answers 503 once one model step has run this long (a hung engine)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,

@@ -35,6 +35,8 @@ class EngineConfig:
     kv_pin_ttl_s: float = 30.0  # prefill role: how long pinned blocks wait for their pull
     kv_admit_timeout_s: float = 10.0  # decode role: how long a remote-prefilled request waits for blocks
     kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/sim.py LINKS)
+    kv_secret: str | None = None  # signs/verifies transfer grants and handles; default $KVROUTE_KV_SECRET
+    kv_peers: tuple[str, ...] = ()  # hosts/IPs trusted for unsigned transfers (router/kv_auth.py)
     stall_timeout_s: float = 60.0  # /health answers 503 when a step has run this long with work waiting
     max_body_bytes: int = 0  # 0 = from the context: 32 bytes per token, at least 1 MiB (router/limits.py)
     max_prompt_chars: int = 0  # 0 = 8 characters per token of context, checked before tokenizing

@@ -16,9 +16,11 @@ Wire format of the pull (a binary HTTP body), one frame per block, then an end f
     payload = that block's K/V, all layers, in the runner's layout (kv_pool.py)
     end     = header with block index 0xFFFFFFFF and zeros
 
-The decode side checks each frame's block hash against the hash it computes from the
-prompt and the payload against its checksum; a block that fails is never used (the
-decode engine then computes the missing blocks itself).
+The decode side checks each frame's payload length (before reading it) against its own
+block size, its block hash against the hash it computes from the prompt, and the
+payload against its checksum; a block that fails is never used (the decode engine then
+computes the missing blocks itself). None of this says where the data came from: that
+is the handle's signature (router/kv_auth.py), checked before any connection is made.
 """
 
 from __future__ import annotations
@@ -50,12 +52,18 @@ class LinkMismatch(BadRequest):
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransferHandle:
     cluster_id: str
-    address: str  # base URL of the prefill engine (the router fills it in)
+    address: str  # base URL of the prefill engine, as the router's grant named it
     request_id: str
     block_hashes: tuple[int, ...]  # the prompt's full blocks
     num_tokens: int  # prompt tokens whose K/V the prefill holds
     first_token: int
     cached_tokens: int = 0  # prefix-cache hit on the prefill side
+    expires: float = 0.0  # unix time after which the pin is gone
+    signature: str | None = None  # HMAC by the prefill engine (router/kv_auth.py)
+
+    def signed_fields(self) -> list:
+        return [self.cluster_id, self.address, self.request_id, list(self.block_hashes), self.num_tokens,
+                self.first_token, self.cached_tokens, self.expires]
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -65,9 +73,13 @@ class TransferHandle:
     @classmethod
     def from_dict(cls, d) -> "TransferHandle":
         try:
-            return cls(str(d["cluster_id"]), str(d["address"]), str(d["request_id"]),
-                       tuple(int(h) for h in d["block_hashes"]), int(d["num_tokens"]), int(d["first_token"]),
-                       int(d.get("cached_tokens", 0)))
+            hashes = tuple(int(h) for h in d["block_hashes"])
+            if any(not 0 <= h < 1 << 64 for h in hashes):
+                raise ValueError("block hashes are unsigned 64-bit integers")
+            signature = d.get("signature")
+            return cls(str(d["cluster_id"]), str(d["address"]), str(d["request_id"]), hashes, int(d["num_tokens"]),
+                       int(d["first_token"]), int(d.get("cached_tokens", 0)), float(d.get("expires", 0.0)),
+                       None if signature is None else str(signature))
         except (KeyError, TypeError, ValueError) as e:
             raise BadRequest(f"malformed kv_transfer_params.handle: {e!r}", param="kv_transfer_params") from None
 
@@ -79,8 +91,9 @@ def encode_frames(blocks: list[tuple[int, int, bytes]]) -> Iterator[bytes]:
     yield FRAME.pack(END_INDEX, 0, 0, 0)
 
 
-async def read_frames(content: aiohttp.StreamReader) -> AsyncIterator[tuple[int, int, bytes]]:
-    """Verified (index, hash, payload) frames; TransferError on a bad checksum or a short stream."""
+async def read_frames(content: aiohttp.StreamReader, payload_bytes: int) -> AsyncIterator[tuple[int, int, bytes]]:
+    """Verified (index, hash, payload) frames; TransferError on a wrong length (checked before
+    reading the payload), a bad checksum or a short stream."""
     while True:
         try:
             header = await content.readexactly(FRAME.size)
@@ -89,6 +102,9 @@ async def read_frames(content: aiohttp.StreamReader) -> AsyncIterator[tuple[int,
         index, block_hash, checksum, length = FRAME.unpack(header)
         if index == END_INDEX:
             return
+        if length != payload_bytes:
+            raise TransferError(f"block {index} has a {length}-byte payload; this engine's blocks are "
+                                f"{payload_bytes} bytes")
         try:
             payload = await content.readexactly(length) if length else b""
         except asyncio.IncompleteReadError:

@@ -19,6 +19,7 @@ from engine.metrics import EngineMetrics
 from engine.scheduler import Scheduler, SchedulerConfig, Step
 from engine.kv_transfer import PinnedBlocks, TransferHandle
 from engine.remote_prefill import RemotePrefill
+from router.kv_auth import KVAuth, secret_from
 from engine.sequence import Sequence, SeqStatus
 from engine.work import ModelRunner, SamplingParams
 from router.errors import KVRouteError, Overloaded, Unavailable
@@ -68,6 +69,7 @@ class LLMEngine:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.pinned = PinnedBlocks(config.kv_pin_ttl_s)
+        self.auth = KVAuth(secret_from(config.kv_secret), config.kv_peers, config.instance)
         self.remote: RemotePrefill | None = None  # set by start_remote (decode-capable roles)
         self.last_progress = time.monotonic()  # a step ended, or the loop went idle
 

@@ -71,11 +71,15 @@ class RemotePrefill:
                                              "to receive the prefilled request")
 
     async def _pull(self, seq: Sequence, first_block: int) -> None:
+        """Pull the blocks this engine lacks, then run the sequence. Whatever happens, the
+        request ends up in a defined state: resumed with pulled K/V, resumed to compute the
+        missing blocks here, or failed; never left `pulling` with its blocks held."""
         handle: TransferHandle = seq.remote
         metrics, bs = self.engine.metrics, self.engine.block_manager.block_size
         num_blocks = -(-handle.num_tokens // bs)
         metrics.kv_pull_skipped.inc(first_block)
         t0 = time.perf_counter()
+        computed = first_block * bs  # if the pull fails: compute the rest here
         try:
             await self.links.ensure(self.session, handle)
             if first_block < num_blocks:
@@ -86,17 +90,23 @@ class RemotePrefill:
                     received = (num_blocks - first_block) * self.engine.runner.kv_bytes_per_block
                 metrics.kv_pull_bytes.inc(received)
                 metrics.kv_pull_blocks.inc(num_blocks - first_block)
-            seq.num_computed = handle.num_tokens
+            computed = handle.num_tokens
             metrics.kv_pull_seconds.observe(time.perf_counter() - t0)
-        except (TransferError, aiohttp.ClientError, asyncio.TimeoutError) as e:
-            log.warning("KV pull for %s from %s failed (%s); computing it here", seq.request_id, handle.address, e)
-            metrics.kv_pull_failures.labels(type(e).__name__).inc()
-            seq.num_computed = first_block * bs
         except LinkMismatch as e:  # refused link: fail this request with the reason
             seq.pulling = False
             self.engine.fail_request(seq, e.message, LinkMismatch)
             return
+        except asyncio.CancelledError:
+            seq.pulling = False
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of the pull means: compute it here
+            log.warning("KV pull for %s from %s failed (%s: %s); computing it here", seq.request_id,
+                        handle.address, type(e).__name__, e)
+            metrics.kv_pull_failures.labels(type(e).__name__).inc()
         seq.pulling = False
+        if seq.is_finished:
+            return
+        seq.num_computed = computed
         self.engine.block_manager.commit_computed(seq)
         self.engine.resume(seq)
 
@@ -106,12 +116,12 @@ class RemotePrefill:
 
         bm, runner = self.engine.block_manager, self.engine.runner
         expected = block_hashes(seq.token_ids[: handle.num_tokens], bm.block_size, seq.hash_seed)
-        body = {"request_id": handle.request_id, "from_block": first}
+        body = {"request_id": handle.request_id, "from_block": first, "signature": handle.signature}
         received, block_ids, payloads = 0, [], []
         async with self.session.post(handle.address + "/kv/transfer", json=body) as r:
             if r.status != 200:
-                raise TransferError(f"prefill answered HTTP {r.status}: {(await r.text())[:200]}")
-            async for index, block_hash, payload in read_frames(r.content):
+                raise TransferError(f"prefill answered HTTP {r.status}: {(await r.content.read(200))!r}")
+            async for index, block_hash, payload in read_frames(r.content, runner.transfer_payload_bytes):
                 want = expected[index] if index < len(expected) else 0
                 if not first <= index < end or block_hash != want or index in block_ids:
                     raise TransferError(f"block {index} does not match the prompt (hash {block_hash} != {want})")

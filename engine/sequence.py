@@ -45,6 +45,8 @@ class Sequence:
         self.pin_kv = False  # prefill for a remote decode: keep the blocks for a pull
         self.remote = None  # decode of a remote prefill: its TransferHandle
         self.pulling = False  # K/V being pulled into this sequence's blocks
+        self.transfer_address = ""  # prefill for a remote decode: the address the grant named
+        self.transfer_signature: str | None = None  # ... and the handle's signature, checked on the pull
         self.last_token_time = 0.0
 
     def __len__(self) -> int:

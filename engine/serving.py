@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 
 from aiohttp import web
@@ -12,7 +13,7 @@ from engine.llm_engine import LLMEngine, Output, RequestHandle
 from engine.openai_format import ResponseFormat, usage
 from engine.output import OutputProcessor
 from engine.work import SamplingParams
-from router.errors import BadRequest, ContextTooLong, KVRouteError, NotFound
+from router.errors import BadRequest, ContextTooLong, Forbidden, KVRouteError, NotFound
 from router.http import SSE_DONE, json_response, parse_json, read_body, sse_error, sse_line, write_client
 from router.limits import Limits, check_prompt_chars, check_token_ids
 from router.openai_request import CompletionRequest, parse_request
@@ -79,21 +80,20 @@ class CompletionService:
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         req = parse_request(parse_json(await read_body(request, self.limits.max_body_bytes)), kind)
         self.check_model(req.model)
+        kv = req.kv_transfer_params or {}
+        transfer = self._authorize_transfer(kv, request.remote)  # before any work: 403 for clients
         prompt_ids = await self.prompt_ids(req)
         sampling = self.sampling(req, len(prompt_ids))
         request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         seed = hash_seed(self.model_name, req.cache_salt)
-        kv = req.kv_transfer_params or {}
         processor = OutputProcessor(self.tokenizer, sampling.stop, prompt_ids)
         first_text = None
-        if kv.get("do_remote_decode"):
-            self._check_role(("prefill", "both"), "do_remote_decode")
+        if isinstance(transfer, str):  # a granted prefill for a remote decode: `transfer` is our address
             sampling = dataclasses.replace(sampling, max_tokens=1)
             req = dataclasses.replace(req, stream=False)
             handle = self.engine.add_request(request_id, prompt_ids, sampling, seed, pin_kv=True)
-        elif kv.get("do_remote_prefill"):
-            self._check_role(("decode", "both"), "do_remote_prefill")
-            transfer = TransferHandle.from_dict(kv.get("handle"))
+            handle.seq.transfer_address = transfer
+        elif transfer is not None:
             if transfer.num_tokens != len(prompt_ids):
                 raise BadRequest(f"the transfer handle covers {transfer.num_tokens} prompt tokens but this prompt "
                                  f"has {len(prompt_ids)}", param="kv_transfer_params")
@@ -110,6 +110,28 @@ class CompletionService:
             if not handle.finished:
                 self.engine.abort(request_id)
 
+    def _authorize_transfer(self, kv: dict, remote: str | None) -> str | TransferHandle | None:
+        """None for a plain request; for a verified grant the address to name in the handle; for a
+        verified handle the handle. Anything unverifiable is a 403 (router/kv_auth.py)."""
+        if not kv:
+            return None
+        auth = self.engine.auth
+        try:
+            if kv.get("do_remote_decode"):
+                address = auth.check_grant(kv.get("grant"), remote)
+                self._check_role(("prefill", "both"), "do_remote_decode")
+                return address
+            if kv.get("do_remote_prefill"):
+                transfer = TransferHandle.from_dict(kv.get("handle"))
+                auth.check_handle(transfer.signed_fields(), transfer.address, transfer.expires, transfer.signature)
+                self._check_role(("decode", "both"), "do_remote_prefill")
+                return transfer
+        except PermissionError as e:
+            self.engine.metrics.rejected.labels("kv_transfer_refused").inc()
+            raise Forbidden(str(e), param="kv_transfer_params", code="kv_transfer_refused") from None
+        raise BadRequest("kv_transfer_params must set do_remote_decode or do_remote_prefill",
+                         param="kv_transfer_params")
+
     def _check_role(self, roles: tuple[str, ...], what: str) -> None:
         role = self.engine.config.role
         if role not in roles:
@@ -120,10 +142,12 @@ class CompletionService:
         seq = self.engine.pinned.get(handle.seq.request_id)
         if seq is None:
             return None
-        config = self.engine.config
-        transfer = TransferHandle(config.cluster, "", seq.request_id, tuple(seq.block_hashes[: seq.num_prompt //
-                                  self.engine.block_manager.block_size]), seq.num_prompt, seq.output_ids[0],
-                                  seq.num_cached)
+        config, bs = self.engine.config, self.engine.block_manager.block_size
+        transfer = TransferHandle(config.cluster, seq.transfer_address, seq.request_id,
+                                  tuple(seq.block_hashes[: seq.num_prompt // bs]), seq.num_prompt, seq.output_ids[0],
+                                  seq.num_cached, expires=round(time.time() + config.kv_pin_ttl_s, 3))
+        seq.transfer_signature = self.engine.auth.sign_handle(transfer.signed_fields())
+        transfer = dataclasses.replace(transfer, signature=seq.transfer_signature)
         return {"do_remote_prefill": True, "handle": transfer.to_dict()}
 
     async def _outputs(self, handle: RequestHandle, processor: OutputProcessor):

@@ -43,6 +43,8 @@ class SimRunner:
         per_token = cost_model.kv_bytes_per_token or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes
         self.kv_bytes_per_block = per_token * block_size
 
+    transfer_payload_bytes = 0  # per block on the wire: nothing moves, `transfer_time` stands for it
+
     def read_blocks(self, block_ids: Sequence[int]) -> bytes:
         """No K/V exists here: a pull moves empty payloads and `transfer_time` stands for the bytes."""
         return b""

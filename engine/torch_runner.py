@@ -63,6 +63,11 @@ class TorchRunner:
     def kv_bytes_per_block(self) -> int:
         return self.pool.bytes_per_block
 
+    @property
+    def transfer_payload_bytes(self) -> int:
+        """Bytes of one block's payload in a KV transfer frame (engine/kv_transfer.py)."""
+        return self.pool.bytes_per_block
+
     async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.execute_sync, list(works))

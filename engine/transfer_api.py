@@ -7,8 +7,8 @@ import asyncio
 from aiohttp import web
 
 from engine.kv_transfer import encode_frames
-from router.errors import BadRequest, NotFound
-from router.http import read_json
+from router.errors import BadRequest, Forbidden, NotFound
+from router.http import read_json, write_client
 
 
 async def read_pinned(engine, request_id: str, from_block: int) -> list[tuple[int, int, bytes]] | None:
@@ -31,8 +31,17 @@ async def handle_transfer(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     body = await read_json(request)
     request_id, from_block = body.get("request_id"), body.get("from_block", 0)
-    if not isinstance(request_id, str) or not isinstance(from_block, int) or from_block < 0:
-        raise BadRequest("body must be {'request_id': str, 'from_block': int >= 0}")
+    if not isinstance(request_id, str) or isinstance(from_block, bool) or not isinstance(from_block, int) \
+            or from_block < 0:
+        raise BadRequest("body must be {'request_id': str, 'from_block': int >= 0, 'signature': str}")
+    seq = engine.pinned.get(request_id)
+    if seq is None:
+        raise NotFound(f"no pinned KV for request {request_id!r}: it was pulled already or its TTL expired",
+                       code="kv_handle_not_found")
+    try:
+        engine.auth.check_pull(seq.transfer_signature, body.get("signature"), request.remote)
+    except PermissionError as e:
+        raise Forbidden(str(e), code="kv_transfer_refused") from None
     frames = await read_pinned(engine, request_id, from_block)
     if frames is None:
         raise NotFound(f"no pinned KV for request {request_id!r}: it was pulled already or its TTL expired",
@@ -40,7 +49,7 @@ async def handle_transfer(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     await resp.prepare(request)
     for frame in encode_frames(frames):
-        await resp.write(frame)
-    await resp.write_eof()
+        await write_client(resp, frame)
+    await write_client(resp)
     engine.release_pinned(request_id)
     return resp

@@ -73,6 +73,7 @@ class ModelRunner(Protocol):
 
     info: RunnerInfo
     kv_bytes_per_block: int
+    transfer_payload_bytes: int  # one block's payload in a transfer frame (0: the runner moves no bytes)
 
     async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
         """One sampled token per work item with `sample` set, else None (same order)."""

@@ -10,6 +10,7 @@ import asyncio
 import atexit
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -17,6 +18,8 @@ import sys
 import tempfile
 
 import aiohttp
+
+from router.kv_auth import SECRET_ENV
 
 _live: set[subprocess.Popen] = set()
 
@@ -66,10 +69,12 @@ class LocalCluster:
         self.procs: list[subprocess.Popen] = []
         self.engine_urls: list[str] = []
         self.router_url = ""
+        # One shared secret per cluster signs its prefill/decode transfers (router/kv_auth.py).
+        self.kv_secret = os.environ.get(SECRET_ENV) or secrets.token_hex(16)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **{SECRET_ENV: self.kv_secret})
         proc = subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         log.close()

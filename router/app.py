@@ -20,6 +20,7 @@ from router.events import EventSync, PollFollower, RedisFollower
 from router.http import error_middleware, json_response, parse_json, read_body
 from router.index import make_index
 from router.index.instrumented import InstrumentedIndex
+from router.kv_auth import secret_from
 from router.metrics import RouterMetrics
 from router.policies import make_policy
 from router.proxy import Proxy
@@ -70,7 +71,7 @@ async def _router_ctx(app: web.Application):
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool)
     app[METRICS], app[CLUSTER], app[ROUTER] = metrics, cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
-    proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng)
+    proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="long prompts that may wait for a tokenizer thread; beyond it, 503 + Retry-After")
     p.add_argument("--pd-min-uncached", type=int, default=d["pd_min_uncached"].default,
                    help="with prefill and decode engines: prompts with fewer uncached tokens skip the prefill stage")
+    p.add_argument("--kv-secret", default=None,
+                   help="shared secret signing prefill/decode transfer grants (default: $KVROUTE_KV_SECRET)")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks")
     p.add_argument("--log-level", default="INFO")
     return p

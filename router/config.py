@@ -47,6 +47,7 @@ class RouterConfig:
     # while a prefill run in place stalls every running decode for its duration: ~15 ms at 256
     # tokens on the built-in model, growing linearly. Below ~256 moving K/V costs more than it saves.
     pd_min_uncached: int = 256
+    kv_secret: str | None = None  # signs transfer grants for prefill engines; default $KVROUTE_KV_SECRET
 
     def __post_init__(self) -> None:
         if not self.engines:

@@ -17,6 +17,7 @@ the client is retried on another prefill engine, then whole on a decode engine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 
@@ -25,7 +26,8 @@ from aiohttp import web
 
 from router.cluster import Cluster
 from router.errors import KVRouteError, Unavailable
-from router.http import SSE_DONE, json_response, sse_error, sse_line
+from router.http import SSE_DONE, ClientGone, json_response, sse_error, sse_line, write_client
+from router.kv_auth import make_grant
 from router.instance import Instance
 from router.policies.base import Decision
 from router.proxy import INSTANCE_HEADER, RETRYABLE, Dispatch, Proxy
@@ -66,8 +68,11 @@ def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) ->
 
 
 class Disaggregation:
-    def __init__(self, proxy: Proxy, min_uncached: int, rng: random.Random | None = None) -> None:
+    def __init__(self, proxy: Proxy, min_uncached: int, rng: random.Random | None = None,
+                 secret: str | None = None) -> None:
         self.proxy = proxy
+        self.secret = secret  # signs the grants that let prefill engines pin K/V (router/kv_auth.py)
+        self._refused_logged = False
         self.router = proxy.router
         self.cluster: Cluster = proxy.cluster
         self.min_uncached = min_uncached
@@ -129,28 +134,46 @@ class Disaggregation:
         inst = choice.instance
         self.proxy._observe_choice(prepared, choice)
         dispatch = Dispatch(self.router, prepared, choice)
-        p_body = {**body, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+        grant = make_grant(self.secret, inst.id, inst.url)
+        p_body = {**body, "stream": False, "kv_transfer_params": grant}
+        wait = self.cluster.config.first_byte_timeout_s
         try:
-            async with self.proxy.session.post(inst.url + request.path, json=p_body) as r:
-                data = await r.read()
-                status = r.status
+            async with asyncio.timeout(wait):
+                async with self.proxy.session.post(inst.url + request.path, json=p_body,
+                                                   timeout=self.proxy.client_timeout()) as r:
+                    data = await r.read()
+                    status = r.status
+        except (asyncio.CancelledError, ClientGone):
+            dispatch.end("cancelled")
+            raise
         except RETRYABLE as e:
             dispatch.end("error")
-            self.cluster.report_failure(inst, f"prefill failed: {e!r}")
+            why = f"no prefill answer within {wait:g}s" if isinstance(e, TimeoutError) else type(e).__name__
+            self.cluster.report_failure(inst, f"prefill failed: {why}", request=True)
             return None
         dispatch.first_byte()
         dispatch.end(str(status))
-        if status >= 500:
+        if status >= 500 or status == 403:
+            if status == 403 and not self._refused_logged:
+                self._refused_logged = True
+                log.error("prefill instance %s refused the transfer grant (%s): give the router and every "
+                          "engine the same --kv-secret; sending requests whole to decode engines meanwhile",
+                          inst.id, data[:200].decode(errors="replace"))
             log.warning("prefill instance %s answered %d", inst.id, status)
             return None
         if status != 200:
             return web.Response(body=data, status=status, content_type="application/json",
                                 headers={INSTANCE_HEADER: inst.id})
-        prefilled = orjson.loads(data)
+        prefilled = _parse_prefilled(data)
+        if prefilled is None:
+            self.cluster.report_failure(inst, "malformed prefill answer", request=True, exclude=False)
+            return None
+        inst.request_ok()
         params = prefilled.get("kv_transfer_params")
         if not params:  # it ended at the first token (a stop token): that is the whole answer
             return await self._finished_at_prefill(request, prepared, inst, prefilled)
-        params["handle"]["address"] = inst.url
+        if not params["handle"].get("address"):  # unsigned (peer-trust) handles: the router names it
+            params["handle"]["address"] = inst.url
         return prefilled
 
     async def _finished_at_prefill(self, request, prepared, inst: Instance, prefilled: dict) -> web.StreamResponse:
@@ -160,8 +183,8 @@ class Disaggregation:
         reason = prefilled["choices"][0].get("finish_reason")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await resp.prepare(request)
-        await resp.write(sse_line(first_chunk(prepared.request.kind, prefilled, reason)) + SSE_DONE)
-        await resp.write_eof()
+        await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled, reason)) + SSE_DONE)
+        await write_client(resp)
         return resp
 
     async def _decode(self, request: web.Request, body: dict, prepared: Prepared, prefill: Instance,
@@ -175,26 +198,56 @@ class Disaggregation:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **headers})
         await resp.prepare(request)
-        await resp.write(sse_line(first_chunk(prepared.request.kind, prefilled)))
+        await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled)))
         choice = Choice(decode, Decision(decode.id, uncached_tokens=0), {}, [decode], prepared.num_tokens)
         dispatch = Dispatch(self.router, prepared, choice)
         status = "200"
         try:
-            async with self.proxy.session.post(decode.url + request.path, data=d_body,
-                                               headers={"Content-Type": "application/json"}) as r:
-                if r.status != 200:
-                    raise _UpstreamStatus(r.status, (await r.read())[:300])
-                dispatch.first_byte()
-                async for chunk in r.content.iter_any():
-                    await resp.write(chunk)
+            status = await self._decode_stream(request, d_body, decode, resp, dispatch)
+        except (asyncio.CancelledError, ClientGone):
+            status = "cancelled"
+            raise
         except (*RETRYABLE, _UpstreamStatus) as e:
             status = "broken"
-            err = e.error if isinstance(e, _UpstreamStatus) else Unavailable(f"decode {decode.id} failed: {e!r}")
-            await resp.write(sse_error(err) + SSE_DONE)
+            if isinstance(e, _UpstreamStatus):
+                err = e.error
+            else:
+                why = "no first byte in time" if isinstance(e, TimeoutError) else type(e).__name__
+                self.cluster.report_failure(decode, f"decode failed: {why}", request=True)
+                err = Unavailable(f"decode {decode.id} failed: {why}")
+            await write_client(resp, sse_error(err) + SSE_DONE)
         finally:
             dispatch.end(status)
-        await resp.write_eof()
+        await write_client(resp)
         return resp
+
+    async def _decode_stream(self, request: web.Request, d_body: bytes, decode: Instance,
+                             resp: web.StreamResponse, dispatch: Dispatch) -> str:
+        async with asyncio.timeout(self.cluster.config.first_byte_timeout_s):
+            r = await self.proxy.session.post(decode.url + request.path, data=d_body,
+                                              timeout=self.proxy.client_timeout(),
+                                              headers={"Content-Type": "application/json"})
+        try:
+            if r.status != 200:
+                raise _UpstreamStatus(r.status, await r.content.read(300))
+            dispatch.first_byte()
+            decode.request_ok()
+            return await self.proxy.pump(r, resp, decode)
+        finally:
+            r.close()
+
+
+def _parse_prefilled(data: bytes) -> dict | None:
+    """A prefill answer with one choice and, if present, a handle object; None if malformed."""
+    try:
+        prefilled = orjson.loads(data)
+        choice = prefilled["choices"][0]
+        params = prefilled.get("kv_transfer_params")
+        if not isinstance(choice, dict) or (params and not isinstance(params.get("handle"), dict)):
+            return None
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return prefilled
 
 
 class _UpstreamStatus(Exception):

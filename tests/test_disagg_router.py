@@ -16,10 +16,13 @@ def ids(seed, n):
     return [rng.randrange(5, 8192) for _ in range(n)]
 
 
+SECRET = "router-test-secret"
+
+
 async def pd_cluster(start_engine, start_router, **router_kw):
-    p_url, p = await start_engine(backend="torch", role="prefill", instance_id="p0")
-    d_url, d = await start_engine(backend="torch", role="decode", instance_id="d0")
-    url, server = await start_router([p_url, d_url], **router_kw)
+    p_url, p = await start_engine(backend="torch", role="prefill", instance_id="p0", kv_secret=SECRET)
+    d_url, d = await start_engine(backend="torch", role="decode", instance_id="d0", kv_secret=SECRET)
+    url, server = await start_router([p_url, d_url], kv_secret=SECRET, **router_kw)
     await wait_for(lambda: all(i.routable for i in server.app[CLUSTER].instances))
     return url, server, (p_url, p), (d_url, d)
 
