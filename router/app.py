@@ -18,7 +18,7 @@ from router.disagg import Disaggregation
 from router.errors import Unauthorized
 from router.events import EventSync, PollFollower, RedisFollower
 from router.http import error_middleware, json_response, parse_json, read_body
-from router.index import make_index
+from router.index import BreakerIndex, make_index
 from router.index.instrumented import InstrumentedIndex
 from router.kv_auth import secret_from
 from router.metrics import RouterMetrics
@@ -61,7 +61,9 @@ async def _router_ctx(app: web.Application):
     config = app[CONFIG]
     metrics = RouterMetrics()
     tokenizer = load_tokenizer(config.tokenizer)
-    index = InstrumentedIndex(make_index(config.index, url=config.redis), metrics.registry)
+    backend = make_index(config.index, url=config.redis, timeout=config.index_timeout_s)
+    breaker = BreakerIndex(backend, config.index_breaker_failures, config.index_breaker_cooldown_s, metrics.registry)
+    index = InstrumentedIndex(breaker, metrics.registry)
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
@@ -77,6 +79,7 @@ async def _router_ctx(app: web.Application):
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
     tasks = [asyncio.create_task(coro, name=name) for name, coro in (
         ("health", cluster.health_loop()), ("load", cluster.load_loop()), ("events", follower.run()),
+        ("index-maintenance", cluster.maintain_loop()),
         ("index-size", _index_size_loop(cluster, metrics)))]
     log.info("router ready: policy=%s index=%s events=%s engines=%d (%d routable)", config.policy, config.index,
              config.events, len(cluster.instances), sum(i.routable for i in cluster.instances))

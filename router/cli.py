@@ -36,7 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds an instance ejected for failed requests stays out (doubles per ejection)")
     p.add_argument("--readmit-after", type=int, default=d["readmit_after"].default)
     p.add_argument("--load-interval-s", type=float, default=d["load_interval_s"].default)
-    p.add_argument("--clear-grace-s", type=float, default=d["clear_grace_s"].default)
+    p.add_argument("--index-ttl-s", type=float, default=d["index_ttl_s"].default,
+                   help="the index forgets an instance that no router sharing it has seen for this long")
+    p.add_argument("--index-timeout-s", type=float, default=d["index_timeout_s"].default,
+                   help="timeout of each Redis index call")
+    p.add_argument("--index-breaker-failures", type=int, default=d["index_breaker_failures"].default,
+                   help="consecutive index failures after which the router routes on load alone for a cool-down")
+    p.add_argument("--index-breaker-cooldown-s", type=float, default=d["index_breaker_cooldown_s"].default,
+                   help="seconds the index breaker stays open before it probes Redis again")
     p.add_argument("--first-byte-timeout-s", type=float, default=d["first_byte_timeout_s"].default,
                    help="streams: seconds to wait for an engine's first chunk before retrying elsewhere")
     p.add_argument("--read-timeout-s", type=float, default=d["read_timeout_s"].default,

@@ -80,7 +80,7 @@ class Cluster:
         info = EngineInfo.from_dict(data)
         first = inst.info is None
         if inst.info is not None and inst.info.instance_id != info.instance_id:
-            log.warning("instance at %s changed id %s -> %s", inst.url, inst.info.instance_id, info.instance_id)
+            await self._forget_old_id(inst, inst.info.instance_id, info.instance_id)
         inst.info = info
         self.check_compatibility()
         if first:
@@ -88,6 +88,21 @@ class Cluster:
             inst.needs_resync = True
             log.info("instance %s at %s: model=%s role=%s block_size=%d", info.instance_id, inst.url, info.model,
                      info.role, info.block_size)
+
+    async def _forget_old_id(self, inst: Instance, old: str, new: str) -> None:
+        """An engine restarted at the same URL under another id (the default id is the pod's
+        hostname): the old id's entries go now, for every router sharing the index."""
+        log.warning("instance at %s changed id %s -> %s: forgetting %s", inst.url, old, new, old)
+        inst.epoch, inst.seq, inst.blocks_indexed, inst.needs_resync = None, 0, 0, True
+        for gauge in (self.metrics.healthy, self.metrics.mismatch, self.metrics.inflight):
+            try:
+                gauge.remove(old)
+            except KeyError:
+                pass
+        try:
+            await self.index.clear(old)
+        except IndexUnavailable as e:
+            log.warning("could not clear %s from the index (%s); it expires after --index-ttl-s", old, e)
 
     def check_compatibility(self) -> None:
         """Flag instances whose cache keys the router cannot reproduce (routed on load only)."""
@@ -134,7 +149,7 @@ class Cluster:
                 log.warning("instance %s re-admitted; resyncing its cache index", inst.id)
                 await self.discover(inst)
         finally:
-            await self._clear_if_gone(inst)
+            self._forget_if_gone(inst)
             self.metrics.healthy.labels(inst.id).set(1 if inst.routable else 0)
 
     def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True) -> None:
@@ -149,18 +164,29 @@ class Cluster:
         elif was_reachable and exclude:
             log.warning("instance %s unreachable, excluded from routing: %s", inst.id, why)
 
-    async def _clear_if_gone(self, inst: Instance) -> None:
-        if inst.down_since is None or time.monotonic() - inst.down_since < self.config.clear_grace_s:
+    def _forget_if_gone(self, inst: Instance) -> None:
+        """This replica's own view of an instance down longer than the index TTL: it will be
+        resynced when it comes back. The shared index is not cleared here: the index itself
+        forgets an instance only once no router has seen it for the TTL (`maintain_loop`)."""
+        if inst.down_since is None or time.monotonic() - inst.down_since < self.config.index_ttl_s:
             return
         if inst.blocks_indexed or not inst.needs_resync:
-            try:
-                await self.index.clear(inst.id)
-            except IndexUnavailable:
-                return
-            log.warning("instance %s down for %.0fs: its index entries were cleared", inst.id,
+            log.warning("instance %s down for %.0fs: its index entries expire", inst.id,
                         time.monotonic() - inst.down_since)
             inst.blocks_indexed = 0
             inst.needs_resync = True
+
+    async def maintain_loop(self) -> None:
+        """Refresh the last-seen time of every instance this router reaches; the index forgets
+        those that no router sharing it has seen for `index_ttl_s`."""
+        interval = min(5.0, self.config.index_ttl_s / 4)
+        while True:
+            alive = [i.id for i in self.instances if i.info is not None and i.reachable]
+            try:
+                await self.index.maintain(alive, self.config.index_ttl_s)
+            except IndexUnavailable as e:
+                log.debug("index maintenance skipped: %s", e)
+            await asyncio.sleep(interval)
 
     async def load_loop(self) -> None:
         while True:

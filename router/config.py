@@ -26,7 +26,10 @@ class RouterConfig:
     ejection_s: float = 10.0  # an instance ejected for failed requests stays out this long (doubling)
     readmit_after: int = 2
     load_interval_s: float = 0.1
-    clear_grace_s: float = 10.0
+    index_ttl_s: float = 60.0  # the index forgets an instance no router sharing it has seen this long
+    index_timeout_s: float = 0.25  # each Redis index call; then the breaker counts a failure
+    index_breaker_failures: int = 3  # consecutive index failures that open the breaker
+    index_breaker_cooldown_s: float = 5.0  # routing on load alone before the breaker probes again
     events_timeout_s: float = 2.0
     connect_timeout_s: float = 2.0
     # Every upstream wait is bounded (router/proxy.py): a stream's first chunk, each later chunk,
@@ -66,12 +69,15 @@ class RouterConfig:
         if self.max_inflight < 0 or self.max_retries < 0:
             raise ValueError("--max-inflight and --max-retries must be >= 0")
         if min(self.health_interval_s, self.load_interval_s, self.events_timeout_s, self.connect_timeout_s,
-               self.first_byte_timeout_s, self.read_timeout_s, self.request_timeout_s) <= 0:
+               self.first_byte_timeout_s, self.read_timeout_s, self.request_timeout_s, self.index_ttl_s,
+               self.index_timeout_s, self.index_breaker_cooldown_s) <= 0:
             raise ValueError("intervals and timeouts must be positive")
         if self.max_body_bytes < 0 or self.max_prompt_chars < 0:
             raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+        if self.index_breaker_failures < 1:
+            raise ValueError("--index-breaker-failures must be >= 1")
         if self.ejection_s < 0:
             raise ValueError("--ejection-s must be >= 0")
         if self.eject_after < 1 or self.readmit_after < 1:

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 
 from router.cluster import Cluster
-from router.index.base import IndexUnavailable, apply_event
+from router.index.base import IndexUnavailable
 from router.instance import Instance
 from router.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
 
@@ -24,42 +24,60 @@ log = logging.getLogger(__name__)
 
 
 class EventSync:
+    """Applies one instance's events to the index in order, or reloads it from a snapshot.
+
+    Two levels of ordering: this replica skips events it has applied and resyncs on a hole
+    in its own feed; the index itself (router/index/base.py) orders the writes of every
+    replica sharing it, so a late or duplicate write from any of them changes nothing.
+    """
+
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.index = cluster.index
         self.metrics = cluster.metrics
 
     async def resync(self, inst: Instance) -> None:
-        snap = await self.cluster._get_json(inst, "/kv/snapshot")
-        await self.index.clear(inst.id)
-        total = 0
-        for tier, blocks in (snap.get("tiers") or {}).items():
-            if tier in TIERS and blocks:
-                await self.index.add(inst.id, tier, [int(b) for b in blocks])
-                total += len(blocks)
-        inst.epoch, inst.seq = int(snap["epoch"]), int(snap["seq"])
-        inst.blocks_indexed = total
+        await self.load_snapshot(inst, await self.cluster._get_json(inst, "/kv/snapshot"))
+
+    async def load_snapshot(self, inst: Instance, snap: dict) -> None:
+        """Replace the instance's entries with a GET /kv/snapshot body (a generation swap:
+        readers never see a half-loaded instance; a snapshot older than what the index
+        already holds, written by another replica, changes nothing)."""
+        try:
+            epoch, seq = int(snap["epoch"]), int(snap["seq"])
+            tiers = {tier: [int(b) for b in blocks] for tier, blocks in (snap.get("tiers") or {}).items()
+                     if tier in TIERS and blocks}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"malformed /kv/snapshot: {e!r}") from None
+        replaced = await self.index.replace(inst.id, epoch, seq, tiers)
+        inst.epoch, inst.seq = epoch, seq
+        inst.blocks_indexed = sum(len(b) for b in tiers.values())
         inst.needs_resync = False
         inst.resyncs += 1
         self.metrics.resyncs.inc()
-        log.info("resynced %s from snapshot: %d blocks at epoch %d seq %d", inst.id, total, inst.epoch, inst.seq)
+        log.info("resynced %s from snapshot: %d blocks at epoch %d seq %d%s", inst.id, inst.blocks_indexed, epoch,
+                 seq, "" if replaced else " (the shared index was already there)")
 
     async def apply(self, inst: Instance, events: list[KVEvent]) -> None:
         """Apply in-order events; flag a resync on a gap or another epoch."""
         for event in events:
-            if event.epoch == inst.epoch and event.seq <= inst.seq:
-                continue  # already applied (e.g. both snapshot and stream carried it)
+            if inst.epoch is not None and (event.epoch, event.seq) <= (inst.epoch, inst.seq):
+                continue  # already applied (both snapshot and stream carried it), or from an older epoch
             if event.epoch != inst.epoch or event.seq != inst.seq + 1:
                 log.warning("%s: event gap (epoch %s seq %d after epoch %s seq %d); resyncing", inst.id,
                             event.epoch, event.seq, inst.epoch, inst.seq)
                 inst.needs_resync = True
                 return
-            await apply_event(self.index, event)
+            result = await self.index.apply(event)
+            if result == "gap":  # the shared index misses an event nobody applied: reload
+                log.warning("%s: the index refused seq %d as out of order; resyncing", inst.id, event.seq)
+                inst.needs_resync = True
+                return
             inst.seq = event.seq
             inst.blocks_indexed += len(event.blocks) if event.type == "stored" else -len(event.blocks)
             if event.type == "cleared":
                 inst.blocks_indexed = 0
-            self.metrics.events.labels(event.type).inc()
+            self.metrics.events.labels(event.type if result == "applied" else "duplicate").inc()
         inst.blocks_indexed = max(inst.blocks_indexed, 0)
         if events:
             inst.last_event_time = time.time()

@@ -62,6 +62,13 @@ def block_hashes(
     return out
 
 
+def _u64s(values) -> tuple[int, ...]:
+    out = tuple(int(v) for v in values)
+    if any(not 0 <= v <= 0xFFFFFFFFFFFFFFFF for v in out):
+        raise ValueError("block hashes are unsigned 64-bit integers")
+    return out
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KVEvent:
     """One change to an instance's cache: blocks stored, blocks removed, or all cleared."""
@@ -100,11 +107,11 @@ class KVEvent:
                 seq=int(d["seq"]),
                 type=d["type"],
                 tier=d.get("tier", "device"),
-                blocks=tuple(int(b) for b in d.get("blocks") or ()),
+                blocks=_u64s(d.get("blocks") or ()),
                 parent=None if d.get("parent") is None else int(d["parent"]),
             )
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"malformed KV event {d!r}: {e}") from None
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed KV event: {e!r}") from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

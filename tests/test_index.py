@@ -1,14 +1,16 @@
 """One suite for every BlockIndex backend, then what only Redis or the wrapper promise."""
 
+import asyncio
 import random
+import signal
 
 import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
 import tests.redis_server
-from router.index import INDEXES, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex, make_index
-from router.index.base import apply_event
+from router.index import (INDEXES, BreakerIndex, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex,
+                          make_index)
 from router.index.redis import WRITE_CHUNK
 from router.protocol import TIERS, KVEvent
 from tests.redis_server import RedisServer, free_port
@@ -131,17 +133,62 @@ async def test_unknown_tier_is_refused(index):
         await index.add("a", "gpu", CHAIN[:1])
 
 
-async def test_apply_event_maps_each_event_type(index):
-    def ev(seq, type, **kw):
-        return KVEvent(instance="e1", epoch=1, seq=seq, type=type, **kw)
+def ev(seq, type, epoch=1, instance="e1", **kw):
+    return KVEvent(instance=instance, epoch=epoch, seq=seq, type=type, **kw)
 
-    await apply_event(index, ev(0, "stored", blocks=tuple(CHAIN[:4])))
-    await apply_event(index, ev(1, "stored", tier="host", blocks=tuple(CHAIN[:6])))
+
+async def test_apply_maps_each_event_type(index):
+    assert await index.replace("e1", 1, 0, {}) is True
+    assert await index.apply(ev(1, "stored", blocks=tuple(CHAIN[:4]))) == "applied"
+    assert await index.apply(ev(2, "stored", tier="host", blocks=tuple(CHAIN[:6]))) == "applied"
     assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"device": 4, "host": 2}}
-    await apply_event(index, ev(2, "removed", blocks=tuple(CHAIN[:2])))
+    assert await index.apply(ev(3, "removed", blocks=tuple(CHAIN[:2]))) == "applied"
     assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"host": 4, "device": 2}}
-    await apply_event(index, ev(3, "cleared"))
+    assert await index.apply(ev(4, "cleared")) == "applied"
     assert await index.lookup(CHAIN[:6]) == {} and await index.size() == 0
+    assert await index.apply(ev(5, "stored", blocks=tuple(CHAIN[:1]))) == "applied"
+    assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"device": 1}}
+
+
+async def test_writes_are_ordered_per_instance(index):
+    assert await index.apply(ev(1, "stored", blocks=tuple(CHAIN[:3]))) == "gap"  # no snapshot yet
+    await index.replace("e1", 1, 0, {})
+    assert await index.apply(ev(1, "stored", blocks=tuple(CHAIN[:3]))) == "applied"
+    assert await index.apply(ev(2, "removed", blocks=tuple(CHAIN[:3]))) == "applied"
+    # a lagging replica delivers seq 1 again, after the removal: it must not bring the blocks back
+    assert await index.apply(ev(1, "stored", blocks=tuple(CHAIN[:3]))) == "duplicate"
+    assert await index.lookup(CHAIN[:3]) == {}
+    assert await index.apply(ev(4, "stored", blocks=tuple(CHAIN[:3]))) == "gap"  # seq 3 is missing
+    assert await index.apply(ev(1, "stored", epoch=0, blocks=tuple(CHAIN[:3]))) == "duplicate"  # older epoch
+    assert await index.apply(ev(1, "stored", epoch=2, blocks=tuple(CHAIN[:3]))) == "gap"  # restarted engine
+    assert await index.lookup(CHAIN[:3]) == {}
+
+
+async def test_replace_swaps_a_snapshot_in_unless_the_index_is_newer(index):
+    await index.replace("e1", 1, 0, {"device": CHAIN[:2]})
+    await index.apply(ev(1, "stored", blocks=tuple(CHAIN[2:4])))
+    assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"device": 4}}
+    assert await index.replace("e1", 1, 1, {"device": CHAIN[:1]}) is False  # another replica is past seq 1
+    assert await index.replace("e1", 1, 0, {"device": CHAIN[:1]}) is False
+    assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"device": 4}}
+    assert await index.replace("e1", 1, 5, {"device": CHAIN[:5], "host": CHAIN[:1]}) is True
+    assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"device": 5}}
+    assert await index.apply(ev(4, "stored", blocks=tuple(CHAIN[5:6]))) == "duplicate"
+    assert await index.apply(ev(6, "stored", blocks=tuple(CHAIN[5:6]))) == "applied"
+    assert await index.replace("e1", 2, 0, {"host": CHAIN[:3]}) is True  # a new epoch always replaces
+    assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"host": 3}}
+    assert await index.size() == 3
+
+
+async def test_maintain_forgets_only_instances_nobody_saw(index):
+    await index.replace("a", 1, 0, {"device": CHAIN[:3]})
+    await index.replace("b", 1, 0, {"device": CHAIN[:3]})
+    await asyncio.sleep(0.25)
+    await index.maintain(["a"], ttl_s=0.2)  # a is seen; b was last seen 0.25 s ago
+    assert by_tier(await index.lookup(CHAIN[:3])) == {"a": {"device": 3}}
+    assert await index.size() == 3
+    await index.maintain(["a"], ttl_s=60)
+    assert by_tier(await index.lookup(CHAIN[:3])) == {"a": {"device": 3}}
 
 
 async def test_large_chain_with_many_instances(index):
@@ -242,7 +289,9 @@ async def test_redis_lookup_is_one_round_trip_and_stops_early(redis_url):
     await idx.close()
     assert by_tier(result) == {"a": {"device": 10}, "b": {"host": 5}}
     assert calls.pop("evalsha") == 1 and calls.pop("info") == 1
-    assert calls == {"hgetall": 11}  # inside the script, stopping at block 10 that nobody holds
+    # inside the script: one HGETALL per block, stopping at block 10 that nobody holds, and one
+    # generation check per instance holding the first block
+    assert calls == {"hgetall": 11, "hget": 2}
 
 
 async def test_redis_lookup_survives_a_script_flush(redis_url):
@@ -256,20 +305,36 @@ async def test_redis_lookup_survives_a_script_flush(redis_url):
 
 async def test_redis_clear_costs_own_blocks_and_never_scans(redis_url):
     idx = RedisIndex(redis_url)
-    many = list(range(1, 2 * WRITE_CHUNK + 100))  # more than one clear chunk
+    many = list(range(1, 2 * WRITE_CHUNK + 100))  # more than one chunk
     await idx.add("a", "device", many)
     await idx.add("b", "device", many[:10])
     with redis.Redis.from_url(redis_url) as r:
         before = commandstats(r)
         await idx.clear("a")
+        # forgotten at once, before its garbage is collected
+        assert by_tier(await idx.lookup(many[:20])) == {"b": {"device": 10}}
+        await idx.maintain(["b"], ttl_s=60)
         calls = delta(before, commandstats(r))
         assert not {"scan", "keys"} & set(calls)
         assert calls["hdel"] == len(many)
-        # 10 block hashes, b's set, the entry counter: a's set and its other blocks are gone
-        assert r.dbsize() == 12
-        assert r.scard(idx.prefix + "i:b") == 10
+        # 10 block hashes, b's set and state, the generation counter, live: a's keys are gone
+        assert r.dbsize() == 14, r.keys()
     assert await idx.size() == 10
     assert by_tier(await idx.lookup(many[:20])) == {"b": {"device": 10}}
+    await idx.close()
+
+
+async def test_redis_resync_is_invisible_until_its_swap(redis_url):
+    """A snapshot being written is not visible: readers see the old entries, then the new."""
+    idx = RedisIndex(redis_url)
+    await idx.replace("a", 1, 0, {"device": CHAIN[:4]})
+    gen = int(await idx._call("STAGE_BEGIN", "a", 1, 9, 0))
+    await idx._call("STAGE_ADD", "a", gen, 1, *CHAIN[:1])  # half-written snapshot
+    assert by_tier(await idx.lookup(CHAIN[:8])) == {"a": {"device": 4}}
+    await idx._call("STAGE_ADD", "a", gen, 1, *CHAIN[1:8])
+    assert by_tier(await idx.lookup(CHAIN[:8])) == {"a": {"device": 4}}
+    assert int(await idx._call("STAGE_COMMIT", "a", gen, 1, 9, 0)) == 1
+    assert by_tier(await idx.lookup(CHAIN[:8])) == {"a": {"device": 8}}
     await idx.close()
 
 
@@ -288,6 +353,30 @@ async def test_redis_down_raises_index_unavailable_then_recovers(monkeypatch):
         await idx.add("a", "host", CHAIN[:2])
         assert by_tier(await idx.lookup(CHAIN[:2])) == {"a": {"host": 2}}
     finally:
+        await idx.close()
+        server.stop()
+
+
+async def test_breaker_stops_calling_a_frozen_redis_then_recovers(redis_url):
+    server = RedisServer()
+    idx = BreakerIndex(RedisIndex(server.url, timeout=0.1), failures=2, cooldown_s=0.5)
+    try:
+        await idx.replace("a", 1, 0, {"device": CHAIN[:2]})
+        server.proc.send_signal(signal.SIGSTOP)  # frozen: connections hang instead of failing
+        for _ in range(2):
+            with pytest.raises(IndexUnavailable):
+                await idx.lookup(CHAIN[:2])
+        assert idx.is_open
+        for _ in range(20):  # open: refused without calling Redis (which would time out again)
+            with pytest.raises(IndexUnavailable, match="circuit open"):
+                await idx.lookup(CHAIN[:2])
+        assert idx.consecutive == 2
+        server.proc.send_signal(signal.SIGCONT)
+        await asyncio.sleep(0.6)  # cool-down over: the next call probes and closes it
+        assert by_tier(await idx.lookup(CHAIN[:2])) == {"a": {"device": 2}}
+        assert not idx.is_open
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
         await idx.close()
         server.stop()
 

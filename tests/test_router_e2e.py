@@ -108,7 +108,7 @@ async def test_killed_engine_costs_no_unstarted_request(start_engine, start_rout
 
 
 async def test_restarted_engine_is_resynced(start_engine, start_router, http):
-    url, server, engines = await cluster(start_engine, start_router, n=2, clear_grace_s=0.5, policy="round_robin")
+    url, server, engines = await cluster(start_engine, start_router, n=2, index_ttl_s=0.5, policy="round_robin")
     cl = server.app[CLUSTER]
     for g in range(2):  # round robin: one prompt lands on each engine
         await complete(http, url, prompt(20 + g))
@@ -121,6 +121,10 @@ async def test_restarted_engine_is_resynced(start_engine, start_router, http):
     assert await wait_for(lambda: not cl.by_id("e0").routable)
     # After the grace period its entries leave the index; e1's stay.
     assert await wait_for(lambda: cl.by_id("e0").blocks_indexed == 0, timeout=5)
+    for _ in range(40):  # the index forgets it once no router has seen it for the TTL
+        if "e0" not in await cl.index.lookup(prompt_hashes(prompt(20))):
+            break
+        await asyncio.sleep(0.05)
     assert "e0" not in await cl.index.lookup(prompt_hashes(prompt(20)))
     assert "e1" in await cl.index.lookup(prompt_hashes(prompt(21)))
     await start_engine(port=port, instance_id="e0", time_scale=FAST)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 
-from router.index.base import NO_MATCH, BlockIndex, IndexUnavailable, PrefixMatch, apply_event
+from router.index.base import NO_MATCH, Applied, BlockIndex, IndexUnavailable, PrefixMatch
+from router.index.breaker import BreakerIndex
 from router.index.instrumented import InstrumentedIndex
 from router.index.memory import MemoryIndex
 from router.index.redis import RedisIndex
@@ -31,12 +32,13 @@ def make_index(name: str, **options) -> BlockIndex:
 __all__ = [
     "INDEXES",
     "NO_MATCH",
+    "Applied",
     "BlockIndex",
+    "BreakerIndex",
     "IndexUnavailable",
     "InstrumentedIndex",
     "MemoryIndex",
     "PrefixMatch",
     "RedisIndex",
-    "apply_event",
     "make_index",
 ]

@@ -1,12 +1,14 @@
 """The block index: which instances hold which block hashes, in which tier.
 
-Backends (memory, redis) implement `BlockIndex`; `apply_event` maps a KV event onto it.
+Backends (memory, redis) implement `BlockIndex`. Both also offer unordered `add` and
+`remove`, for tools and tests that build an index by hand; the router only uses the
+ordered writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Protocol, Sequence
+from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
 from router.protocol import TIERS, KVEvent
 
@@ -38,17 +40,27 @@ class IndexUnavailable(Exception):
     """The index backend cannot be reached (e.g. Redis down); route on load alone and retry later."""
 
 
+Applied = Literal["applied", "duplicate", "gap"]
+
+
 class BlockIndex(Protocol):
-    """Block hash -> {instance: tier}. All methods are coroutines; backends may share state."""
+    """Block hash -> {instance: tier}. All methods are coroutines; backends may share state.
 
-    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        """Record that `instance` holds `blocks` in `tier`."""
+    Writes are ordered per instance by the events' (epoch, seq): `apply` takes an event only
+    if it is the next one after the instance's watermark ("applied"), drops one at or below
+    it ("duplicate": another replica, or this one, applied it already) and refuses one past
+    a hole ("gap": the caller resyncs with `replace`). Several routers may feed one index.
+    """
 
-    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        """Forget `blocks` in `tier` of `instance` (other tiers stay)."""
+    async def apply(self, event: KVEvent) -> Applied:
+        """Apply one event in (epoch, seq) order; see the class docstring for the result."""
+
+    async def replace(self, instance: str, epoch: int, seq: int, tiers: Mapping[str, Sequence[int]]) -> bool:
+        """Make a snapshot at (epoch, seq) the instance's entries, atomically for readers; False
+        (and no change) when the index already holds that position or a later one."""
 
     async def clear(self, instance: str) -> None:
-        """Forget everything `instance` holds; costs its own blocks, never a scan of all."""
+        """Forget the instance (its id is gone); costs its own blocks, never a scan of all."""
 
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per instance holding blocks[0], its consecutive cached prefix of `blocks`."""
@@ -56,11 +68,5 @@ class BlockIndex(Protocol):
     async def size(self) -> int:
         """Number of (block, instance) entries."""
 
-
-async def apply_event(index: BlockIndex, event: KVEvent) -> None:
-    if event.type == "stored":
-        await index.add(event.instance, event.tier, event.blocks)
-    elif event.type == "removed":
-        await index.remove(event.instance, event.tier, event.blocks)
-    else:
-        await index.clear(event.instance)
+    async def maintain(self, alive: Iterable[str], ttl_s: float) -> None:
+        """Mark `alive` as seen now; forget instances no router has seen for `ttl_s`."""

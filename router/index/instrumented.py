@@ -1,6 +1,6 @@
 """Metrics for any `BlockIndex`, added by wrapping it (backends record nothing themselves).
 
-    kvroute_index_operations_total{op, backend}   calls, by op (add, remove, clear, lookup, size)
+    kvroute_index_operations_total{op, backend}   calls, by op (apply, replace, clear, lookup, size, ...)
     kvroute_index_errors_total{op, backend}       calls that raised
     kvroute_index_lookup_seconds{backend}         lookup latency
     kvroute_index_lookup_blocks{backend}          chain length of each lookup
@@ -9,11 +9,12 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from router.index.base import BlockIndex, PrefixMatch
+from router.index.base import Applied, BlockIndex, PrefixMatch
+from router.protocol import KVEvent
 
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 CHAIN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -49,14 +50,23 @@ class InstrumentedIndex:
             self._errors.labels(op, self.backend).inc()
             raise
 
+    async def apply(self, event: KVEvent) -> Applied:
+        return await self._run("apply", self.inner.apply(event))
+
+    async def replace(self, instance: str, epoch: int, seq: int, tiers: Mapping[str, Sequence[int]]) -> bool:
+        return await self._run("replace", self.inner.replace(instance, epoch, seq, tiers))
+
+    async def clear(self, instance: str) -> None:
+        await self._run("clear", self.inner.clear(instance))
+
+    async def maintain(self, alive: Iterable[str], ttl_s: float) -> None:
+        await self._run("maintain", self.inner.maintain(alive, ttl_s))
+
     async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
         await self._run("add", self.inner.add(instance, tier, blocks))
 
     async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
         await self._run("remove", self.inner.remove(instance, tier, blocks))
-
-    async def clear(self, instance: str) -> None:
-        await self._run("clear", self.inner.clear(instance))
 
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         self._chain.labels(self.backend).observe(len(blocks))

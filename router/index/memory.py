@@ -4,8 +4,10 @@ Layout:
     _holders: block hash -> {instance: tier bitmask}   (bit i set: held in TIERS[i])
     _held:    instance -> set of its block hashes        (so `clear` costs its own blocks)
 
-The `*_sync` methods do the work; the async `BlockIndex` methods delegate to them, so
-the cluster simulator (synchronous, virtual clock) and the router share one code path.
+The `*_sync` methods do the work, unordered; the async `BlockIndex` methods add the
+per-instance (epoch, seq) ordering and lifetime that router/index/base.py describes and
+delegate to them, so the cluster simulator (synchronous, virtual clock, events in order)
+and the router share one code path.
 
 `lookup_sync` walks the chain in runs: consecutive blocks whose holder maps are equal
 (a C-level dict comparison) leave every surviving instance's tier unchanged, so the
@@ -15,10 +17,11 @@ soon as no instance holds the next block.
 
 from __future__ import annotations
 
-from typing import Sequence
+import time
+from typing import Iterable, Mapping, Sequence
 
-from router.index.base import TIER_RANK, PrefixMatch
-from router.protocol import TIERS
+from router.index.base import TIER_RANK, Applied, PrefixMatch
+from router.protocol import TIERS, KVEvent
 
 # BEST_TIER[mask] = index into TIERS of the best (lowest) tier set in mask; mask 0 unused.
 BEST_TIER = tuple(
@@ -46,6 +49,8 @@ class MemoryIndex:
         self._holders: dict[int, dict[str, int]] = {}
         self._held: dict[str, set[int]] = {}
         self._entries = 0
+        self._position: dict[str, tuple[int, int]] = {}  # instance -> (epoch, seq) applied
+        self._seen: dict[str, float] = {}  # instance -> last time a router saw it alive
 
     def apply_sync(self, instance: str, kind: str, blocks, tier: str = "device") -> None:
         """One engine event ("stored", "removed" or "cleared") applied without a KVEvent object."""
@@ -138,14 +143,52 @@ class MemoryIndex:
     def size_sync(self) -> int:
         return self._entries
 
-    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        self.add_sync(instance, tier, blocks)
+    # -- the ordered BlockIndex protocol ------------------------------------------
 
-    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        self.remove_sync(instance, tier, blocks)
+    async def apply(self, event: KVEvent) -> Applied:
+        position = self._position.get(event.instance)
+        if position is None:
+            return "gap"
+        if (event.epoch, event.seq) <= position:
+            return "duplicate"
+        if event.epoch != position[0] or event.seq != position[1] + 1:
+            return "gap"
+        self._position[event.instance] = (event.epoch, event.seq)
+        self._seen[event.instance] = time.time()
+        self.apply_sync(event.instance, event.type, event.blocks, event.tier)
+        return "applied"
+
+    async def replace(self, instance: str, epoch: int, seq: int, tiers: Mapping[str, Sequence[int]]) -> bool:
+        position = self._position.get(instance)
+        if position is not None and (epoch, seq) <= position:
+            return False
+        self.clear_sync(instance)
+        for tier, blocks in tiers.items():
+            self.add_sync(instance, tier, blocks)
+        self._position[instance] = (epoch, seq)
+        self._seen[instance] = time.time()
+        return True
 
     async def clear(self, instance: str) -> None:
         self.clear_sync(instance)
+        self._position.pop(instance, None)
+        self._seen.pop(instance, None)
+
+    async def maintain(self, alive: Iterable[str], ttl_s: float) -> None:
+        now = time.time()
+        for instance in alive:
+            self._seen[instance] = now
+        for instance in [i for i, t in self._seen.items() if t < now - ttl_s]:
+            await self.clear(instance)
+
+    # -- unordered writes (tools and tests), reads ------------------------------------
+
+    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        self.add_sync(instance, tier, blocks)
+        self._seen.setdefault(instance, time.time())
+
+    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        self.remove_sync(instance, tier, blocks)
 
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         return self.lookup_sync(blocks)

@@ -1,130 +1,53 @@
 """The Redis block index: plain data types, shared by every router pointed at one Redis.
 
-Keys (hashes are decimal strings of the unsigned 64-bit block hash):
-    {prefix}b:{hash}      HASH  instance -> tier bitmask (decimal; bit i set: held in TIERS[i])
-    {prefix}i:{instance}  SET   the block hashes the instance holds (so `clear` costs its own blocks)
-    {prefix}n             STRING  number of (block, instance) entries, for `size`
+Keys (hashes are decimal strings of the unsigned 64-bit block hash; `inst@gen` names one
+generation of an instance's entries):
+    {prefix}b:{hash}          HASH  inst@gen -> tier bitmask (decimal; bit i set: held in TIERS[i])
+    {prefix}i:{inst}@{gen}    SET   the block hashes of that generation (clear and GC cost its own blocks)
+    {prefix}g:{inst}          HASH  gen (the current generation), epoch, seq, part, done: the watermark
+    {prefix}gen               STRING  generation counter (generations are never reused)
+    {prefix}live              ZSET  inst -> last time a router saw it alive
+    {prefix}staging           ZSET  inst@gen being filled by a resync -> when it began
+    {prefix}dead              SET   inst@gen generations left for garbage collection
 
-Every write is one Lua script (atomic: a block's HASH field and the instance's SET never
-disagree, and removing one tier keeps the others). `lookup` of a whole chain is one
-EVALSHA round trip: the script walks the chain with one HGETALL per block (a linear
-read of a small listpack hash, 2-3x faster than HMGET of the surviving instances),
-counts each surviving instance's block under its best tier, and stops when none is left.
+Ordering. Several routers write the same events. Each write carries the event's
+(epoch, seq) and, for a long block list split into chunks, its part; the script applies
+it only if it is the next one after the instance's watermark, drops it as a duplicate
+if at or below, and answers "gap" otherwise (that writer resyncs). So a lagging
+replica's `stored` can never land after another's `removed`.
 
-Scripts build key names from the prefix server-side, so this targets a standalone Redis
-(or one shard), not Redis Cluster. Any `redis.exceptions.RedisError` (connection refused,
-timeout, server loading, ...) is raised as `router.index.base.IndexUnavailable`; the client
-reconnects on the next call, so a router can route on load alone and recover.
+Resync is a generation swap: the snapshot is written into a fresh generation, which
+lookups ignore, then one script makes it current, unless the watermark has moved past
+the snapshot meanwhile (another replica kept the index current: the staged copy is
+dropped). Lookups only count fields of current generations; old ones are deleted in
+the background, a bounded chunk at a time (`maintain`).
+
+Lifetime. Every router refreshes the last-seen time of the instances it can reach;
+an instance that no router has seen for `ttl_s` is forgotten by whichever router
+notices first. One replica losing sight of an engine never clears it for the others.
+
+`lookup` of a whole chain is one EVALSHA round trip (one HGETALL per block). Scripts
+build key names from the prefix server-side, so this targets a standalone Redis (or
+one shard), not Redis Cluster. Any `redis.exceptions.RedisError` is raised as
+`router.index.base.IndexUnavailable`; the client reconnects on the next call.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import time
+from typing import Iterable, Mapping, Sequence
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
-from router.index.base import IndexUnavailable, PrefixMatch
+from router.index import redis_scripts as lua
+from router.index.base import Applied, IndexUnavailable, PrefixMatch
 from router.index.memory import tier_bit, to_match
-from router.protocol import TIERS
-
-ADD_LUA = """
-local prefix, inst, tb = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local set, added = prefix .. 'i:' .. inst, 0
-for i = 4, #ARGV do
-  local key = prefix .. 'b:' .. ARGV[i]
-  local m = redis.call('HGET', key, inst)
-  if not m then
-    redis.call('HSET', key, inst, tb)
-    if redis.call('SADD', set, ARGV[i]) == 1 then added = added + 1 end
-  elseif bit.band(tonumber(m), tb) == 0 then
-    redis.call('HSET', key, inst, bit.bor(tonumber(m), tb))
-  end
-end
-if added > 0 then redis.call('INCRBY', prefix .. 'n', added) end
-return added
-"""
-
-REMOVE_LUA = """
-local prefix, inst, tb = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local set, removed = prefix .. 'i:' .. inst, 0
-for i = 4, #ARGV do
-  local key = prefix .. 'b:' .. ARGV[i]
-  local m = redis.call('HGET', key, inst)
-  if m and bit.band(tonumber(m), tb) ~= 0 then
-    local rest = bit.band(tonumber(m), bit.bnot(tb))
-    if rest == 0 then
-      redis.call('HDEL', key, inst)
-      if redis.call('SREM', set, ARGV[i]) == 1 then removed = removed + 1 end
-    else
-      redis.call('HSET', key, inst, rest)
-    end
-  end
-end
-if removed > 0 then redis.call('DECRBY', prefix .. 'n', removed) end
-return removed
-"""
-
-# Pops up to ARGV[3] of the instance's blocks; the client repeats until it returns 0 left.
-CLEAR_LUA = """
-local prefix, inst, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local set = prefix .. 'i:' .. inst
-local popped = redis.call('SPOP', set, count)
-for _, h in ipairs(popped) do redis.call('HDEL', prefix .. 'b:' .. h, inst) end
-if #popped > 0 then redis.call('DECRBY', prefix .. 'n', #popped) end
-return redis.call('SCARD', set)
-"""
-
-# Returns a flat array: instance, blocks in TIERS[0], TIERS[1], TIERS[2], instance, ...
-# (three tiers, masks 1..7, are assumed here and in the write scripts.)
-LOOKUP_LUA = """
-local call, prefix = redis.call, ARGV[1] .. 'b:'
-local best = {['1'] = 1, ['2'] = 2, ['3'] = 1, ['4'] = 3, ['5'] = 1, ['6'] = 2, ['7'] = 1}
-local first = call('HGETALL', prefix .. ARGV[2])
-if #first == 0 then return {} end
-local names, alive, counts, mark, nalive = {}, {}, {}, {}, 0
-for i = 1, #first, 2 do
-  nalive = nalive + 1
-  names[nalive], alive[first[i]], mark[nalive] = first[i], nalive, 2
-  local base = (nalive - 1) * 3
-  counts[base + 1], counts[base + 2], counts[base + 3] = 0, 0, 0
-  local k = base + best[first[i + 1]]
-  counts[k] = 1
-end
-for a = 3, #ARGV do
-  local flat = call('HGETALL', prefix .. ARGV[a])
-  local seen = 0
-  for i = 1, #flat, 2 do
-    local j = alive[flat[i]]
-    if j then
-      local k = (j - 1) * 3 + best[flat[i + 1]]
-      counts[k] = counts[k] + 1
-      mark[j] = a
-      seen = seen + 1
-    end
-  end
-  if seen < nalive then
-    if seen == 0 then break end
-    for name, j in pairs(alive) do
-      if mark[j] ~= a then alive[name] = nil end
-    end
-    nalive = seen
-  end
-end
-local out = {}
-for j = 1, #names do
-  local base = (j - 1) * 3
-  out[#out + 1] = names[j]
-  out[#out + 1] = counts[base + 1]
-  out[#out + 1] = counts[base + 2]
-  out[#out + 1] = counts[base + 3]
-end
-return out
-"""
+from router.protocol import TIERS, KVEvent
 
 WRITE_CHUNK = 4096  # blocks per write script: bounds how long one script blocks Redis
+GC_CHUNK = 4096
+_RESULT = {1: "applied", 0: "duplicate", -1: "gap", -2: "gap"}
 
 
 class RedisIndex:
@@ -132,57 +55,85 @@ class RedisIndex:
 
     name = "redis"
 
-    def __init__(self, url: str, prefix: str = "kvroute:idx:", timeout: float = 1.0) -> None:
+    def __init__(self, url: str, prefix: str = "kvroute:idx:", timeout: float = 0.25) -> None:
         if not url:
             raise ValueError("the redis index needs a Redis URL (e.g. --redis redis://127.0.0.1:6379/0)")
         if timeout <= 0:
             raise ValueError(f"the redis index timeout must be positive seconds, got {timeout}")
         self.prefix = prefix
-        self._redis = aioredis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), retries=1),
-        )
-        self._add = self._redis.register_script(ADD_LUA)
-        self._remove = self._redis.register_script(REMOVE_LUA)
-        self._clear = self._redis.register_script(CLEAR_LUA)
-        self._lookup = self._redis.register_script(LOOKUP_LUA)
+        self._redis = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout,
+                                              socket_connect_timeout=timeout, retry_on_timeout=False)
+        self._scripts = {name: self._redis.register_script(getattr(lua, name))
+                         for name in ("APPLY", "STAGE_BEGIN", "STAGE_ADD", "STAGE_COMMIT", "CLEAR", "KEEPALIVE",
+                                      "GC", "SIZE", "LOOKUP")}
 
-    async def _call(self, script, *args):
+    async def _call(self, script: str, *args):
         try:
-            return await script(args=(self.prefix, *args))
+            return await self._scripts[script](args=(self.prefix, *args))
         except RedisError as e:
-            raise IndexUnavailable(f"redis index unavailable: {e}") from e
+            raise IndexUnavailable(f"redis index unavailable: {type(e).__name__}: {e}") from e
 
-    async def _write(self, script, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        bit = tier_bit(tier)
-        for i in range(0, len(blocks), WRITE_CHUNK):
-            await self._call(script, instance, bit, *blocks[i : i + WRITE_CHUNK])
+    # -- ordered writes (what the router uses) ------------------------------------
 
-    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        await self._write(self._add, instance, tier, blocks)
+    async def apply(self, event: KVEvent) -> Applied:
+        bit = tier_bit(event.tier)
+        blocks = event.blocks if event.type != "cleared" else ()
+        chunks = [blocks[i : i + WRITE_CHUNK] for i in range(0, len(blocks), WRITE_CHUNK)] or [()]
+        results = []
+        for part, chunk in enumerate(chunks):
+            last = "1" if part == len(chunks) - 1 else "0"
+            code = await self._call("APPLY", event.instance, event.epoch, event.seq, part, last, "1", event.type,
+                                    bit, time.time(), *chunk)
+            results.append(_RESULT[int(code)])
+            if results[-1] == "gap":
+                return "gap"
+        return "applied" if "applied" in results else "duplicate"
 
-    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        await self._write(self._remove, instance, tier, blocks)
+    async def replace(self, instance: str, epoch: int, seq: int, tiers: Mapping[str, Sequence[int]]) -> bool:
+        gen = int(await self._call("STAGE_BEGIN", instance, epoch, seq, time.time()))
+        if not gen:
+            return False
+        for tier, blocks in tiers.items():
+            bit = tier_bit(tier)
+            for i in range(0, len(blocks), WRITE_CHUNK):
+                await self._call("STAGE_ADD", instance, gen, bit, *blocks[i : i + WRITE_CHUNK])
+        return bool(int(await self._call("STAGE_COMMIT", instance, gen, epoch, seq, time.time())))
 
     async def clear(self, instance: str) -> None:
-        while await self._call(self._clear, instance, WRITE_CHUNK):
-            pass
+        await self._call("CLEAR", instance)
+
+    async def maintain(self, alive: Iterable[str], ttl_s: float, budget: int = 16) -> None:
+        """Refresh `alive`, forget instances nobody saw for `ttl_s`, delete some garbage."""
+        now = time.time()
+        await self._call("KEEPALIVE", now, now - ttl_s, *alive)
+        for _ in range(budget):
+            if not int(await self._call("GC", GC_CHUNK)):
+                break
+
+    # -- unordered writes (tools and tests that build an index by hand) ------------
+
+    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self._unordered(instance, "stored", tier, blocks)
+
+    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self._unordered(instance, "removed", tier, blocks)
+
+    async def _unordered(self, instance: str, kind: str, tier: str, blocks: Sequence[int]) -> None:
+        bit = tier_bit(tier)
+        for i in range(0, len(blocks), WRITE_CHUNK):
+            await self._call("APPLY", instance, 0, 0, 0, "1", "0", kind, bit, time.time(), *blocks[i : i + WRITE_CHUNK])
+
+    # -- reads --------------------------------------------------------------------
 
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         if not blocks:
             return {}
-        flat = await self._call(self._lookup, *blocks)
+        flat = await self._call("LOOKUP", *blocks)
         width = 1 + len(TIERS)
         return {flat[i]: to_match(flat[i + 1 : i + width]) for i in range(0, len(flat), width)}
 
     async def size(self) -> int:
-        try:
-            return int(await self._redis.get(self.prefix + "n") or 0)
-        except RedisError as e:
-            raise IndexUnavailable(f"redis index unavailable: {e}") from e
+        return int(await self._call("SIZE"))
 
     async def close(self) -> None:
         await self._redis.aclose()
