@@ -222,3 +222,29 @@ async def test_redis_down_keeps_serving_on_load(start_engine, start_router, http
             assert 'kvroute_router_errors_total{kind="index"}' in await r.text()
     finally:
         server_redis.stop()
+
+
+@pytest.mark.parametrize("index", ["memory", "redis"])
+async def test_engine_back_under_a_new_id_clears_the_old_one(start_engine, start_router, http, redis_url, index):
+    e_url, e = await start_engine(time_scale=FAST, instance_id="pod-a")
+    url, server = await start_router([e_url], index=index, redis=redis_url, index_ttl_s=3600)
+    cl = server.app[CLUSTER]
+    await wait_for(lambda: cl.instances[0].routable and not cl.instances[0].needs_resync)
+    await complete(http, url, prompt(30))
+    hashes = prompt_hashes(prompt(30))
+    for _ in range(40):
+        if "pod-a" in await cl.index.lookup(hashes):
+            break
+        await asyncio.sleep(0.05)
+    assert "pod-a" in await cl.index.lookup(hashes)
+    port = int(e_url.rsplit(":", 1)[1])
+    await e.close()
+    await start_engine(port=port, instance_id="pod-b", time_scale=FAST)  # a restarted pod, a new name
+    assert await wait_for(lambda: cl.instances[0].id == "pod-b" and cl.instances[0].routable, timeout=10)
+    assert "pod-a" not in await cl.index.lookup(hashes)
+    await complete(http, url, prompt(30))
+    for _ in range(40):
+        if "pod-b" in await cl.index.lookup(hashes):
+            break
+        await asyncio.sleep(0.05)
+    assert set(await cl.index.lookup(hashes)) == {"pod-b"}
