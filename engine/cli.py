@@ -42,6 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared secret for prefill/decode transfer grants and handles (default: $KVROUTE_KV_SECRET)")
     p.add_argument("--kv-peers", type=lambda v: tuple(h.strip() for h in v.split(",") if h.strip()), default=(),
                    help="comma-separated hosts/IPs trusted for unsigned KV transfers (default: none)")
+    p.add_argument("--registry", default=d.registry,
+                   help="register in this Redis fleet registry (redis://...) so routers find this engine")
+    p.add_argument("--advertise-url", default=d.advertise_url,
+                   help="URL routers use to reach this engine (default: http://<host>:<port>)")
+    p.add_argument("--registry-refresh-s", type=float, default=d.registry_refresh_s,
+                   help="seconds between registry refreshes")
+    p.add_argument("--registry-ttl-s", type=float, default=d.registry_ttl_s,
+                   help="an engine that stops refreshing lapses from the registry after this long")
+    p.add_argument("--admin-key", default=d.admin_key,
+                   help="require 'Authorization: Bearer KEY' on /admin/drain and /admin/role (off without it)")
+    p.add_argument("--drain-timeout-s", type=float, default=d.drain_timeout_s,
+                   help="on SIGTERM or /admin/drain: seconds running requests get to finish")
     p.add_argument("--stall-timeout-s", type=float, default=d.stall_timeout_s,
                    help="/health answers 503 once one model step has run this long (a hung engine)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
@@ -78,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kvroute engine: {e}", file=sys.stderr)
         return 2
-    from engine.server import create_app
+    from engine.server import DRAIN, create_app
     from router.serve import run_app
 
-    return run_app(create_app(config), config.host, config.port)
+    app = create_app(config)
+    return run_app(app, config.host, config.port, on_sigterm=lambda: app[DRAIN].start("SIGTERM"))
 
 
 if __name__ == "__main__":

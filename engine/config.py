@@ -37,6 +37,12 @@ class EngineConfig:
     kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/sim.py LINKS)
     kv_secret: str | None = None  # signs/verifies transfer grants and handles; default $KVROUTE_KV_SECRET
     kv_peers: tuple[str, ...] = ()  # hosts/IPs trusted for unsigned transfers (router/kv_auth.py)
+    registry: str | None = None  # redis:// URL of the fleet registry (router/registry_record.py)
+    advertise_url: str | None = None  # where routers reach this engine; default http://<host>:<port>
+    registry_refresh_s: float = 1.0
+    registry_ttl_s: float = 3.0
+    admin_key: str | None = None  # guards /admin/* (drain, role); without one they are off
+    drain_timeout_s: float = 30.0  # how long a drain lets running requests finish
     stall_timeout_s: float = 60.0  # /health answers 503 when a step has run this long with work waiting
     max_body_bytes: int = 0  # 0 = from the context: 32 bytes per token, at least 1 MiB (router/limits.py)
     max_prompt_chars: int = 0  # 0 = 8 characters per token of context, checked before tokenizing
@@ -62,6 +68,14 @@ class EngineConfig:
             raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.kv_pin_ttl_s <= 0 or self.kv_admit_timeout_s <= 0:
             raise ValueError("--kv-pin-ttl-s and --kv-admit-timeout-s must be positive")
+        if not 0 < self.registry_refresh_s < self.registry_ttl_s:
+            raise ValueError("--registry-refresh-s must be positive and shorter than --registry-ttl-s")
+        if self.drain_timeout_s < 0:
+            raise ValueError("--drain-timeout-s must be >= 0")
+        if self.advertise_url and not self.advertise_url.startswith(("http://", "https://")):
+            raise ValueError(f"--advertise-url must be an http(s) URL, got {self.advertise_url!r}")
+        if self.registry and not self.registry.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"--registry must be a redis:// URL, got {self.registry!r}")
         if self.stall_timeout_s <= 0:
             raise ValueError("--stall-timeout-s must be positive")
         if self.time_scale <= 0:
@@ -70,6 +84,13 @@ class EngineConfig:
             raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+
+    @property
+    def advertise(self) -> str:
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def instance(self) -> str:

@@ -60,6 +60,13 @@ class RedisEventPublisher:
                 pass
         await self.client.aclose()
 
+    async def flush(self, timeout_s: float = 2.0) -> None:
+        """Wait (bounded) until every queued event is in the stream: a draining engine's last words."""
+        for _ in range(int(timeout_s / 0.05)):
+            if not self.queue:
+                return
+            await asyncio.sleep(0.05)
+
     async def _run(self) -> None:
         backoff = 0.1
         while True:

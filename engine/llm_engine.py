@@ -72,14 +72,15 @@ class LLMEngine:
         self.auth = KVAuth(secret_from(config.kv_secret), config.kv_peers, config.instance)
         self.remote: RemotePrefill | None = None  # set by start_remote (decode-capable roles)
         self.last_progress = time.monotonic()  # a step ended, or the loop went idle
+        self.role = config.role  # changes at run time (POST /admin/role); running requests keep theirs
+        self.draining = False  # set by a drain: no new requests
 
     # -- lifecycle ----------------------------------------------------------------
 
-    async def start(self, local_info: dict | None = None) -> None:
+    async def start(self, local_info: dict) -> None:
         self.events.append("cleared", [])
-        if local_info is not None:
-            self.remote = RemotePrefill(self, local_info)
-            await self.remote.start()
+        self.remote = RemotePrefill(self, local_info)  # any role may become decode-capable at run time
+        await self.remote.start()
         self._task = asyncio.create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:
@@ -179,6 +180,8 @@ class LLMEngine:
             kv_total_blocks=self.block_manager.num_blocks,
             queued_prefill_tokens=self.scheduler.queued_prefill_tokens,
             ts=time.time(),
+            state="draining" if self.draining else "ready",
+            role=self.role,
         )
 
     # -- the loop -----------------------------------------------------------------

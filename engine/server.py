@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -9,9 +10,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.config import EngineConfig
+from engine.admin import handle_drain, handle_role
+from engine.drain import Drain
 from engine.event_publisher import RedisEventPublisher
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
+from engine.registration import Registration
 from engine.runners import RUNNERS
 from engine.serving import CompletionService
 from engine.transfer_api import handle_transfer
@@ -19,12 +23,16 @@ from router.errors import BadRequest
 from router.http import error_middleware, json_response, read_json
 from router.openai_request import parse_request
 from router.protocol import hash_seed
+from router.registry_record import EngineRecord
+from router.serve import SHUTDOWN
 from router.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 CONFIG = web.AppKey("config", EngineConfig)
 ENGINE = web.AppKey("engine", LLMEngine)
+DRAIN = web.AppKey("drain", Drain)
+REGISTRATION = web.AppKey("registration", Registration)
 SERVICE = web.AppKey("service", CompletionService)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 METRICS = web.AppKey("metrics", EngineMetrics)
@@ -47,7 +55,8 @@ async def _engine_ctx(app: web.Application):
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
     app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
     app[SERVICE] = CompletionService(engine, tokenizer, name)
-    await engine.start(kv_info(app) if config.role in ("decode", "both") else None)
+    await engine.start(kv_info(app))
+    app[DRAIN] = Drain(engine, config.drain_timeout_s, app[SHUTDOWN])
     log.info("engine %s ready: backend=%s model=%s blocks=%d x %d", config.instance, config.backend, name,
              config.num_blocks, config.block_size)
     yield
@@ -58,8 +67,27 @@ async def _engine_ctx(app: web.Application):
 async def _redis_ctx(app: web.Application):
     publisher = RedisEventPublisher(app[CONFIG].redis, app[ENGINE])
     await publisher.start()
+    app[DRAIN].flush = publisher.flush
     yield
     await publisher.stop()
+
+
+async def _registry_ctx(app: web.Application):
+    config = app[CONFIG]
+    registration = Registration(config.registry, lambda: registry_record(app), config.registry_refresh_s,
+                                config.registry_ttl_s)
+    await registration.start()
+    app[REGISTRATION] = registration
+    app[DRAIN].deregister = registration.leave
+    log.info("registered as %s at %s in %s", config.instance, registry_record(app).url, config.registry)
+    yield
+    await registration.stop()
+
+
+def registry_record(app: web.Application) -> EngineRecord:
+    config, engine = app[CONFIG], app[ENGINE]
+    return EngineRecord(config.instance, config.advertise, engine.role, model_name(app), config.cluster,
+                        engine.events.epoch, "draining" if engine.draining else "ready")
 
 
 def kv_info(app: web.Application) -> dict:
@@ -73,7 +101,8 @@ def kv_info(app: web.Application) -> dict:
         "hash_seed": hash_seed(model_name(app)),
         "hash_algo": "xxh3_64-chained-u32le",
         "tokenizer": tok.fingerprint,
-        "role": config.role,
+        "role": engine.role,
+        "state": "draining" if engine.draining else "ready",
         "backend": config.backend,
         "num_blocks": config.num_blocks,
         "max_model_len": info.max_model_len,
@@ -102,8 +131,12 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    """503 while the step loop is stuck (a hung model step): routers stop sending at once."""
-    config, stalled = request.app[CONFIG], request.app[ENGINE].stalled_for()
+    """503 while draining or while the step loop is stuck (a hung model step): routers stop sending."""
+    config, engine = request.app[CONFIG], request.app[ENGINE]
+    if engine.draining:
+        return json_response({"status": "draining", "instance_id": config.instance,
+                              "running": len(engine.requests)}, status=503)
+    stalled = engine.stalled_for()
     if stalled > config.stall_timeout_s:
         return json_response({"status": "stalled", "instance_id": config.instance,
                               "stalled_s": round(stalled, 1)}, status=503)
@@ -187,7 +220,8 @@ async def handle_get_model_info(request: web.Request) -> web.Response:
 async def handle_get_server_info(request: web.Request) -> web.Response:
     import dataclasses
 
-    info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items() if k not in ("redis", "kv_secret")}
+    info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items()
+            if k not in ("redis", "registry", "kv_secret", "admin_key")}
     info.update(kv_info(request.app), version="kvroute-0.1.0")
     return json_response(info)
 
@@ -201,9 +235,12 @@ async def handle_get_load(request: web.Request) -> web.Response:
 def create_app(config: EngineConfig) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=1 << 40)  # bodies go through read_body
     app[CONFIG] = config
+    app[SHUTDOWN] = asyncio.Event()  # set when a drain is done: the server stops (router/serve.py)
     app.cleanup_ctx.append(_engine_ctx)
     if config.redis:
         app.cleanup_ctx.append(_redis_ctx)
+    if config.registry:
+        app.cleanup_ctx.append(_registry_ctx)
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", handle_models)
@@ -218,4 +255,6 @@ def create_app(config: EngineConfig) -> web.Application:
     app.router.add_get("/get_model_info", handle_get_model_info)
     app.router.add_get("/get_server_info", handle_get_server_info)
     app.router.add_get("/get_load", handle_get_load)
+    app.router.add_post("/admin/drain", handle_drain)
+    app.router.add_post("/admin/role", handle_role)
     return app

@@ -13,7 +13,7 @@ from engine.llm_engine import LLMEngine, Output, RequestHandle
 from engine.openai_format import ResponseFormat, usage
 from engine.output import OutputProcessor
 from engine.work import SamplingParams
-from router.errors import BadRequest, ContextTooLong, Forbidden, KVRouteError, NotFound
+from router.errors import BadRequest, ContextTooLong, Forbidden, KVRouteError, NotFound, Overloaded
 from router.http import SSE_DONE, json_response, parse_json, read_body, sse_error, sse_line, write_client
 from router.limits import Limits, check_prompt_chars, check_token_ids
 from router.openai_request import CompletionRequest, parse_request
@@ -78,6 +78,9 @@ class CompletionService:
                               ignore_eos=req.ignore_eos, stop=req.stop)
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if self.engine.draining:
+            raise Overloaded("this engine is draining and takes no new requests; retry on another instance",
+                             retry_after=1, code="draining")
         req = parse_request(parse_json(await read_body(request, self.limits.max_body_bytes)), kind)
         self.check_model(req.model)
         kv = req.kv_transfer_params or {}
@@ -133,7 +136,7 @@ class CompletionService:
                          param="kv_transfer_params")
 
     def _check_role(self, roles: tuple[str, ...], what: str) -> None:
-        role = self.engine.config.role
+        role = self.engine.role
         if role not in roles:
             raise BadRequest(f"kv_transfer_params.{what} needs an engine of role {' or '.join(roles)}; "
                              f"this one is {role!r}", param="kv_transfer_params")

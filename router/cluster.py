@@ -27,7 +27,7 @@ class Cluster:
         self.index = index
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.metrics = metrics
-        self.instances = [Instance(url) for url in config.engines]
+        self.instances = [Instance(url) for url in config.engines]  # grows and shrinks at run time
         self.session: aiohttp.ClientSession | None = None
         # model -> the block size most of its engines use; recomputed when an engine is discovered,
         # so the per-request path reads a dict instead of scanning the instances.
@@ -40,10 +40,51 @@ class Cluster:
     def by_id(self, instance_id: str) -> Instance | None:
         return next((i for i in self.instances if i.id == instance_id), None)
 
+    def by_url(self, url: str) -> Instance | None:
+        url = url.rstrip("/")
+        return next((i for i in self.instances if i.url == url), None)
+
+    # -- membership (static --engine, the registry, the admin API) ---------------------
+
+    def add(self, url: str, source: str) -> tuple[Instance, bool]:
+        """The instance at `url` (created if new: (instance, True)); `source` now vouches for it."""
+        inst = self.by_url(url)
+        if inst is not None:
+            inst.sources.add(source)
+            return inst, False
+        inst = Instance(url, source)
+        self.instances.append(inst)
+        log.info("engine %s added (%s)", inst.url, source)
+        return inst, True
+
+    async def remove(self, inst: Instance, source: str | None = None, forget: bool = False) -> None:
+        """`source` (None: every source) no longer vouches for `inst`; with none left it leaves
+        the fleet at once (requests in flight there finish). `forget`: its index entries go too
+        (its registration lapsed or it left: the fleet-wide truth, not one router's view)."""
+        inst.sources = set() if source is None else inst.sources - {source}
+        if inst.sources:
+            return
+        if inst in self.instances:
+            self.instances.remove(inst)
+        inst.removed = True
+        log.warning("engine %s (%s) removed from the fleet", inst.id, inst.url)
+        for gauge in (self.metrics.healthy, self.metrics.mismatch):
+            try:
+                gauge.remove(inst.id)
+            except KeyError:
+                pass
+        self.check_compatibility()
+        if forget:
+            try:
+                await self.index.clear(inst.id)
+            except IndexUnavailable as e:
+                log.warning("could not clear %s from the index (%s); it expires after --index-ttl-s", inst.id, e)
+
     def models(self) -> list[str]:
         return sorted(self.block_sizes)
 
     def routable(self, model: str | None, roles: Sequence[str] | None = None) -> list[Instance]:
+        """Healthy instances (of `model` and `roles`, if given) that take new requests."""
         return [i for i in self.instances if i.routable and (model is None or i.info.model == model)
                 and (roles is None or i.info.role in roles)]
 
@@ -133,7 +174,7 @@ class Cluster:
 
     async def health_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self.probe(inst) for inst in self.instances))
+            await asyncio.gather(*(self.probe(inst) for inst in list(self.instances)))
             await asyncio.sleep(self.config.health_interval_s)
 
     async def probe(self, inst: Instance) -> None:
@@ -141,7 +182,7 @@ class Cluster:
             if inst.info is None:
                 await self.discover(inst)
                 return
-            await self._get_json(inst, "/health")
+            await self._check_health(inst)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             self.report_failure(inst, f"health check failed: {e!r}")
         else:
@@ -151,6 +192,19 @@ class Cluster:
         finally:
             self._forget_if_gone(inst)
             self.metrics.healthy.labels(inst.id).set(1 if inst.routable else 0)
+
+    async def _check_health(self, inst: Instance) -> None:
+        """GET /health: 200, or 503 from a draining engine (reachable, but takes no new requests)."""
+        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s)
+        async with self.session.get(inst.url + "/health", timeout=timeout) as r:
+            body = await r.json(content_type=None) if r.content_type == "application/json" else {}
+            draining = r.status == 503 and isinstance(body, dict) and body.get("status") == "draining"
+            if r.status != 200 and not draining:
+                raise ValueError(f"GET /health answered HTTP {r.status}")
+        if draining != inst.draining:
+            log.warning("instance %s %s", inst.id, "is draining: no new requests go there" if draining
+                        else "takes requests again")
+        inst.draining = draining
 
     def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True) -> None:
         """A failed probe, or (`request=True`) a failed request: excluded from routing at once
@@ -190,14 +244,23 @@ class Cluster:
 
     async def load_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self._poll_load(i) for i in self.instances if i.routable))
+            await asyncio.gather(*(self._poll_load(i) for i in list(self.instances)
+                                   if i.info is not None and i.healthy and i.reachable))
             await asyncio.sleep(self.config.load_interval_s)
 
     async def _poll_load(self, inst: Instance) -> None:
         try:
-            inst.load = LoadRecord.from_dict(await self._get_json(inst, "/load"))
+            self.observe_load(inst, LoadRecord.from_dict(await self._get_json(inst, "/load")))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             self.report_failure(inst, f"load poll failed: {e!r}")
+
+    def observe_load(self, inst: Instance, load: LoadRecord) -> None:
+        was_draining = inst.draining
+        role = inst.observe_load(load)
+        if role is not None:
+            log.warning("instance %s is now %s: regrouped", inst.id, role)
+        if inst.draining and not was_draining:
+            log.warning("instance %s is draining: no new requests go there", inst.id)
 
     async def _get_json(self, inst: Instance, path: str, **params) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + params.pop("extra_s", 0.0))

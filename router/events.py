@@ -100,17 +100,30 @@ class EventSync:
 
 
 class PollFollower:
-    """Long-polls GET /kv/events of every routable instance."""
+    """Long-polls GET /kv/events of every routable instance: one task per instance, started
+    when it joins the fleet and cancelled when it leaves."""
 
     def __init__(self, sync: EventSync) -> None:
         self.sync = sync
         self.cluster = sync.cluster
+        self.tasks: dict[Instance, asyncio.Task] = {}
 
     async def run(self) -> None:
-        await asyncio.gather(*(self._follow(inst) for inst in self.cluster.instances))
+        try:
+            while True:
+                current = set(self.cluster.instances)
+                for inst in current - self.tasks.keys():
+                    self.tasks[inst] = asyncio.create_task(self._follow(inst), name=f"events-{inst.url}")
+                for inst in self.tasks.keys() - current:
+                    self.tasks.pop(inst).cancel()
+                await asyncio.sleep(0.1)
+        finally:
+            for task in self.tasks.values():
+                task.cancel()
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
     async def _follow(self, inst: Instance) -> None:
-        while True:
+        while not inst.removed:
             if not inst.routable:
                 await asyncio.sleep(0.1)
                 continue
@@ -124,7 +137,7 @@ class PollFollower:
         data = await self.cluster._get_json(inst, "/kv/events", extra_s=timeout, **params)
         if data.get("load"):
             load = LoadRecord.from_dict(data["load"])
-            inst.load = load
+            self.cluster.observe_load(inst, load)
             self.sync.metrics.event_lag.observe(max(0.0, time.time() - load.ts))
         if data.get("resync") or data.get("epoch") != inst.epoch:
             inst.needs_resync = True
@@ -148,7 +161,7 @@ class RedisFollower:
 
         last_id = "$"
         while True:
-            for inst in self.cluster.instances:
+            for inst in list(self.cluster.instances):
                 if inst.routable and inst.needs_resync:
                     await self.sync.step(inst, _noop)
             try:
@@ -170,7 +183,7 @@ class RedisFollower:
         if inst is None or not inst.routable:
             return
         if entry.get("load"):
-            inst.load = LoadRecord.from_dict(entry["load"])
+            self.cluster.observe_load(inst, LoadRecord.from_dict(entry["load"]))
             self.sync.metrics.event_lag.observe(max(0.0, time.time() - inst.load.ts))
         events = [KVEvent.from_dict(e) for e in entry.get("events") or ()]
         await self.sync.step(inst, lambda: self.sync.apply(inst, events))

@@ -34,8 +34,11 @@ class EngineInfo:
 
 
 class Instance:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, source: str = "static") -> None:
         self.url = url.rstrip("/")
+        self.sources = {source}  # "static" (--engine), "registry", "admin": removed when none is left
+        self.draining = False  # the engine said so (/load, /health, registry): no new requests
+        self.removed = False
         self.info: EngineInfo | None = None
         self.healthy = False  # passes health checks (ejected after N failures)
         self.reachable = False  # last contact worked; a failure excludes it from scoring at once
@@ -62,7 +65,16 @@ class Instance:
 
     @property
     def routable(self) -> bool:
-        return self.info is not None and self.healthy and self.reachable
+        return self.info is not None and self.healthy and self.reachable and not self.draining
+
+    def observe_load(self, load: LoadRecord) -> str | None:
+        """Take a load record (polled or sent with events); returns the new role if it changed."""
+        self.load = load
+        self.draining = load.state == "draining"
+        if load.role and self.info is not None and load.role != self.info.role:
+            self.info = dataclasses.replace(self.info, role=load.role)
+            return load.role
+        return None
 
     @property
     def cache_ok(self) -> bool:
@@ -132,6 +144,8 @@ class Instance:
             "url": self.url,
             "healthy": self.healthy,
             "reachable": self.reachable,
+            "draining": self.draining,
+            "sources": sorted(self.sources),
             "routable": self.routable,
             "model": self.info.model if self.info else None,
             "role": self.info.role if self.info else None,

@@ -125,6 +125,8 @@ class LoadRecord:
     kv_total_blocks: int
     queued_prefill_tokens: int
     ts: float = dataclasses.field(default_factory=time.time)
+    state: str = "ready"  # "draining": taking no new requests (routers stop sending at once)
+    role: str = ""  # the engine's role now ("" from engines that do not say); routers regroup on change
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

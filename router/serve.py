@@ -6,7 +6,9 @@ import asyncio
 import dataclasses
 import logging
 import os
+import signal
 import sys
+from typing import Callable
 
 from aiohttp import web
 
@@ -35,12 +37,34 @@ def install_uvloop() -> bool:
     return True
 
 
-def run_app(app: web.Application, host: str, port: int) -> int:
+SHUTDOWN = web.AppKey("shutdown", asyncio.Event)  # an app may set it to stop its server (a finished drain)
+
+
+def run_app(app: web.Application, host: str, port: int, on_sigterm: Callable[[], None] | None = None) -> int:
+    """Serve `app` until SIGINT, SIGTERM (or `on_sigterm`'s own ending) or app[SHUTDOWN] is set."""
     install_uvloop()
     try:
-        web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, access_log=None,
-                    shutdown_timeout=5.0)
+        return asyncio.run(_serve(app, host, port, on_sigterm))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _serve(app: web.Application, host: str, port: int, on_sigterm: Callable[[], None] | None) -> int:
+    if SHUTDOWN not in app:
+        app[SHUTDOWN] = asyncio.Event()
+    stop = app[SHUTDOWN]
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
     except OSError as e:
         print(f"kvroute: cannot serve on {host}:{port}: {e}", file=sys.stderr)
+        await runner.cleanup()
         return 1
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm or stop.set)
+    log.info("serving on http://%s:%d", host, port)
+    await stop.wait()
+    await runner.cleanup()
     return 0
