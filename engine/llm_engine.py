@@ -64,7 +64,7 @@ class LLMEngine:
         )
         self.events = KVEventLog(config.instance, capacity=config.event_buffer)
         self.requests: dict[str, RequestHandle] = {}
-        self._aborts: set[str] = set()
+        self._aborts: dict[str, str] = {}  # request id -> finish reason
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.pinned = PinnedBlocks(config.kv_pin_ttl_s)
@@ -155,10 +155,11 @@ class LLMEngine:
             self._publish_events()
             self.metrics.kv_pinned.set(len(self.pinned.pinned))
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """End a request between steps; `reason` "stop" for a stop string (counted as vLLM does)."""
         handle = self.requests.get(request_id)
         if handle is not None and not handle.finished:
-            self._aborts.add(request_id)
+            self._aborts.setdefault(request_id, reason)
             self._wakeup.set()
 
     def load(self) -> LoadRecord:
@@ -189,6 +190,7 @@ class LLMEngine:
                     await self._wakeup.wait()
                 continue
             step = self.scheduler.schedule()
+            self._mark_scheduled(step)
             self._publish_events()
             if self.scheduler.dropped:
                 self._deliver(Step(self.scheduler.dropped, [0] * len(self.scheduler.dropped)), [None] * len(self.scheduler.dropped))
@@ -222,7 +224,7 @@ class LLMEngine:
                     seq.first_token_time = now
                     self.metrics.ttft.observe(now - seq.arrival)
                 else:
-                    self.metrics.itl.observe(now - seq.last_token_time)
+                    self.metrics.observe_token_gap(now - seq.last_token_time)
                 seq.last_token_time = now
                 self.metrics.generation_tokens.inc()
                 handle.queue.put_nowait(Output(token, seq.is_finished, seq.finish_reason))
@@ -245,13 +247,13 @@ class LLMEngine:
             self.remote.admit()
 
     def _apply_aborts(self) -> None:
-        deferred = set()
-        for request_id in self._aborts:
+        deferred = {}
+        for request_id, reason in self._aborts.items():
             handle = self.requests.get(request_id)
             if handle is not None and handle.seq.pulling:
-                deferred.add(request_id)  # its blocks are being written: abort once the pull ends
+                deferred[request_id] = reason  # its blocks are being written: abort once the pull ends
             elif handle is not None and not handle.finished:
-                self.scheduler.abort(handle.seq)
+                self.scheduler.abort(handle.seq, reason)
                 handle.queue.put_nowait(Output(None, True, "abort"))
                 self.metrics.aborted.inc()
                 self._retire(handle.seq)
@@ -259,7 +261,14 @@ class LLMEngine:
 
     def _retire(self, seq: Sequence) -> None:
         self.requests.pop(seq.request_id, None)
-        self.metrics.e2e.observe(time.monotonic() - seq.arrival)
+        self.metrics.observe_finished(seq, time.monotonic())
+
+    @staticmethod
+    def _mark_scheduled(step: Step) -> None:
+        now = time.monotonic()
+        for seq in step.seqs:
+            if seq.scheduled_time is None:
+                seq.scheduled_time = now
 
     def _publish_events(self) -> None:
         for kind, blocks, parent in self.block_manager.drain_events():

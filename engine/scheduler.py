@@ -76,14 +76,14 @@ class Scheduler:
         pending = sum(len(s) - s.num_computed for s in self.waiting)
         return pending + sum(len(s) - s.num_computed for s in self.running if s.is_prefilling)
 
-    def abort(self, seq: Sequence) -> None:
+    def abort(self, seq: Sequence, reason: str = "abort") -> None:
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.block_table:
             self.block_manager.free(seq)
-        self._finish(seq, "abort")
+        self._finish(seq, reason)
 
     def schedule(self) -> Step:
         step = Step([], [])

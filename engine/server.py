@@ -40,7 +40,7 @@ async def _engine_ctx(app: web.Application):
     runner = RUNNERS[config.backend](config)
     tokenizer = load_tokenizer(config.model)
     name = config.served_model_name or runner.info.model
-    metrics = EngineMetrics(name)
+    metrics = EngineMetrics(name, max_model_len=runner.info.max_model_len)
     stop_ids = frozenset(tokenizer.stop_token_ids) | (
         {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)

@@ -126,7 +126,7 @@ class CompletionService:
                 raise out.error_type(out.error)
             delta = processor.add(out.token_id) if out.token_id is not None else ""
             if processor.stopped:
-                self.engine.abort(handle.seq.request_id)
+                self.engine.abort(handle.seq.request_id, "stop")
                 yield delta + processor.finish(), "stop"
                 return
             if out.finished:
