@@ -20,7 +20,7 @@ from engine.scheduler import Scheduler, SchedulerConfig, Step
 from engine.kv_transfer import PinnedBlocks, TransferHandle
 from engine.remote_prefill import RemotePrefill
 from engine.sequence import Sequence, SeqStatus
-from engine.work import ModelRunner, SamplingParams
+from engine.work import ModelRunner, SamplingParams, TokenLogprobs
 from router.errors import KVRouteError, Overloaded, Unavailable
 from router.protocol import LoadRecord
 
@@ -34,6 +34,7 @@ class Output:
     finish_reason: str | None = None
     error: str | None = None
     error_type: type[KVRouteError] = Unavailable  # how the HTTP edge reports `error`
+    logprobs: TokenLogprobs | None = None  # when the request asked for logprobs
 
 
 class RequestHandle:
@@ -215,7 +216,8 @@ class LLMEngine:
 
     def _deliver(self, step: Step, tokens: list[int | None]) -> None:
         now = time.monotonic()
-        for seq, token in zip(step.seqs, tokens):
+        logprobs = getattr(tokens, "logprobs", None) or [None] * len(tokens)
+        for seq, token, lp in zip(step.seqs, tokens, logprobs):
             handle = self.requests.get(seq.request_id)
             if handle is None:
                 continue
@@ -227,7 +229,7 @@ class LLMEngine:
                     self.metrics.observe_token_gap(now - seq.last_token_time)
                 seq.last_token_time = now
                 self.metrics.generation_tokens.inc()
-                handle.queue.put_nowait(Output(token, seq.is_finished, seq.finish_reason))
+                handle.queue.put_nowait(Output(token, seq.is_finished, seq.finish_reason, logprobs=lp))
             elif seq.is_finished:
                 handle.queue.put_nowait(Output(None, True, seq.finish_reason))
             if seq.is_finished:
