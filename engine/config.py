@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import socket
 
+from engine.cost_model import COST_MODELS
+from engine.devices import check_device_syntax
+from engine.sim import LINKS
+
 BACKENDS = ("torch", "sim")
 ROLES = ("both", "prefill", "decode")
 
@@ -57,6 +61,11 @@ class EngineConfig:
             raise ValueError("--kv-pin-ttl-s and --kv-admit-timeout-s must be positive")
         if self.time_scale <= 0:
             raise ValueError("--time-scale must be positive")
+        if self.cost_model not in COST_MODELS:
+            raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
+        if self.kv_link not in LINKS:
+            raise ValueError(f"--kv-link must be one of {', '.join(LINKS)}, got {self.kv_link!r}")
+        check_device_syntax(self.device)
 
     @property
     def instance(self) -> str:

@@ -82,6 +82,20 @@ def _markdown(runs: Sequence[Run]) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def verdict(runs: Sequence[Run]) -> str | None:
+    """One line: the last run's TTFT p90 against the first's, and every run's cached-token share."""
+    runs = [_as_run(r) for r in runs]
+    if len(runs) < 2:
+        return None
+    base, best = runs[0], runs[-1]
+    b, c = base.summary.get("ttft_p90_s"), best.summary.get("ttft_p90_s")
+    if not b or c is None:
+        return None
+    cached = ", ".join(f"{r.name} {_cell(r.summary, 'cached_token_ratio', 100, 0, '%')}" for r in runs)
+    return (f"{best.name}'s TTFT p90 is {c / b:.2f}x {base.name}'s ({c * 1000:.0f} ms vs {b * 1000:.0f} ms); "
+            f"cached tokens: {cached}")
+
+
 def write_report(out_dir: str | pathlib.Path, runs: Sequence[Run | tuple | Mapping]) -> dict[str, pathlib.Path]:
     """Write results.json, results.md and the PNG plots under out_dir; return {file name: path}."""
     out = pathlib.Path(out_dir)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
+import socket
 import sys
 
 from aiohttp import web
@@ -13,7 +15,12 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def setup_logging(level: str) -> None:
+    if level.upper() not in LOG_LEVELS:
+        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -35,12 +42,36 @@ def install_uvloop() -> bool:
     return True
 
 
-def run_app(app: web.Application, host: str, port: int) -> int:
-    install_uvloop()
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port now, before any slow startup; OSError says why not."""
     try:
-        web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, access_log=None,
-                    shutdown_timeout=5.0)
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
     except OSError as e:
-        print(f"kvroute: cannot serve on {host}:{port}: {e}", file=sys.stderr)
+        sock.close()
+        why = "the port is in use" if e.errno == errno.EADDRINUSE else e.strerror
+        raise OSError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
+def run_app(app: web.Application, sock: socket.socket, name: str) -> int:
+    """Serve `app` on a socket from `bind_socket`; logs "<name> listening on URL" once it is up."""
+    install_uvloop()
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    async def announce(_app: web.Application) -> None:  # runs after the cleanup contexts started
+        log.info("%s listening on %s", name, url)
+
+    app.on_startup.append(announce)
+    try:
+        web.run_app(app, sock=sock, handler_cancellation=True, print=None, access_log=None, shutdown_timeout=5.0)
+    except OSError as e:
+        print(f"kvroute: cannot serve on {url}: {e}", file=sys.stderr)
         return 1
     return 0
