@@ -15,6 +15,7 @@ from router.index.base import BlockIndex, IndexUnavailable
 from router.instance import EngineInfo, Instance
 from router.metrics import RouterMetrics
 from router.protocol import LoadRecord, hash_seed
+from router.upstream_errors import Incompatible, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,10 @@ class Cluster:
 
     async def discover(self, inst: Instance) -> None:
         data = await self._get_json(inst, "/kv/info")
-        info = EngineInfo.from_dict(data)
+        try:
+            info = EngineInfo.from_dict(data)
+        except ValueError as e:
+            raise Incompatible(str(e)) from None
         first = inst.info is None
         if inst.info is not None and inst.info.instance_id != info.instance_id:
             log.warning("instance at %s changed id %s -> %s", inst.url, inst.info.instance_id, info.instance_id)
@@ -102,11 +106,13 @@ class Cluster:
         try:
             if inst.info is None:
                 await self.discover(inst)
+                self._recovered(inst)
                 return
             await self._get_json(inst, "/health")
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, f"health check failed: {e!r}")
+            self.report_failure(inst, describe_failure(e))
         else:
+            self._recovered(inst)
             if inst.mark_success(self.config.readmit_after):
                 log.warning("instance %s re-admitted; resyncing its cache index", inst.id)
                 await self.discover(inst)
@@ -115,12 +121,23 @@ class Cluster:
             self.metrics.healthy.labels(inst.id).set(1 if inst.routable else 0)
 
     def report_failure(self, inst: Instance, why: str) -> None:
-        was_reachable = inst.reachable
+        """One failed contact; `why` is short (router/upstream_errors.describe_failure). Logged when the
+        instance starts failing or the reason changes, not on every retry; kept as `last_error`."""
+        was_reachable, changed = inst.reachable, why != inst.last_error
+        inst.last_error = why
         if inst.mark_failure(self.config.eject_after):
             log.warning("instance %s ejected after %d failures (%s)", inst.id, inst.failures, why)
             self.metrics.ejections.inc()
         elif was_reachable:
             log.warning("instance %s unreachable, excluded from routing: %s", inst.id, why)
+        elif changed:
+            log.warning("engine %s unreachable: %s (retrying every %g s)", inst.url, why,
+                        self.config.health_interval_s)
+
+    def _recovered(self, inst: Instance) -> None:
+        if inst.last_error is not None:
+            log.warning("engine %s (%s) reachable again; it was: %s", inst.url, inst.id, inst.last_error)
+            inst.last_error = None
 
     async def _clear_if_gone(self, inst: Instance) -> None:
         if inst.down_since is None or time.monotonic() - inst.down_since < self.config.clear_grace_s:
@@ -144,11 +161,14 @@ class Cluster:
         try:
             inst.load = LoadRecord.from_dict(await self._get_json(inst, "/load"))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, f"load poll failed: {e!r}")
+            self.report_failure(inst, describe_failure(e))
 
     async def _get_json(self, inst: Instance, path: str, **params) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + params.pop("extra_s", 0.0))
         async with self.session.get(inst.url + path, params=params or None, timeout=timeout) as r:
             if r.status != 200:
-                raise ValueError(f"GET {path} answered HTTP {r.status}")
-            return await r.json(content_type=None)
+                raise NotAnEngine(f"GET {path} answered HTTP {r.status}")
+            try:
+                return await r.json(content_type=None)
+            except ValueError:
+                raise NotAnEngine(f"GET {path} did not answer JSON") from None
