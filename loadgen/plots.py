@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from loadgen.record import RequestRecord
 
@@ -36,6 +37,9 @@ def ttft_cdf(runs: Named, path: pathlib.Path) -> None:
         if len(values):
             ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=name)
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator([1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("TTFT (ms, log scale)")
     ax.set_ylabel("fraction of requests")
     ax.set_title("TTFT CDF")
@@ -76,7 +80,7 @@ def requests_per_instance(runs: Named, path: pathlib.Path) -> None:
             if r.ok:
                 c[r.instance or "unknown"] = c.get(r.instance or "unknown", 0) + 1
     instances = sorted({k for c in counts for k in c})
-    fig = Figure(figsize=(max(7.5, 1.2 * len(instances) * max(1, len(runs)) ** 0.5 + 2), 5.2))
+    fig = Figure(figsize=(max(7.5, 1.2 * len(instances) * max(1, len(runs)) ** 0.5 + 2), 4.8))
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(runs))
     x = np.arange(len(instances))
@@ -90,7 +94,7 @@ def requests_per_instance(runs: Named, path: pathlib.Path) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
     FigureCanvasAgg(fig)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.text(0.01, 0.01, UNEVEN_NOTE, fontsize=7.5, ha="left", va="bottom", color="0.3")
     fig.savefig(path, dpi=100)
 
