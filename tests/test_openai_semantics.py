@@ -1,19 +1,10 @@
 """OpenAI API semantics on engine and router: model cards, streaming usage, refused fields."""
 
-import orjson
 import pytest
 
+from tests.test_engine_http import sse_events
+
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
-
-
-async def sse_events(resp) -> list:
-    out = []
-    async for line in resp.content:
-        line = line.strip()
-        if line.startswith(b"data: "):
-            payload = line[6:]
-            out.append(payload if payload == b"[DONE]" else orjson.loads(payload))
-    return out
 
 
 async def test_model_card_on_engine_and_router(start_engine, start_router, http):

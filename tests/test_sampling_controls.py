@@ -10,6 +10,7 @@ from engine.model.config import ModelConfig
 from engine.sampling import sample, top_k_min_p_filter
 from engine.torch_runner import TorchRunner
 from engine.work import SamplingParams, SeqWork
+from tests.test_engine_http import sse_events
 
 torch.set_num_threads(1)
 
@@ -94,8 +95,6 @@ async def test_completion_and_chat_logprobs_over_http(start_engine, http):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0.8, "seed": 1,
             "logprobs": True, "top_logprobs": 2, "stream": True}
     async with http.post(url + "/v1/chat/completions", json=body) as r:
-        from tests.test_openai_semantics import sse_events
-
         events = await sse_events(r)
     entries = [e for c in events[:-1] if c["choices"] and c["choices"][0]["logprobs"]
                for e in c["choices"][0]["logprobs"]["content"]]
