@@ -27,6 +27,12 @@ def overlap_count(r: dict, others: list[dict], prefill_only: bool = False) -> in
                and o["send_s"] + (o["ttft_s"] if prefill_only else o["e2e_s"]) > start)
 
 
+def prefills_during_prefill(r: dict, others: list[dict]) -> int:
+    """Other requests prefilling (between their send and first token) while r waited for its first token."""
+    start, end = r["send_s"], r["send_s"] + r["ttft_s"]
+    return sum(1 for o in others if o is not r and o["send_s"] < end and o["send_s"] + o["ttft_s"] > start)
+
+
 def corr(xs: list[float], ys: list[float]) -> float | None:
     return float(np.corrcoef(xs, ys)[0, 1]) if len(xs) > 2 and np.std(xs) > 0 and np.std(ys) > 0 else None
 
@@ -56,7 +62,16 @@ def analyse(records: list[dict]) -> dict:
                   "tpot_p50_ms": median([t * 1000 for t in tpots]),
                   "decode_concurrency": float(np.mean(conc)) if conc else 0.0,
                   "cluster_prefills": float(np.mean(prefills)) if prefills else 0.0,
-                  "corr_tpot_concurrency": corr(conc, tpots), "corr_tpot_cluster_prefills": corr(prefills, tpots)}
+                  "corr_tpot_concurrency": corr(conc, tpots), "corr_tpot_cluster_prefills": corr(prefills, tpots),
+                  "tpot_p50_ms_no_prefill": median([t * 1000 for t, n in zip(tpots, prefills) if n == 0]),
+                  "tpot_p50_ms_with_prefill": median([t * 1000 for t, n in zip(tpots, prefills) if n > 0]),
+                  "share_with_prefill": float(np.mean([n > 0 for n in prefills])) if prefills else None}
+    hits = [r for r in ok if r.get("cached_tokens") and r["cached_tokens"] >= 0.5 * r["prompt_tokens"]]
+    busy = [prefills_during_prefill(r, ok) for r in hits]
+    out["all"].update(
+        hit_ttft_p50_ms_alone=median([r["ttft_s"] * 1000 for r, n in zip(hits, busy) if n == 0]),
+        hit_ttft_p50_ms_with_other_prefills=median([r["ttft_s"] * 1000 for r, n in zip(hits, busy) if n > 0]),
+        hit_share_with_other_prefills=float(np.mean([n > 0 for n in busy])) if busy else None)
     return out
 
 
@@ -79,7 +94,12 @@ def main() -> int:
                   f"{row['tpot_p50_ms']:>6.1f} ms {row['decode_concurrency']:>13.2f} {row['cluster_prefills']:>16.2f}")
         a = per["all"]
         print(f"{'':<12} corr(TPOT, same-instance) {fmt(a['corr_tpot_concurrency'])}, "
-              f"corr(TPOT, cluster prefills) {fmt(a['corr_tpot_cluster_prefills'])}")
+              f"corr(TPOT, cluster prefills) {fmt(a['corr_tpot_cluster_prefills'])}; TPOT p50 with no prefill "
+              f"anywhere during the decode {fmt(a['tpot_p50_ms_no_prefill'])} ms, with one or more "
+              f"{fmt(a['tpot_p50_ms_with_prefill'])} ms ({fmt(a['share_with_prefill'])} of requests)")
+        print(f"{'':<12} cache hits' TTFT p50 alone {fmt(a['hit_ttft_p50_ms_alone'])} ms, with other prefills in "
+              f"flight {fmt(a['hit_ttft_p50_ms_with_other_prefills'])} ms "
+              f"({fmt(a['hit_share_with_other_prefills'])} of hits)")
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(results, indent=2))
     return 0
