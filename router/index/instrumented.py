@@ -13,6 +13,7 @@ from typing import Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
+import router.metric_buckets  # noqa: F401  (turns off *_created series)
 from router.index.base import BlockIndex, PrefixMatch
 
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
