@@ -15,7 +15,7 @@ from router.index.base import BlockIndex, IndexUnavailable
 from router.instance import EngineInfo, Instance
 from router.metrics import RouterMetrics
 from router.protocol import LoadRecord, hash_seed
-from router.upstream_errors import Incompatible, NotAnEngine, describe_failure
+from router.upstream_errors import BadAnswer, Incompatible, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +166,10 @@ class Cluster:
     async def _get_json(self, inst: Instance, path: str, **params) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + params.pop("extra_s", 0.0))
         async with self.session.get(inst.url + path, params=params or None, timeout=timeout) as r:
+            error = NotAnEngine if path == "/kv/info" else BadAnswer
             if r.status != 200:
-                raise NotAnEngine(f"GET {path} answered HTTP {r.status}")
+                raise error(f"GET {path} answered HTTP {r.status}")
             try:
                 return await r.json(content_type=None)
             except ValueError:
-                raise NotAnEngine(f"GET {path} did not answer JSON") from None
+                raise error(f"GET {path} did not answer JSON") from None

@@ -4,8 +4,8 @@
     not a kvroute engine: GET /kv/info answered HTTP 404 | incompatible: malformed /kv/info: ...
 
 `NotAnEngine` and `Incompatible` are what the cluster raises for a server that answers but
-is not (or not a usable) kvroute engine; `describe_failure` maps those and aiohttp's errors
-onto one line.
+is not (or not a usable) kvroute engine, `BadAnswer` for an engine's error status on /health or
+/load (a draining engine, say); `describe_failure` maps those and aiohttp's errors onto one line.
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ import errno
 import aiohttp
 
 
-class NotAnEngine(ValueError):
-    """The server answered, but not as a kvroute engine (wrong status, not JSON)."""
+class BadAnswer(ValueError):
+    """An engine answered a health or load request with an error status or a body that is not JSON."""
+
+
+class NotAnEngine(BadAnswer):
+    """The server answered GET /kv/info, but not as a kvroute engine (wrong status, not JSON)."""
 
 
 class Incompatible(ValueError):
@@ -39,6 +43,8 @@ def describe_failure(e: BaseException) -> str:
         return f"not a kvroute engine: {e}"
     if isinstance(e, Incompatible):
         return f"incompatible: {e}"
+    if isinstance(e, BadAnswer):
+        return str(e)
     if isinstance(e, aiohttp.ClientConnectorDNSError):
         return f"DNS lookup failed for {e.host}"
     if isinstance(e, aiohttp.ClientConnectorError):

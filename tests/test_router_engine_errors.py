@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from router.upstream_errors import NotAnEngine, describe_failure
+from router.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 from tests.conftest import LoopbackServer
 
 
@@ -73,6 +73,7 @@ async def test_dns_failure_and_a_server_that_is_not_an_engine(start_router, http
     (asyncio.TimeoutError(), "timed out"),
     (aiohttp.ServerDisconnectedError(), "the engine closed the connection"),
     (NotAnEngine("GET /kv/info did not answer JSON"), "not a kvroute engine: GET /kv/info did not answer JSON"),
+    (BadAnswer("GET /health answered HTTP 503"), "GET /health answered HTTP 503"),
 ])
 def test_describe_failure(exc, reason):
     assert describe_failure(exc) == reason
