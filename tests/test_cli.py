@@ -81,3 +81,19 @@ def test_demo_help_lists_bench_flags(capsys):
     assert demo_main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "usage: kvroute demo" in out and "--policies" in out and "(default: " in out
+
+
+def test_report_table_notes_and_verdict():
+    from loadgen.report import Run, markdown_table, verdict
+
+    base = {"requests": 96, "errors": 0, "ttft_p50_s": 0.03, "ttft_p90_s": 0.2, "throughput_rps": 4.0,
+            "output_tok_s": 64.0, "cached_token_ratio": 0.5, "arrival_mode": "open", "arrival": "4 req/s (Poisson)"}
+    runs = [Run("round_robin", base), Run("kv_aware", dict(base, ttft_p90_s=0.05, cached_token_ratio=0.9))]
+    table = markdown_table(runs)
+    header = table.splitlines()[0]
+    assert "TTFT p90" in header and "cached" in header
+    assert "requests" not in header and "req/s" not in header and "TPOT" not in header
+    assert "Same in every run: requests 96, errors 0, TTFT p50 30 ms." in table and "restate the arrival" in table
+    assert verdict(runs) == ("kv_aware's TTFT p90 is 0.25x round_robin's (50 ms vs 200 ms); "
+                             "cached tokens: round_robin 50%, kv_aware 90%")
+    assert verdict(runs[:1]) is None
