@@ -19,15 +19,29 @@ SUBCOMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: kvroute <command> [options]", "", "commands:"]
+    lines = ["usage: kvroute [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "`kvroute <command> --help` lists the command's flags with their defaults."]
     return "\n".join(lines)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvroute")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"kvroute {version()}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:

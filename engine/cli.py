@@ -6,38 +6,46 @@ import argparse
 import sys
 
 from engine.config import BACKENDS, ROLES, EngineConfig
-from router.serve import config_values, setup_logging
+from engine.cost_model import COST_MODELS
+from engine.sim import LINKS
+from router.cli_help import HelpFormatter
+from router.serve import bind_socket, config_values, run_app, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = EngineConfig()
-    p = argparse.ArgumentParser(prog="kvroute engine", description="Run a kvroute engine server.")
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--instance-id", default=d.instance_id, help="default: <hostname>:<port>")
-    p.add_argument("--cluster-id", default=d.cluster_id, help="default: the instance id")
-    p.add_argument("--backend", choices=BACKENDS, default=d.backend)
-    p.add_argument("--role", choices=ROLES, default=d.role)
-    p.add_argument("--model", default=d.model, help="local Hugging Face Llama-family checkpoint dir")
-    p.add_argument("--served-model-name", default=d.served_model_name)
-    p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--num-blocks", type=int, default=d.num_blocks)
-    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
-    p.add_argument("--max-running", type=int, default=d.max_running)
-    p.add_argument("--max-waiting", type=int, default=d.max_waiting)
-    p.add_argument("--redis", default=d.redis, help="also append KV events to this Redis's stream")
-    p.add_argument("--cost-model", default=d.cost_model, help="sim backend: cost model preset")
-    p.add_argument("--time-scale", type=float, default=d.time_scale, help="sim backend: scale step times")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--num-threads", type=int, default=d.num_threads)
-    p.add_argument("--device", default=d.device)
+    p = argparse.ArgumentParser(prog="kvroute engine", description="Run a kvroute engine server.",
+                                formatter_class=HelpFormatter)
+    p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=d.port, help="port to listen on (checked before the model loads)")
+    p.add_argument("--instance-id", default=d.instance_id, help="id in KV events and metrics (default: <hostname>:<port>)")
+    p.add_argument("--cluster-id", default=d.cluster_id, help="KV transfer link id (default: the instance id)")
+    p.add_argument("--backend", choices=BACKENDS, default=d.backend,
+                   help="torch: real forward; sim: step times from a cost model")
+    p.add_argument("--role", choices=ROLES, default=d.role, help="prefill/decode disaggregation role")
+    p.add_argument("--model", default=d.model,
+                   help="local Hugging Face Llama-family checkpoint dir (default: the built-in tiny model)")
+    p.add_argument("--served-model-name", default=d.served_model_name,
+                   help="model id in the API (default: the checkpoint's name)")
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    p.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks in the pool")
+    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens, help="token budget of one step")
+    p.add_argument("--max-running", type=int, default=d.max_running, help="sequences in the running batch")
+    p.add_argument("--max-waiting", type=int, default=d.max_waiting, help="queued requests before 503s")
+    p.add_argument("--redis", default=d.redis, help="also append KV events to this Redis's stream (redis://...)")
+    p.add_argument("--cost-model", default=d.cost_model, help=f"sim backend: one of {', '.join(COST_MODELS)}")
+    p.add_argument("--time-scale", type=float, default=d.time_scale, help="sim backend: multiply step times")
+    p.add_argument("--seed", type=int, default=d.seed, help="random weights and unseeded sampling")
+    p.add_argument("--num-threads", type=int, default=d.num_threads,
+                   help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--device", default=d.device, help="torch backend: cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16", "float16"),
                    help="override the checkpoint's dtype (bf16 is slow on most CPUs)")
     p.add_argument("--kv-pin-ttl-s", type=float, default=d.kv_pin_ttl_s,
                    help="prefill role: seconds pinned blocks wait to be pulled")
     p.add_argument("--kv-admit-timeout-s", type=float, default=d.kv_admit_timeout_s,
                    help="decode role: seconds a remote-prefilled request may wait for free blocks")
-    p.add_argument("--kv-link", default=d.kv_link, help="sim backend: modelled KV link (nvlink, infiniband, loopback)")
+    p.add_argument("--kv-link", default=d.kv_link, help=f"sim backend: modelled KV link, one of {', '.join(LINKS)}")
     p.add_argument("--kv-secret", default=None,
                    help="shared secret for prefill/decode transfer grants and handles (default: $KVROUTE_KV_SECRET)")
     p.add_argument("--kv-peers", type=lambda v: tuple(h.strip() for h in v.split(",") if h.strip()), default=(),
@@ -67,14 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
     try:
+        setup_logging(args.log_level)
         config = EngineConfig(**config_values(EngineConfig, args))
         if args.calibrate:
             from engine.calibrate import run_calibration
@@ -87,14 +95,22 @@ def main(argv: list[str] | None = None) -> int:
         if config.model:
             ModelConfig.from_hf_dir(config.model)
         load_tokenizer(config.model)
+        if config.backend == "torch":
+            from engine.devices import check_device_available
+
+            check_device_available(config.device)
     except ValueError as e:
         print(f"kvroute engine: {e}", file=sys.stderr)
         return 2
+    try:
+        sock = bind_socket(config.host, config.port)  # before the model loads: a busy port fails at once
+    except OSError as e:
+        print(f"kvroute engine: {e}", file=sys.stderr)
+        return 1
     from engine.server import DRAIN, create_app
-    from router.serve import run_app
 
     app = create_app(config)
-    return run_app(app, config.host, config.port, on_sigterm=lambda: app[DRAIN].start("SIGTERM"))
+    return run_app(app, sock, "engine " + config.instance, on_sigterm=lambda: app[DRAIN].start("SIGTERM"))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import socket
 
+from engine.cost_model import COST_MODELS
+from engine.devices import check_device_syntax
+from engine.sim import LINKS
+
 BACKENDS = ("torch", "sim")
 ROLES = ("both", "prefill", "decode")
 
@@ -84,6 +88,11 @@ class EngineConfig:
             raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+        if self.cost_model not in COST_MODELS:
+            raise ValueError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
+        if self.kv_link not in LINKS:
+            raise ValueError(f"--kv-link must be one of {', '.join(LINKS)}, got {self.kv_link!r}")
+        check_device_syntax(self.device)
 
     @property
     def advertise(self) -> str:

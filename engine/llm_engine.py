@@ -21,7 +21,7 @@ from engine.kv_transfer import PinnedBlocks, TransferHandle
 from engine.remote_prefill import RemotePrefill
 from router.kv_auth import KVAuth, secret_from
 from engine.sequence import Sequence, SeqStatus
-from engine.work import ModelRunner, SamplingParams
+from engine.work import ModelRunner, SamplingParams, TokenLogprobs
 from router.errors import KVRouteError, Overloaded, Unavailable
 from router.protocol import LoadRecord
 
@@ -35,6 +35,7 @@ class Output:
     finish_reason: str | None = None
     error: str | None = None
     error_type: type[KVRouteError] = Unavailable  # how the HTTP edge reports `error`
+    logprobs: TokenLogprobs | None = None  # when the request asked for logprobs
 
 
 class RequestHandle:
@@ -65,7 +66,7 @@ class LLMEngine:
         )
         self.events = KVEventLog(config.instance, capacity=config.event_buffer)
         self.requests: dict[str, RequestHandle] = {}
-        self._aborts: set[str] = set()
+        self._aborts: dict[str, str] = {}  # request id -> finish reason
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.pinned = PinnedBlocks(config.kv_pin_ttl_s)
@@ -159,10 +160,11 @@ class LLMEngine:
             self._publish_events()
             self.metrics.kv_pinned.set(len(self.pinned.pinned))
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """End a request between steps; `reason` "stop" for a stop string (counted as vLLM does)."""
         handle = self.requests.get(request_id)
         if handle is not None and not handle.finished:
-            self._aborts.add(request_id)
+            self._aborts.setdefault(request_id, reason)
             self._wakeup.set()
 
     def stalled_for(self) -> float:
@@ -202,6 +204,7 @@ class LLMEngine:
                     await self._wakeup.wait()
                 continue
             step = self.scheduler.schedule()
+            self._mark_scheduled(step)
             self._publish_events()
             if self.scheduler.dropped:
                 self._deliver(Step(self.scheduler.dropped, [0] * len(self.scheduler.dropped)), [None] * len(self.scheduler.dropped))
@@ -226,7 +229,8 @@ class LLMEngine:
 
     def _deliver(self, step: Step, tokens: list[int | None]) -> None:
         now = time.monotonic()
-        for seq, token in zip(step.seqs, tokens):
+        logprobs = getattr(tokens, "logprobs", None) or [None] * len(tokens)
+        for seq, token, lp in zip(step.seqs, tokens, logprobs):
             handle = self.requests.get(seq.request_id)
             if handle is None:
                 continue
@@ -235,10 +239,10 @@ class LLMEngine:
                     seq.first_token_time = now
                     self.metrics.ttft.observe(now - seq.arrival)
                 else:
-                    self.metrics.itl.observe(now - seq.last_token_time)
+                    self.metrics.observe_token_gap(now - seq.last_token_time)
                 seq.last_token_time = now
                 self.metrics.generation_tokens.inc()
-                handle.queue.put_nowait(Output(token, seq.is_finished, seq.finish_reason))
+                handle.queue.put_nowait(Output(token, seq.is_finished, seq.finish_reason, logprobs=lp))
             elif seq.is_finished:
                 handle.queue.put_nowait(Output(None, True, seq.finish_reason))
             if seq.is_finished:
@@ -258,13 +262,13 @@ class LLMEngine:
             self.remote.admit()
 
     def _apply_aborts(self) -> None:
-        deferred = set()
-        for request_id in self._aborts:
+        deferred = {}
+        for request_id, reason in self._aborts.items():
             handle = self.requests.get(request_id)
             if handle is not None and handle.seq.pulling:
-                deferred.add(request_id)  # its blocks are being written: abort once the pull ends
+                deferred[request_id] = reason  # its blocks are being written: abort once the pull ends
             elif handle is not None and not handle.finished:
-                self.scheduler.abort(handle.seq)
+                self.scheduler.abort(handle.seq, reason)
                 handle.queue.put_nowait(Output(None, True, "abort"))
                 self.metrics.aborted.inc()
                 self._retire(handle.seq)
@@ -272,7 +276,14 @@ class LLMEngine:
 
     def _retire(self, seq: Sequence) -> None:
         self.requests.pop(seq.request_id, None)
-        self.metrics.e2e.observe(time.monotonic() - seq.arrival)
+        self.metrics.observe_finished(seq, time.monotonic())
+
+    @staticmethod
+    def _mark_scheduled(step: Step) -> None:
+        now = time.monotonic()
+        for seq in step.seqs:
+            if seq.scheduled_time is None:
+                seq.scheduled_time = now
 
     def _publish_events(self) -> None:
         for kind, blocks, parent in self.block_manager.drain_events():

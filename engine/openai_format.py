@@ -15,13 +15,18 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 
 
 class ResponseFormat:
-    """Builds the bodies of one request; `kind` is "completion" or "chat"."""
+    """Builds the bodies of one request; `kind` is "completion" or "chat".
 
-    def __init__(self, kind: str, request_id: str, model: str) -> None:
+    Streaming usage follows OpenAI: with `include_usage` every chunk carries `"usage": null`
+    (or the usage so far, with vLLM's `continuous_usage_stats`) and `usage_chunk` is the last
+    one before [DONE], with `choices: []`; without it no chunk has a usage field."""
+
+    def __init__(self, kind: str, request_id: str, model: str, include_usage: bool = False) -> None:
         self.kind = kind
         self.id = request_id
         self.model = model
         self.created = int(time.time())
+        self.include_usage = include_usage
 
     def _envelope(self, obj: str, choices: list, usage_: dict | None) -> dict:
         body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -29,21 +34,31 @@ class ResponseFormat:
             body["usage"] = usage_
         return body
 
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+
     def chunk(self, text: str | None, finish_reason: str | None = None, usage_: dict | None = None,
-              first: bool = False) -> dict:
+              first: bool = False, logprobs: dict | None = None) -> dict:
         if self.kind == "chat":
             delta: dict = {"role": "assistant", "content": text or ""} if first else {}
             if text and not first:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return self._envelope("chat.completion.chunk", [choice], usage_)
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [choice], usage_)
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        body = self._envelope(self.chunk_object, [choice], None)
+        if self.include_usage:
+            body["usage"] = usage_
+        return body
 
-    def full(self, text: str, finish_reason: str | None, usage_: dict) -> dict:
+    def usage_chunk(self, usage_: dict) -> dict:
+        return self._envelope(self.chunk_object, [], usage_)
+
+    def full(self, text: str, finish_reason: str | None, usage_: dict, logprobs: dict | None = None) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             return self._envelope("chat.completion", [choice], usage_)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice], usage_)

@@ -1,8 +1,10 @@
-"""Next-token sampling: greedy, temperature, top-p; reproducible per request when seeded.
+"""Next-token sampling: greedy, temperature, top-k, min-p, top-p; logit edits and logprobs.
 
 A request with `SamplingParams.seed` draws its n-th token from a fresh `torch.Generator`
 seeded with mix(seed, n), so its tokens don't depend on what else shares the batch.
-Unseeded requests draw from the runner's own generator.
+Unseeded requests draw from the runner's own generator. `sample_works` is what a runner
+calls: logit bias and penalties (engine/logits_processors.py), then `sample`, plus the
+logprobs the works asked for, taken from the raw logits as vLLM V1 does by default.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Sequence
 
 import torch
 
-from engine.work import SamplingParams
+from engine.logits_processors import apply_logit_bias, apply_penalties
+from engine.work import SampledTokens, SamplingParams, SeqWork, TokenLogprobs
 
 _MASK64 = (1 << 64) - 1
 
@@ -35,6 +38,16 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum()
 
 
+def top_k_min_p_filter(probs: torch.Tensor, top_k: int, min_p: float) -> torch.Tensor:
+    """probs: (V,) -> (V,) keeping the top_k most likely (0/-1: all) and those >= min_p x the best."""
+    if 0 < top_k < probs.shape[0]:
+        threshold = probs.topk(top_k).values[-1]
+        probs = torch.where(probs >= threshold, probs, torch.zeros_like(probs))
+    if min_p > 0.0:
+        probs = torch.where(probs >= min_p * probs.max(), probs, torch.zeros_like(probs))
+    return probs / probs.sum()
+
+
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams], num_generated: Sequence[int],
            generator: torch.Generator) -> list[int]:
     """logits: (S, V) float32, one row per sampling request -> S token ids."""
@@ -44,7 +57,36 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], num_generated
         if p.greedy:
             continue
         probs = torch.softmax(logits[row] / p.temperature, dim=-1)  # (V,)
-        probs = top_p_filter(probs, p.top_p)
+        probs = top_p_filter(top_k_min_p_filter(probs, p.top_k, p.min_p), p.top_p)
         gen = generator if p.seed is None else torch.Generator().manual_seed(step_seed(p.seed, n))
         tokens[row] = int(torch.multinomial(probs, 1, generator=gen).item())
     return tokens
+
+
+def token_logprobs(logprobs: torch.Tensor, token_id: int, num_top: int) -> TokenLogprobs:
+    """logprobs: (V,) log-softmax of one row -> the token's and the num_top best."""
+    top = ()
+    if num_top > 0:
+        values, ids = logprobs.topk(min(num_top, logprobs.shape[0]))
+        top = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenLogprobs(token_id, float(logprobs[token_id]), top)
+
+
+def sample_works(logits: torch.Tensor, works: Sequence[SeqWork], generator: torch.Generator) -> SampledTokens:
+    """logits: (S, V), one row per work -> one token per work, with the logprobs the works asked for."""
+    logits = logits.float().cpu()
+    raw = logits
+    if any(w.sampling.edits_logits for w in works):
+        logits = logits.clone()
+        for row, w in enumerate(works):
+            apply_logit_bias(logits[row], w.sampling.logit_bias)
+            if w.sampling.needs_history:
+                apply_penalties(logits[row], w.prompt_ids, w.output_ids, w.sampling)
+    tokens = sample(logits, [w.sampling for w in works], [w.num_generated for w in works], generator)
+    wanted = [row for row, w in enumerate(works) if w.sampling.logprobs is not None]
+    logprobs: list[TokenLogprobs | None] = [None] * len(works)
+    if wanted:
+        rows = torch.log_softmax(raw[wanted], dim=-1)  # (R, V)
+        for i, row in enumerate(wanted):
+            logprobs[row] = token_logprobs(rows[i], tokens[row], works[row].sampling.logprobs)
+    return SampledTokens(tokens, logprobs)

@@ -40,15 +40,19 @@ class Step:
         out = []
         for seq, n in zip(self.seqs, self.num_tokens):
             c = seq.num_computed
+            sample = c + n == len(seq.token_ids)
+            history = sample and seq.sampling.needs_history
             out.append(
                 SeqWork(
                     seq_id=seq.seq_id,
                     token_ids=tuple(seq.token_ids[c : c + n]),
                     start_pos=c,
                     block_table=tuple(seq.block_table),
-                    sample=c + n == len(seq.token_ids),
+                    sample=sample,
                     sampling=seq.sampling,
                     num_generated=seq.num_generated,
+                    prompt_ids=tuple(seq.token_ids[: seq.num_prompt]) if history else (),
+                    output_ids=tuple(seq.output_ids) if history else (),
                 )
             )
         return out
@@ -76,14 +80,14 @@ class Scheduler:
         pending = sum(len(s) - s.num_computed for s in self.waiting)
         return pending + sum(len(s) - s.num_computed for s in self.running if s.is_prefilling)
 
-    def abort(self, seq: Sequence) -> None:
+    def abort(self, seq: Sequence, reason: str = "abort") -> None:
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.block_table:
             self.block_manager.free(seq)
-        self._finish(seq, "abort")
+        self._finish(seq, reason)
 
     def schedule(self) -> Step:
         step = Step([], [])

@@ -41,6 +41,7 @@ class Sequence:
         self.num_cached = 0  # prompt tokens found in the prefix cache (first admission)
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        self.scheduled_time: float | None = None  # first time a step ran it (engine clock)
         self.first_token_time: float | None = None
         self.pin_kv = False  # prefill for a remote decode: keep the blocks for a pull
         self.remote = None  # decode of a remote prefill: its TransferHandle

@@ -49,7 +49,7 @@ async def _engine_ctx(app: web.Application):
     runner = RUNNERS[config.backend](config)
     tokenizer = load_tokenizer(config.model)
     name = config.served_model_name or runner.info.model
-    metrics = EngineMetrics(name)
+    metrics = EngineMetrics(name, max_model_len=runner.info.max_model_len)
     stop_ids = frozenset(tokenizer.stop_token_ids) | (
         {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
@@ -123,11 +123,18 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     return await request.app[SERVICE].handle(request, "chat")
 
 
-async def handle_models(request: web.Request) -> web.Response:
-    app = request.app
-    card = {"id": model_name(app), "object": "model", "created": int(time.time()), "owned_by": "kvroute",
+def model_card(app: web.Application) -> dict:
+    return {"id": model_name(app), "object": "model", "created": int(time.time()), "owned_by": "kvroute",
             "max_model_len": app[ENGINE].runner.info.max_model_len}
-    return json_response({"object": "list", "data": [card]})
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [model_card(request.app)]})
+
+
+async def handle_model(request: web.Request) -> web.Response:
+    request.app[SERVICE].check_model(request.match_info["model"])
+    return json_response(model_card(request.app))
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -244,6 +251,7 @@ def create_app(config: EngineConfig) -> web.Application:
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/v1/models/{model:.+}", handle_model)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/load", handle_load)

@@ -10,8 +10,10 @@ from aiohttp import web
 
 from engine.kv_transfer import TransferHandle
 from engine.llm_engine import LLMEngine, Output, RequestHandle
+from engine.logprob_format import LogprobFormatter
 from engine.openai_format import ResponseFormat, usage
 from engine.output import OutputProcessor
+from engine.unsupported import refuse_unsupported
 from engine.work import SamplingParams
 from router.errors import BadRequest, ContextTooLong, Forbidden, KVRouteError, NotFound, Overloaded
 from router.http import SSE_DONE, json_response, parse_json, read_body, sse_error, sse_line, write_client
@@ -74,14 +76,23 @@ class CompletionService:
             raise ContextTooLong(
                 f"prompt ({num_prompt} tokens) plus max_tokens ({max_tokens}) exceeds this model's context "
                 f"of {limit} tokens", param="max_tokens")
+        bad = [t for t, _ in req.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise BadRequest(f"logit_bias token id {bad[0]} is out of the vocabulary (size {self.vocab_size})",
+                             param="logit_bias")
         return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                              ignore_eos=req.ignore_eos, stop=req.stop)
+                              ignore_eos=req.ignore_eos, stop=req.stop, top_k=req.top_k, min_p=req.min_p,
+                              presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                              repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias,
+                              logprobs=req.logprobs)
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         if self.engine.draining:
             raise Overloaded("this engine is draining and takes no new requests; retry on another instance",
                              retry_after=1, code="draining")
-        req = parse_request(parse_json(await read_body(request, self.limits.max_body_bytes)), kind)
+        body = parse_json(await read_body(request, self.limits.max_body_bytes))
+        refuse_unsupported(body)
+        req = parse_request(body, kind)
         self.check_model(req.model)
         kv = req.kv_transfer_params or {}
         transfer = self._authorize_transfer(kv, request.remote)  # before any work: 403 for clients
@@ -104,11 +115,13 @@ class CompletionService:
             first_text = processor.add(transfer.first_token)  # already sent to the client by the router
         else:
             handle = self.engine.add_request(request_id, prompt_ids, sampling, seed)
-        fmt = ResponseFormat(kind, request_id, self.model_name)
+        fmt = ResponseFormat(kind, request_id, self.model_name, include_usage=req.include_usage)
+        logprobs = LogprobFormatter(self.tokenizer, kind) if req.logprobs is not None else None
         try:
             if req.stream:
-                return await self._stream(request, handle, fmt, processor, role_sent=first_text is not None)
-            return await self._full(handle, fmt, processor, first_text or "")
+                return await self._stream(request, handle, fmt, processor, logprobs, role_sent=first_text is not None,
+                                          continuous_usage=req.include_usage and req.continuous_usage)
+            return await self._full(handle, fmt, processor, logprobs, first_text or "")
         finally:
             if not handle.finished:
                 self.engine.abort(request_id)
@@ -154,52 +167,58 @@ class CompletionService:
         return {"do_remote_prefill": True, "handle": transfer.to_dict()}
 
     async def _outputs(self, handle: RequestHandle, processor: OutputProcessor):
-        """Yield (text delta, finish reason or None) until the request ends."""
+        """Yield (text delta, finish reason or None, the token's logprobs or ()) until the request ends."""
         while True:
             out: Output = await handle.queue.get()
             if out.error:
                 raise out.error_type(out.error)
             delta = processor.add(out.token_id) if out.token_id is not None else ""
+            lps = (out.logprobs,) if out.logprobs is not None else ()
             if processor.stopped:
-                self.engine.abort(handle.seq.request_id)
-                yield delta + processor.finish(), "stop"
+                self.engine.abort(handle.seq.request_id, "stop")
+                yield delta + processor.finish(), "stop", lps
                 return
             if out.finished:
-                yield delta + processor.finish(), out.finish_reason
+                yield delta + processor.finish(), out.finish_reason, lps
                 return
-            yield delta, None
+            yield delta, None, lps
 
     def _usage(self, handle: RequestHandle, processor: OutputProcessor) -> dict:
         return usage(handle.seq.num_prompt, processor.num_tokens, handle.num_cached)
 
     async def _full(self, handle: RequestHandle, fmt: ResponseFormat, processor: OutputProcessor,
-                    first_text: str = "") -> web.Response:
-        parts, reason = [first_text], None
-        async for delta, reason in self._outputs(handle, processor):
+                    logprobs: LogprobFormatter | None, first_text: str = "") -> web.Response:
+        parts, reason, entries = [first_text], None, []
+        async for delta, reason, lps in self._outputs(handle, processor):
             parts.append(delta)
-        body = fmt.full("".join(parts), reason, self._usage(handle, processor))
+            entries.extend(lps)
+        body = fmt.full("".join(parts), reason, self._usage(handle, processor),
+                        logprobs.format(entries) if logprobs else None)
         transfer = self._transfer_params(handle)
         if transfer is not None:
             body["kv_transfer_params"] = transfer
         return json_response(body, headers=self.headers)
 
     async def _stream(self, request: web.Request, handle: RequestHandle, fmt: ResponseFormat,
-                      processor: OutputProcessor, role_sent: bool = False) -> web.StreamResponse:
+                      processor: OutputProcessor, logprobs: LogprobFormatter | None, role_sent: bool = False,
+                      continuous_usage: bool = False) -> web.StreamResponse:
         """Headers go out with the first token: a failure before it is a plain HTTP error."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **self.headers})
         first = fmt.kind == "chat" and not role_sent  # the role chunk goes out with the first token, as vLLM does
         try:
-            async for delta, reason in self._outputs(handle, processor):
+            async for delta, reason, lps in self._outputs(handle, processor):
                 if not resp.prepared:
                     await resp.prepare(request)
+                live = self._usage(handle, processor) if continuous_usage else None
                 if first:
-                    await write_client(resp, sse_line(fmt.chunk("", first=True)))
+                    await write_client(resp, sse_line(fmt.chunk("", first=True, usage_=live)))
                     first = False
-                if reason is not None:
-                    await write_client(resp, sse_line(fmt.chunk(delta, reason, self._usage(handle, processor))))
-                elif delta:
-                    await write_client(resp, sse_line(fmt.chunk(delta)))
+                if reason is not None or delta or (lps and logprobs):
+                    await write_client(resp, sse_line(fmt.chunk(delta, reason, live,
+                                                        logprobs=logprobs.format(lps) if logprobs else None)))
+            if fmt.include_usage:
+                await write_client(resp, sse_line(fmt.usage_chunk(self._usage(handle, processor))))
         except KVRouteError as e:
             if not resp.prepared:
                 raise

@@ -3,17 +3,23 @@
 Each step sleeps for `cost_model.step_time(works)` instead of computing. Sampled
 tokens are pseudo-random but deterministic per (seed, sequence, position) and
 never a special token, so generation always runs to `max_tokens`.
+
+The sim has no logits: temperature, top-k/p, penalties and logit_bias do not change its
+tokens. Its model is a uniform distribution over the non-special tokens, and the logprobs
+it reports say so: every token has log(1 / (vocab - special)); the `top` N are the sampled
+token and the N - 1 ids after it (all tied).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Sequence
 
 import xxhash
 
 from engine.cost_model import CostModel
-from engine.work import RunnerInfo, SeqWork
+from engine.work import RunnerInfo, SampledTokens, SeqWork, TokenLogprobs
 
 NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special tokens
 
@@ -61,10 +67,23 @@ class SimRunner:
         span = self.info.vocab_size - NUM_SPECIAL_TOKENS
         return NUM_SPECIAL_TOKENS + xxhash.xxh3_64_intdigest(key.encode()) % span
 
+    def logprobs(self, work: SeqWork, token: int) -> TokenLogprobs | None:
+        n = work.sampling.logprobs
+        if n is None:
+            return None
+        span = self.info.vocab_size - NUM_SPECIAL_TOKENS
+        lp = -math.log(span)
+        top = tuple((NUM_SPECIAL_TOKENS + (token - NUM_SPECIAL_TOKENS + k) % span, lp) for k in range(min(n, span)))
+        return TokenLogprobs(token, lp, top)
+
     def execute_sync(self, works: Sequence[SeqWork]) -> tuple[float, list[int | None]]:
         """Modelled step time and tokens, without sleeping (for the virtual-clock simulator)."""
         duration = self.cost_model.step_time(works) * self.time_scale
-        return duration, [self.sample(w) if w.sample else None for w in works]
+        tokens = [self.sample(w) if w.sample else None for w in works]
+        if any(w.sampling.logprobs is not None for w in works):
+            tokens = SampledTokens(tokens, [self.logprobs(w, t) if t is not None else None
+                                            for w, t in zip(works, tokens)])
+        return duration, tokens
 
     async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
         duration, tokens = self.execute_sync(works)

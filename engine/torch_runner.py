@@ -28,8 +28,8 @@ from engine.model.config import ModelConfig
 from engine.model.kv_pool import DTYPES, KVPool
 from engine.model.llama import DecodeGroup, PrefillChunk, StepBatch
 from engine.model.loader import build_model
-from engine.sampling import sample
-from engine.work import RunnerInfo, SeqWork
+from engine.sampling import sample_works
+from engine.work import RunnerInfo, SampledTokens, SeqWork
 
 
 class TorchRunner:
@@ -68,20 +68,21 @@ class TorchRunner:
         """Bytes of one block's payload in a KV transfer frame (engine/kv_transfer.py)."""
         return self.pool.bytes_per_block
 
-    async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
+    async def execute(self, works: Sequence[SeqWork]) -> SampledTokens:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.execute_sync, list(works))
 
-    def execute_sync(self, works: Sequence[SeqWork]) -> list[int | None]:
-        """One sampled token per work with `sample` set, else None (same order)."""
+    def execute_sync(self, works: Sequence[SeqWork]) -> SampledTokens:
+        """One sampled token per work with `sample` set, else None (same order), with logprobs."""
         if not works:
-            return []
+            return SampledTokens()
         sampled = [w for w in works if w.sample]
         with self._lock:
             logits = self._forward(works)
-            tokens = iter(sample(logits, [w.sampling for w in sampled],
-                                 [w.num_generated for w in sampled], self._generator))
-        return [next(tokens) if w.sample else None for w in works]
+            out = sample_works(logits, sampled, self._generator)
+        tokens, logprobs = iter(out), iter(out.logprobs)
+        return SampledTokens([next(tokens) if w.sample else None for w in works],
+                             [next(logprobs) if w.sample else None for w in works])
 
     def forward_logits(self, works: Sequence[SeqWork]) -> torch.Tensor:
         """Runs the step; (S, V) float32 logits, one row per work with `sample`, in order."""

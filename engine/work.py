@@ -14,12 +14,26 @@ from typing import Protocol, Sequence
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SamplingParams:
+    """vLLM's sampling semantics. Logits pass, in order: `logit_bias` (added), `repetition_penalty`
+    (tokens in the prompt or the output: positive logits divided by it, negative multiplied),
+    `frequency_penalty` (minus penalty x count in the output), `presence_penalty` (minus penalty
+    if in the output); then greedy argmax, or temperature, top-k, min-p, top-p and a draw.
+    `logprobs` (N >= 0, or None for none) asks for the sampled token's log-probability and the
+    N most likely tokens', from the model's raw logits (vLLM V1's default `raw_logprobs`)."""
+
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    top_k: int = 0  # 0 (or -1): no top-k
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -28,10 +42,45 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < -1 or not 0 <= self.min_p <= 1:
+            raise ValueError("top_k must be >= -1 and min_p in [0, 1]")
+        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError("logprobs must be >= 0")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        """The penalties read the prompt and output tokens."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def edits_logits(self) -> bool:
+        return self.needs_history or bool(self.logit_bias)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The sampled token's log-probability and the `top` most likely (token id, logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class SampledTokens(list):
+    """What `ModelRunner.execute` returns: a list with one token id per work (None where nothing was
+    sampled), and `logprobs`, the same length, a TokenLogprobs where the work's sampling asked."""
+
+    def __init__(self, tokens=(), logprobs=None) -> None:
+        super().__init__(tokens)
+        self.logprobs: list[TokenLogprobs | None] = list(logprobs) if logprobs is not None else [None] * len(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,6 +92,8 @@ class SeqWork:
     sample: bool  # sample a next token after the last new token
     sampling: SamplingParams
     num_generated: int = 0  # tokens generated so far (seeds per-step sampling)
+    prompt_ids: tuple[int, ...] = ()  # prompt and output so far, only when the sampling's penalties need them
+    output_ids: tuple[int, ...] = ()
 
     @property
     def num_new(self) -> int:
@@ -76,7 +127,8 @@ class ModelRunner(Protocol):
     transfer_payload_bytes: int  # one block's payload in a transfer frame (0: the runner moves no bytes)
 
     async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
-        """One sampled token per work item with `sample` set, else None (same order)."""
+        """One sampled token per work item with `sample` set, else None (same order); a
+        `SampledTokens` when some work asked for logprobs."""
         ...
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes: ...

@@ -20,8 +20,9 @@ from loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
 from loadgen.client import TargetError, probe_target
 from loadgen.local_cluster import ClusterSpec, LocalCluster
 from loadgen.progress import Progress
-from loadgen.report import Run, markdown_table, write_report, write_run
+from loadgen.report import Run, markdown_table, verdict, write_report, write_run
 from loadgen.runner import run_load
+from router.cli_help import HelpFormatter
 
 PROG = "kvroute bench"
 DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"
@@ -46,10 +47,11 @@ PD_SIZING = {"engines": 2, "num_requests": 120, "rate": 3.0, "num_blocks": 2048}
 PD_RANDOM = {"input_tokens": 2048, "min_input_tokens": 128, "output_tokens": 128, "min_output_tokens": 16}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Compare routing policies on a local cluster, same workload and seed.")
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, formatter_class=HelpFormatter,
+                description="Compare routing policies on a local cluster, same workload and seed.")
     p.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes with sim engines)")
-    p.add_argument("--backend", choices=("sim", "torch"), default="sim")
+    p.add_argument("--backend", choices=("sim", "torch"), default="sim", help="engine backend of the local cluster")
     p.add_argument("--engines", type=int, default=None, help="default: 8 sim or 4 torch engines")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated router policies")
     p.add_argument("--extra-target", action="append", default=[], metavar="NAME=URL",
@@ -167,38 +169,51 @@ async def transfer_stats(engine_urls: list[str], summary: dict) -> dict:
             "kv_pull_mean_s": mean_pull, "kv_pull_over_ttft_p50": mean_pull / ttft if ttft else None}
 
 
+def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace, list[str], list[tuple[str, str]]]:
+    """Validated (args, policies, extra targets); UsageError or ValueError with a one-line message."""
+    args = apply_defaults(build_parser(prog).parse_args(argv))
+    from router.policies import POLICIES
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+    if args.engines < 1:
+        raise ValueError(f"--engines must be at least 1, got {args.engines}")
+    extras = parse_targets(args.extra_target)
+    check_load_args(args)
+    return args, policies, extras
+
+
+def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, str]], prog: str = PROG) -> int:
+    try:
+        runs = asyncio.run(bench(args, policies, extras))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; all processes stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError, TargetError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    paths = write_report(args.out, runs)
+    for run_ in runs:
+        write_run(pathlib.Path(args.out) / "runs" / run_.name, run_.summary, run_.records)
+    print(markdown_table(runs))
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
+    line = verdict(runs)
+    if line:
+        print(f"\n{prog}: {line}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = apply_defaults(build_parser().parse_args(argv))
-        from router.policies import POLICIES
-
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown or not policies:
-            raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
-        if args.engines < 1:
-            raise ValueError(f"--engines must be at least 1, got {args.engines}")
-        extras = parse_targets(args.extra_target)
-        check_load_args(args)
+        args, policies, extras = parse(argv)
     except SystemExit as e:
         return int(e.code or 0)
     except (UsageError, ValueError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
-    try:
-        runs = asyncio.run(bench(args, policies, extras))
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; all processes stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, OSError, TargetError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 1
-    paths = write_report(args.out, runs)
-    for run in runs:
-        write_run(pathlib.Path(args.out) / "runs" / run.name, run.summary, run.records)
-    print(markdown_table(runs))
-    print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
-    return 0
+    return run(args, policies, extras)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from loadgen.report import write_run
 from loadgen.runner import LoadConfig, LoadResult, run_load
 from loadgen.summary import format_summary
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
+from router.cli_help import HelpFormatter
 
 PROG = "kvroute loadgen"
 CLOSED_LOOP_CAP = 10_000  # requests generated for --concurrency with --duration and no --num-requests
@@ -75,11 +76,11 @@ def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) ->
     p.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
     p.add_argument("--duration", type=float, help="stop sending after this many seconds")
     p.add_argument("--num-requests", type=int, help="requests to generate (trace: the first N lines)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the arrival process")
     p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
     p.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
-    p.add_argument("--api", choices=list(APIS), default="completions")
+    p.add_argument("--api", choices=list(APIS), default="completions", help="which OpenAI endpoint to call")
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="tokens",
                    help="tokens: token-id lists (exact sharing); text: decoded text (re-tokenization may "
                         "shift a few boundary tokens)")
@@ -91,7 +92,7 @@ def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
+    p = _Parser(prog=PROG, formatter_class=HelpFormatter, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
     p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
     add_load_args(p)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import sys
 
 from loadgen import bench
+from loadgen.cli import UsageError
+
+PROG = "kvroute demo"
 
 DEMO_ARGS = ["--quick", "--backend", "torch", "--out", "kvroute-demo"]
 
@@ -18,11 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\nAny `kvroute bench` flag may be added to override the demo's settings, e.g. --out DIR.")
+        print("\nAny `kvroute bench` flag may be added to override the demo's settings (" + " ".join(DEMO_ARGS) + "):\n")
+        print(bench.build_parser(PROG).format_help())
         return 0
-    print("kvroute demo: 4 torch engines (tiny model) + router; comparing "
-          f"{bench.DEFAULT_POLICIES.replace(',', ', ')} on a shared-prefix workload", file=sys.stderr)
-    return bench.main(DEMO_ARGS + argv)
+    try:  # every flag is checked before the banner and before anything starts
+        args, policies, extras = bench.parse(DEMO_ARGS + argv, PROG)
+    except SystemExit as e:
+        return int(e.code or 0)
+    except (UsageError, ValueError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    print(f"{PROG}: {args.engines} {args.backend} engines (tiny model) + router; comparing "
+          f"{', '.join(policies)} on a {args.workload} workload", file=sys.stderr)
+    return bench.run(args, policies, extras, PROG)
 
 
 if __name__ == "__main__":

@@ -58,10 +58,40 @@ def _cell(summary: Mapping, key: str, scale: float, digits: int, unit: str) -> s
     return "-" if value is None else f"{value * scale:.{digits}f}{unit}"
 
 
+RATE_COLUMNS = ("req/s", "tok/s")  # set by the schedule, not measured, when arrivals are open loop
+
+
+def _columns(runs: Sequence[Run]) -> tuple[list[tuple], list[str]]:
+    """The columns worth a column, and notes on the others: with several runs, a column whose
+    cells are equal in every run becomes one "same in every run" note; with open-loop arrivals
+    the throughput columns only restate the arrival rate and are left out."""
+    columns, notes = list(COLUMNS), []
+    if runs and all(r.summary.get("arrival_mode") in ("open", "fixed") for r in runs):
+        columns = [c for c in columns if c[0] not in RATE_COLUMNS]
+        notes.append(f"{' and '.join(RATE_COLUMNS)} are left out: with open-loop arrivals they restate the "
+                     f"arrival rate ({runs[0].summary.get('arrival', '?')}); see results.json.")
+    if len(runs) > 1:
+        kept, same = [], []
+        for c in columns:
+            cells = {_cell(r.summary, *c[1:]) for r in runs}
+            if len(cells) > 1:
+                kept.append(c)
+            elif cells != {"-"}:  # a column nothing measured goes without a note
+                same.append(f"{c[0]} {cells.pop()}")
+        columns = kept
+        if same:
+            notes.insert(0, "Same in every run: " + ", ".join(same) + ".")
+    return columns, notes
+
+
 def markdown_table(runs: Sequence[Run]) -> str:
-    lines = ["| run | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    runs = [_as_run(r) for r in runs]
+    columns, notes = _columns(runs)
+    lines = ["| run | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for run in runs:
-        lines.append(f"| {run.name} | " + " | ".join(_cell(run.summary, *c[1:]) for c in COLUMNS) + " |")
+        lines.append(f"| {run.name} | " + " | ".join(_cell(run.summary, *c[1:]) for c in columns) + " |")
+    if notes:
+        lines += [""] + notes
     return "\n".join(lines)
 
 
@@ -80,6 +110,20 @@ def _markdown(runs: Sequence[Run]) -> str:
     elif infos:
         parts += ["", "Workloads:", ""] + [f"- {name}: `{info}`" for name, info in infos]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def verdict(runs: Sequence[Run]) -> str | None:
+    """One line: the last run's TTFT p90 against the first's, and every run's cached-token share."""
+    runs = [_as_run(r) for r in runs]
+    if len(runs) < 2:
+        return None
+    base, best = runs[0], runs[-1]
+    b, c = base.summary.get("ttft_p90_s"), best.summary.get("ttft_p90_s")
+    if not b or c is None:
+        return None
+    cached = ", ".join(f"{r.name} {_cell(r.summary, 'cached_token_ratio', 100, 0, '%')}" for r in runs)
+    return (f"{best.name}'s TTFT p90 is {c / b:.2f}x {base.name}'s ({c * 1000:.0f} ms vs {b * 1000:.0f} ms); "
+            f"cached tokens: {cached}")
 
 
 def write_report(out_dir: str | pathlib.Path, runs: Sequence[Run | tuple | Mapping]) -> dict[str, pathlib.Path]:

@@ -57,10 +57,11 @@ class LoadResult:
     arrival: str
     interrupted: bool = False
     unsent: int = 0
+    arrival_mode: str = ""  # "open", "closed" or "fixed" (loadgen/arrivals.py)
 
     def summary(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
         out = summarize(self.records, duration_s=self.duration_s, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
-        out.update(arrival=self.arrival, interrupted=self.interrupted, unsent=self.unsent,
+        out.update(arrival=self.arrival, arrival_mode=self.arrival_mode, interrupted=self.interrupted, unsent=self.unsent,
                    workload_info=self.workload_info)
         return out
 
@@ -197,4 +198,5 @@ async def run_load(config: LoadConfig, workload: Workload, progress=None, stop: 
     records = sorted(run.records, key=lambda r: r.index)
     end = max((r.end_s for r in records), default=run.elapsed())
     info = workload.info() if hasattr(workload, "info") else {"workload": workload.name}
-    return LoadResult(records, end, model, info, config.arrival.describe(), interrupted, len(specs) - len(records))
+    return LoadResult(records, end, model, info, config.arrival.describe(), interrupted, len(specs) - len(records),
+                      config.arrival.mode)

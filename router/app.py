@@ -111,11 +111,17 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     return await request.app[PROXY].handle(request, "chat")
 
 
+def _model_card(model: str) -> dict:
+    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "kvroute"}
+
+
 async def handle_models(request: web.Request) -> web.Response:
-    now = int(time.time())
-    data = [{"id": m, "object": "model", "created": now, "owned_by": "kvroute"}
-            for m in request.app[CLUSTER].models()]
-    return json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": [_model_card(m) for m in request.app[CLUSTER].models()]})
+
+
+async def handle_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the model's card, or 404 model_not_found naming the served models."""
+    return json_response(_model_card(request.app[ROUTER].resolve_model(request.match_info["model"])))
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -155,6 +161,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/v1/models/{model:.+}", handle_model)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/router/instances", handle_instances)

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from router.config import EVENT_SOURCES, RouterConfig
-from router.serve import config_values, setup_logging
+from router.cli_help import HelpFormatter
+from router.serve import bind_socket, config_values, run_app, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,28 +15,36 @@ def build_parser() -> argparse.ArgumentParser:
     from router.policies import POLICIES
 
     d = RouterConfig.__dataclass_fields__
-    p = argparse.ArgumentParser(prog="kvroute router", description="Run the KV-cache-aware OpenAI router.")
+    p = argparse.ArgumentParser(prog="kvroute router", description="Run the KV-cache-aware OpenAI router.",
+                                formatter_class=HelpFormatter)
     p.add_argument("--engine", dest="engines", action="append", required=True, metavar="URL",
                    help="engine base URL (repeat for each engine)")
-    p.add_argument("--host", default=d["host"].default)
-    p.add_argument("--port", type=int, default=d["port"].default)
-    p.add_argument("--policy", choices=sorted(POLICIES), default=d["policy"].default)
-    p.add_argument("--index", choices=sorted(INDEXES), default=d["index"].default)
+    p.add_argument("--host", default=d["host"].default, help="address to listen on (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=d["port"].default, help="port to listen on")
+    p.add_argument("--policy", choices=sorted(POLICIES), default=d["policy"].default, help="routing policy")
+    p.add_argument("--index", choices=sorted(INDEXES), default=d["index"].default,
+                   help="where the block -> instance index lives (redis: shared by router replicas)")
     p.add_argument("--redis", default=None, help="Redis URL for --index redis and/or --events redis")
     p.add_argument("--events", choices=EVENT_SOURCES, default=d["events"].default,
-                   help="poll each engine's /kv/events (default) or read the engines' Redis stream")
-    p.add_argument("--tokenizer", default=None, help="local HF model dir (for --model DIR engines)")
+                   help="poll each engine's /kv/events, or read the engines' Redis stream")
+    p.add_argument("--tokenizer", default=None,
+                   help="local HF model dir, for --model DIR engines (default: the built-in tokenizer)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--admin-key", default=None, help="require 'Authorization: Bearer KEY' on /router/*")
     p.add_argument("--max-inflight", type=int, default=d["max_inflight"].default,
                    help="per instance; beyond it requests get 429 (0 = unlimited)")
-    p.add_argument("--max-retries", type=int, default=d["max_retries"].default)
-    p.add_argument("--health-interval-s", type=float, default=d["health_interval_s"].default)
-    p.add_argument("--eject-after", type=int, default=d["eject_after"].default)
+    p.add_argument("--max-retries", type=int, default=d["max_retries"].default,
+                   help="retries on another instance before the first byte")
+    p.add_argument("--health-interval-s", type=float, default=d["health_interval_s"].default,
+                   help="seconds between health checks of each engine")
+    p.add_argument("--eject-after", type=int, default=d["eject_after"].default,
+                   help="consecutive failed checks (or failed requests) that eject an engine")
     p.add_argument("--ejection-s", type=float, default=d["ejection_s"].default,
                    help="seconds an instance ejected for failed requests stays out (doubles per ejection)")
-    p.add_argument("--readmit-after", type=int, default=d["readmit_after"].default)
-    p.add_argument("--load-interval-s", type=float, default=d["load_interval_s"].default)
+    p.add_argument("--readmit-after", type=int, default=d["readmit_after"].default,
+                   help="consecutive good checks that readmit an ejected engine")
+    p.add_argument("--load-interval-s", type=float, default=d["load_interval_s"].default,
+                   help="seconds between polls of each engine's /load")
     p.add_argument("--index-ttl-s", type=float, default=d["index_ttl_s"].default,
                    help="the index forgets an instance that no router sharing it has seen for this long")
     p.add_argument("--index-timeout-s", type=float, default=d["index_timeout_s"].default,
@@ -62,17 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with prefill and decode engines: prompts with fewer uncached tokens skip the prefill stage")
     p.add_argument("--kv-secret", default=None,
                    help="shared secret signing prefill/decode transfer grants (default: $KVROUTE_KV_SECRET)")
-    p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks (default: random)")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
     values = config_values(RouterConfig, args)
     values["engines"] = tuple(values["engines"])
     try:
+        setup_logging(args.log_level)
         config = RouterConfig(**values)
         from router.tokenizer import load_tokenizer
 
@@ -80,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 2
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as e:
+        print(f"kvroute router: {e}", file=sys.stderr)
+        return 1
     from router.app import create_app
-    from router.serve import run_app
 
-    return run_app(create_app(config), config.host, config.port)
+    return run_app(create_app(config), sock, "router")
 
 
 if __name__ == "__main__":

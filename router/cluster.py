@@ -16,6 +16,7 @@ from router.instance import EngineInfo, Instance
 from router.limits import Limits
 from router.metrics import RouterMetrics
 from router.protocol import LoadRecord, hash_seed
+from router.upstream_errors import BadAnswer, Incompatible, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,10 @@ class Cluster:
 
     async def discover(self, inst: Instance) -> None:
         data = await self._get_json(inst, "/kv/info")
-        info = EngineInfo.from_dict(data)
+        try:
+            info = EngineInfo.from_dict(data)
+        except ValueError as e:
+            raise Incompatible(str(e)) from None
         first = inst.info is None
         if inst.info is not None and inst.info.instance_id != info.instance_id:
             await self._forget_old_id(inst, inst.info.instance_id, info.instance_id)
@@ -181,11 +185,13 @@ class Cluster:
         try:
             if inst.info is None:
                 await self.discover(inst)
+                self._recovered(inst)
                 return
             await self._check_health(inst)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, f"health check failed: {e!r}")
+            self.report_failure(inst, describe_failure(e))
         else:
+            self._recovered(inst)
             if inst.mark_success(self.config.readmit_after):
                 log.warning("instance %s re-admitted; resyncing its cache index", inst.id)
                 await self.discover(inst)
@@ -200,7 +206,7 @@ class Cluster:
             body = await r.json(content_type=None) if r.content_type == "application/json" else {}
             draining = r.status == 503 and isinstance(body, dict) and body.get("status") == "draining"
             if r.status != 200 and not draining:
-                raise ValueError(f"GET /health answered HTTP {r.status}")
+                raise BadAnswer(f"GET /health answered HTTP {r.status}")
         if draining != inst.draining:
             log.warning("instance %s %s", inst.id, "is draining: no new requests go there" if draining
                         else "takes requests again")
@@ -208,8 +214,11 @@ class Cluster:
 
     def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True) -> None:
         """A failed probe, or (`request=True`) a failed request: excluded from routing at once
-        (unless `exclude=False`), ejected after `eject_after` in a row."""
-        was_reachable = inst.reachable
+        (unless `exclude=False`), ejected after `eject_after` in a row. `why` is short
+        (router/upstream_errors.describe_failure). Logged when the instance starts failing or the
+        reason changes, not on every retry; kept as `last_error`."""
+        was_reachable, changed = inst.reachable, why != inst.last_error
+        inst.last_error = why
         if inst.mark_failure(self.config.eject_after, request, self.config.ejection_s, exclude):
             count = inst.request_failures if request else inst.failures
             log.warning("instance %s ejected after %d failed %s (%s)", inst.id, count,
@@ -217,6 +226,14 @@ class Cluster:
             self.metrics.ejections.inc()
         elif was_reachable and exclude:
             log.warning("instance %s unreachable, excluded from routing: %s", inst.id, why)
+        elif changed:
+            log.warning("engine %s unreachable: %s (retrying every %g s)", inst.url, why,
+                        self.config.health_interval_s)
+
+    def _recovered(self, inst: Instance) -> None:
+        if inst.last_error is not None:
+            log.warning("engine %s (%s) reachable again; it was: %s", inst.url, inst.id, inst.last_error)
+            inst.last_error = None
 
     def _forget_if_gone(self, inst: Instance) -> None:
         """This replica's own view of an instance down longer than the index TTL: it will be
@@ -252,7 +269,7 @@ class Cluster:
         try:
             self.observe_load(inst, LoadRecord.from_dict(await self._get_json(inst, "/load")))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, f"load poll failed: {e!r}")
+            self.report_failure(inst, describe_failure(e))
 
     def observe_load(self, inst: Instance, load: LoadRecord) -> None:
         was_draining = inst.draining
@@ -265,6 +282,10 @@ class Cluster:
     async def _get_json(self, inst: Instance, path: str, **params) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + params.pop("extra_s", 0.0))
         async with self.session.get(inst.url + path, params=params or None, timeout=timeout) as r:
+            error = NotAnEngine if path == "/kv/info" else BadAnswer
             if r.status != 200:
-                raise ValueError(f"GET {path} answered HTTP {r.status}")
-            return await r.json(content_type=None)
+                raise error(f"GET {path} answered HTTP {r.status}")
+            try:
+                return await r.json(content_type=None)
+            except ValueError:
+                raise error(f"GET {path} did not answer JSON") from None

@@ -58,6 +58,7 @@ class Instance:
         self.blocks_indexed = 0
         self.last_event_time: float | None = None
         self.resyncs = 0
+        self.last_error: str | None = None  # why the last contact failed; None once it works again
 
     @property
     def id(self) -> str:
@@ -157,6 +158,7 @@ class Instance:
             "failures": self.failures,
             "request_failures": self.request_failures,
             "mismatch": list(self.mismatch),
+            "last_error": self.last_error,
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,
             "load": self.load.to_dict() if self.load else None,

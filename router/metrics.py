@@ -1,8 +1,28 @@
-"""Router Prometheus metrics (kvroute_router_*), on a registry of the app's own."""
+"""Router Prometheus metrics (kvroute_router_*), on a registry of the app's own.
+
+Per-request metrics labelled by `model` and `instance` (the engine's instance id), as a
+client sees them through the router:
+
+    kvroute_router_request_duration_seconds        request arrival at the router -> last byte relayed
+    kvroute_router_time_to_first_token_seconds     forwarded -> first byte from the engine (streamed)
+    kvroute_router_time_per_output_token_seconds   (last byte - first byte) / (completion tokens - 1)
+    kvroute_router_output_tokens_total             usage.completion_tokens reported by the engine
+    kvroute_router_usage_prompt_tokens_total       usage.prompt_tokens, of requests that report cached tokens
+    kvroute_router_cached_tokens_total             usage.prompt_tokens_details.cached_tokens (actual hits)
+
+Actual cache hit rate = cached_tokens / usage_prompt_tokens; the router's prediction is
+predicted_cached_tokens / prompt_tokens. `kvroute_router_rejected_requests_total{status}`
+counts requests the router answered itself with an error (never forwarded), and
+`kvroute_router_requests_total{status="cancelled"}` a client that left mid-request.
+TTFT uses vLLM's buckets; TPOT adds 1-5 ms buckets below vLLM's (router/metric_buckets.py).
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from router.metric_buckets import DURATION_BUCKETS, FINE_TPOT_BUCKETS, TTFT_BUCKETS
+from router.usage import Usage
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -46,3 +66,45 @@ class RouterMetrics:
                               ["instance"], registry=r)
         self.inflight = Gauge("kvroute_router_inflight", "Requests in flight, by instance.", ["instance"],
                               registry=r)
+        per_request = ["model", "instance"]
+        self.request_duration = Histogram("kvroute_router_request_duration_seconds",
+                                          "Request arrival at the router to the last byte relayed.", per_request,
+                                          buckets=DURATION_BUCKETS, registry=r)
+        self.time_to_first_token = Histogram("kvroute_router_time_to_first_token_seconds",
+                                             "Forwarded to the first byte from the engine (streamed requests).",
+                                             per_request, buckets=TTFT_BUCKETS, registry=r)
+        self.time_per_output_token = Histogram("kvroute_router_time_per_output_token_seconds",
+                                               "Per request: (last byte - first byte) / (completion tokens - 1).",
+                                               per_request, buckets=FINE_TPOT_BUCKETS, registry=r)
+        self.output_tokens = Counter("kvroute_router_output_tokens", "Completion tokens, as the engines reported.",
+                                     per_request, registry=r)
+        self.usage_prompt_tokens = Counter("kvroute_router_usage_prompt_tokens",
+                                           "Prompt tokens of requests whose engine reported cached tokens.",
+                                           per_request, registry=r)
+        self.actual_cached_tokens = Counter("kvroute_router_cached_tokens",
+                                            "Prompt tokens the engines reported cached (actual prefix-cache hits).",
+                                            per_request, registry=r)
+        self.rejected = Counter("kvroute_router_rejected_requests",
+                                "Requests the router answered itself with an error, by HTTP status.", ["status"],
+                                registry=r)
+
+    def observe_first_token(self, model: str, instance: str, seconds: float) -> None:
+        self.time_to_first_token.labels(model, instance).observe(seconds)
+
+    def observe_finished(self, model: str, instance: str, duration_s: float, usage: Usage | None,
+                         first_token_s: float | None = None, end_s: float | None = None) -> None:
+        """One request relayed to its end. `first_token_s` and `end_s` (monotonic times of the first
+        and last byte) give its TPOT when the engine reported more than one completion token."""
+        self.request_duration.labels(model, instance).observe(duration_s)
+        if usage is None:
+            return
+        self.output_tokens.labels(model, instance).inc(usage.completion_tokens)
+        if usage.cached_tokens is not None:
+            self.usage_prompt_tokens.labels(model, instance).inc(usage.prompt_tokens)
+            self.actual_cached_tokens.labels(model, instance).inc(usage.cached_tokens)
+        if first_token_s is not None and end_s is not None and usage.completion_tokens > 1:
+            tpot = (end_s - first_token_s) / (usage.completion_tokens - 1)
+            self.time_per_output_token.labels(model, instance).observe(max(0.0, tpot))
+
+    def observe_rejected(self, status: int) -> None:
+        self.rejected.labels(str(status)).inc()

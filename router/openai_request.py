@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from router.errors import BadRequest
+from router.openai_sampling import sampling_fields
 
 KINDS = ("completion", "chat")
 MAX_TOKEN_ID = 0xFFFFFFFF  # ids are hashed as little-endian uint32 (router/protocol.py)
@@ -33,6 +34,15 @@ class CompletionRequest:
     ignore_eos: bool = False
     cache_salt: str | None = None
     kv_transfer_params: dict | None = None  # prefill/decode disaggregation (see engine/kv_transfer.py)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM): usage in every chunk
+    # router/openai_sampling.py:
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # top tokens per position; None = no logprobs
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -132,7 +142,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     kv_params = body.get("kv_transfer_params")
     if kv_params is not None and not isinstance(kv_params, dict):
         raise BadRequest("'kv_transfer_params' must be an object", param="kv_transfer_params")
-    fields: dict = {}
+    fields: dict = sampling_fields(body, kind)
     if kind == "chat":
         fields["messages"] = _messages(body)
     else:
@@ -143,6 +153,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         model=model,
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
+        continuous_usage=bool(options.get("continuous_usage_stats", False)),
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import Callable
 
@@ -15,7 +17,12 @@ from aiohttp import web
 log = logging.getLogger(__name__)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def setup_logging(level: str) -> None:
+    if level.upper() not in LOG_LEVELS:
+        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -37,34 +44,56 @@ def install_uvloop() -> bool:
     return True
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port now, before any slow startup; OSError says why not."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        why = "the port is in use" if e.errno == errno.EADDRINUSE else e.strerror
+        raise OSError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
 SHUTDOWN = web.AppKey("shutdown", asyncio.Event)  # an app may set it to stop its server (a finished drain)
 
 
-def run_app(app: web.Application, host: str, port: int, on_sigterm: Callable[[], None] | None = None) -> int:
-    """Serve `app` until SIGINT, SIGTERM (or `on_sigterm`'s own ending) or app[SHUTDOWN] is set."""
+def run_app(app: web.Application, sock: socket.socket, name: str,
+            on_sigterm: Callable[[], None] | None = None) -> int:
+    """Serve `app` on a socket from `bind_socket` until SIGINT, SIGTERM (or what `on_sigterm`
+    does instead: a drain, which ends by setting app[SHUTDOWN]) or app[SHUTDOWN] is set.
+    Logs "<name> listening on URL" once it is up."""
     install_uvloop()
     try:
-        return asyncio.run(_serve(app, host, port, on_sigterm))
+        return asyncio.run(_serve(app, sock, name, on_sigterm))
     except KeyboardInterrupt:
         return 0
 
 
-async def _serve(app: web.Application, host: str, port: int, on_sigterm: Callable[[], None] | None) -> int:
+async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigterm: Callable[[], None] | None) -> int:
     if SHUTDOWN not in app:
         app[SHUTDOWN] = asyncio.Event()
     stop = app[SHUTDOWN]
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.SockSite(runner, sock).start()
     except OSError as e:
-        print(f"kvroute: cannot serve on {host}:{port}: {e}", file=sys.stderr)
+        print(f"kvroute: cannot serve on {url}: {e}", file=sys.stderr)
         await runner.cleanup()
         return 1
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGTERM, on_sigterm or stop.set)
-    log.info("serving on http://%s:%d", host, port)
+    log.info("%s listening on %s", name, url)
     await stop.wait()
     await runner.cleanup()
     return 0

@@ -28,7 +28,7 @@ async def pd_cluster(start_engine, start_router, **router_kw):
 
 
 async def stream(http, url, body, path="/v1/completions"):
-    async with http.post(url + path, json={**body, "stream": True}) as r:
+    async with http.post(url + path, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
         raw = await r.read()
         chunks = [orjson.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
         return r.status, r.headers, chunks, raw
@@ -43,7 +43,7 @@ async def test_streamed_disaggregated_output_equals_colocated(start_engine, star
     status, headers, chunks, raw = await stream(http, url, body)
     assert status == 200 and raw.rstrip().endswith(b"data: [DONE]")
     assert headers["x-kvroute-instance"] == "d0" and headers["x-kvroute-prefill-instance"] == "p0"
-    assert "".join(c["choices"][0]["text"] for c in chunks) == expected
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == expected
     assert chunks[-1]["usage"]["completion_tokens"] == 10
 
 
@@ -54,7 +54,7 @@ async def test_chat_through_disaggregation(start_engine, start_router, http):
     status, headers, chunks, _ = await stream(http, url, body, "/v1/chat/completions")
     assert status == 200 and headers.get("x-kvroute-prefill-instance") == "p0"
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:-1])
     assert chunks[-1]["usage"]["completion_tokens"] == 5
 
 

@@ -36,7 +36,8 @@ async def test_completion_reports_cached_tokens_on_repeat(start_engine, http):
 
 async def test_streaming_chunks_and_final_usage(start_engine, http):
     url, _ = await start_engine(time_scale=0.01)
-    body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5, "stream": True}
+    body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}
     async with http.post(url + "/v1/chat/completions", json=body) as r:
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
         events = await sse_events(r)
@@ -44,10 +45,11 @@ async def test_streaming_chunks_and_final_usage(start_engine, http):
     chunks = events[:-1]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
     assert "cached_tokens" in chunks[-1]["usage"]["prompt_tokens_details"]
-    assert len(chunks) >= 3  # role chunk, at least one content chunk, final chunk
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert len(chunks) >= 4  # role chunk, at least one content chunk, final chunk, usage chunk
 
 
 async def test_events_and_snapshot_after_a_request(start_engine, http):

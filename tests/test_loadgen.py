@@ -186,10 +186,11 @@ def stub_app(first_delay=0.2, gap=0.05, tokens=5, reject=False):
                 if i:
                     await asyncio.sleep(gap)
                 chunk = {"choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}
-                if i == tokens - 1:
-                    chunk["usage"] = {"prompt_tokens": len(body["prompt"]), "completion_tokens": tokens,
-                                      "prompt_tokens_details": {"cached_tokens": 16}}
                 await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if (body.get("stream_options") or {}).get("include_usage"):  # OpenAI: only when asked
+                usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": tokens,
+                         "prompt_tokens_details": {"cached_tokens": 16}}
+                await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             return resp
         finally:

@@ -60,7 +60,8 @@ async def test_shared_prefix_sticks_and_distinct_prefixes_spread(start_engine, s
 
 async def test_streaming_passthrough_and_header(start_engine, start_router, http):
     url, _, _ = await cluster(start_engine, start_router, n=2)
-    status, inst, body = await complete(http, url, prompt(1), max_tokens=5, stream=True)
+    status, inst, body = await complete(http, url, prompt(1), max_tokens=5, stream=True,
+                                        stream_options={"include_usage": True})
     assert status == 200 and inst in ("e0", "e1")
     lines = [line for line in body.split(b"\n\n") if line.startswith(b"data: ")]
     assert lines[-1] == b"data: [DONE]"

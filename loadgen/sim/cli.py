@@ -30,6 +30,7 @@ from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.report import format_table, relative_to_oracle
 from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
+from router.cli_help import HelpFormatter
 
 PROG = "kvroute sim"
 
@@ -54,14 +55,14 @@ def _knob_types() -> dict[str, type]:
 
 def build_parser() -> argparse.ArgumentParser:
     d = {f.name: f.default for f in dataclasses.fields(SimConfig)}
-    p = _Parser(prog=PROG, description="Discrete-event simulation of a large cluster with the real policies.")
+    p = _Parser(prog=PROG, formatter_class=HelpFormatter, description="Discrete-event simulation of a large cluster with the real policies.")
     p.add_argument("--instances", type=int, default=d["instances"], help="simulated engines")
     p.add_argument("--policy", default="kv_aware", help=f"comma-separated, from: {', '.join(policy_names())}")
     p.add_argument("--workload", required=True, help=f"one of {workload_names()}")
     p.add_argument("--requests", "--num-requests", dest="num_requests", type=int, help="requests to generate")
     p.add_argument("--rate", type=float, help="open loop: requests/s (omit for a trace's own send times)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
-    p.add_argument("--cost-model", default=d["cost_model"], choices=list(COST_MODELS))
+    p.add_argument("--cost-model", default=d["cost_model"], choices=list(COST_MODELS), help="step-time model of each engine")
     p.add_argument("--event-delay", type=float, default=d["event_delay_s"], help="KV event delivery delay, s")
     p.add_argument("--request-overhead", type=float, default=d["request_overhead_s"],
                    help="fixed HTTP/router latency added to every TTFT and E2E, s (measured ~0.005 on loopback)")
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewer predicted uncached prompt tokens: run whole on a decode instance (no prefill stage)")
     p.add_argument("--pd-sweep", action="store_true",
                    help="run colocated and every P:D split of --instances (one policy); table of goodput per split")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload, arrivals and policies")
     p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")

@@ -13,6 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
+import router.metric_buckets  # noqa: F401  (turns off *_created series)
 from router.index.base import Applied, BlockIndex, PrefixMatch
 from router.protocol import KVEvent
 
