@@ -15,9 +15,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from router.cluster import Cluster
 from router.config import RouterConfig
 from router.disagg import Disaggregation
-from router.errors import Unauthorized
+from router.errors import BadRequest, Unauthorized
 from router.events import EventSync, PollFollower, RedisFollower
-from router.http import error_middleware, json_response, parse_json, read_body
+from router.http import json_response, make_error_middleware, parse_json, read_body
 from router.index import BreakerIndex, make_index
 from router.index.instrumented import InstrumentedIndex
 from router.kv_auth import secret_from
@@ -59,7 +59,7 @@ async def auth_middleware(request: web.Request, handler):
 
 async def _router_ctx(app: web.Application):
     config = app[CONFIG]
-    metrics = RouterMetrics()
+    metrics = app[METRICS]
     tokenizer = load_tokenizer(config.tokenizer)
     backend = make_index(config.index, url=config.redis, timeout=config.index_timeout_s)
     breaker = BreakerIndex(backend, config.index_breaker_failures, config.index_breaker_cooldown_s, metrics.registry)
@@ -71,7 +71,7 @@ async def _router_ctx(app: web.Application):
     cluster.session = session
     pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool)
-    app[METRICS], app[CLUSTER], app[ROUTER] = metrics, cluster, router
+    app[CLUSTER], app[ROUTER] = cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
     proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
@@ -140,6 +140,26 @@ async def handle_instances(request: web.Request) -> web.Response:
     return json_response({"instances": [i.to_dict() for i in request.app[CLUSTER].instances]})
 
 
+async def handle_stats(request: web.Request) -> web.Response:
+    """Recent requests: rates, TTFT/TPOT percentiles and SLO attainment (?window=S&slo_ttft=S&slo_tpot=S)."""
+    def number(name: str, default: float | None) -> float | None:
+        raw = request.query.get(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise BadRequest(f"query parameter {name!r} must be a number, got {raw!r}", param=name) from None
+        if not value > 0:
+            raise BadRequest(f"query parameter {name!r} must be positive", param=name)
+        return value
+
+    window = number("window", 60.0)
+    stats = request.app[ROUTER].recent.stats(window, number("slo_ttft", None), number("slo_tpot", None))
+    stats["engines"] = [i.to_dict() for i in request.app[CLUSTER].instances]
+    return json_response(stats)
+
+
 async def handle_explain(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     body = parse_json(await read_body(request, request.app[CLUSTER].max_body_bytes))
@@ -155,8 +175,10 @@ async def handle_explain(request: web.Request) -> web.Response:
 def create_app(config: RouterConfig) -> web.Application:
     # Request bodies are read through read_body, bounded by the limit derived from the engines'
     # context (router/limits.py), which is only known once they are discovered.
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=1 << 40)
-    app[CONFIG] = config
+    metrics = RouterMetrics()
+    app = web.Application(middlewares=[make_error_middleware(metrics.observe_rejected), auth_middleware],
+                          client_max_size=1 << 40)
+    app[CONFIG], app[METRICS] = config, metrics
     app.cleanup_ctx.append(_router_ctx)
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)
@@ -166,4 +188,5 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/router/instances", handle_instances)
     app.router.add_post("/router/explain", handle_explain)
+    app.router.add_get("/router/stats", handle_stats)
     return app

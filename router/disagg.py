@@ -28,6 +28,7 @@ from router.cluster import Cluster
 from router.errors import KVRouteError, Unavailable
 from router.http import SSE_DONE, ClientGone, json_response, sse_error, sse_line, write_client
 from router.kv_auth import make_grant
+from router.upstream_errors import describe_failure
 from router.instance import Instance
 from router.policies.base import Decision
 from router.proxy import INSTANCE_HEADER, RETRYABLE, Dispatch, Proxy
@@ -148,7 +149,7 @@ class Disaggregation:
             raise
         except RETRYABLE as e:
             dispatch.end("error")
-            why = f"no prefill answer within {wait:g}s" if isinstance(e, TimeoutError) else type(e).__name__
+            why = f"no prefill answer within {wait:g}s" if isinstance(e, TimeoutError) else describe_failure(e)
             self.cluster.report_failure(inst, f"prefill failed: {why}", request=True)
             return None
         dispatch.first_byte()
@@ -179,7 +180,9 @@ class Disaggregation:
     async def _finished_at_prefill(self, request, prepared, inst: Instance, prefilled: dict) -> web.StreamResponse:
         headers = {INSTANCE_HEADER: inst.id, PREFILL_HEADER: inst.id}
         if not prepared.request.stream:
+            prepared.trace.body(orjson.dumps(prefilled), inst.id)
             return json_response(prefilled, headers=headers)
+        prepared.trace.first(inst.id)
         reason = prefilled["choices"][0].get("finish_reason")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await resp.prepare(request)
@@ -198,7 +201,9 @@ class Disaggregation:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **headers})
         await resp.prepare(request)
+        prepared.trace.first(prefill.id)
         await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled)))
+        prepared.trace.first(decode.id)  # the tokens after the first come from the decode engine
         choice = Choice(decode, Decision(decode.id, uncached_tokens=0), {}, [decode], prepared.num_tokens)
         dispatch = Dispatch(self.router, prepared, choice)
         status = "200"
@@ -212,7 +217,7 @@ class Disaggregation:
             if isinstance(e, _UpstreamStatus):
                 err = e.error
             else:
-                why = "no first byte in time" if isinstance(e, TimeoutError) else type(e).__name__
+                why = "no first byte in time" if isinstance(e, TimeoutError) else describe_failure(e)
                 self.cluster.report_failure(decode, f"decode failed: {why}", request=True)
                 err = Unavailable(f"decode {decode.id} failed: {why}")
             await write_client(resp, sse_error(err) + SSE_DONE)
@@ -232,7 +237,7 @@ class Disaggregation:
                 raise _UpstreamStatus(r.status, await r.content.read(300))
             dispatch.first_byte()
             decode.request_ok()
-            return await self.proxy.pump(r, resp, decode)
+            return await self.proxy.pump(r, resp, decode, dispatch.prepared.trace)
         finally:
             r.close()
 

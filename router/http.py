@@ -7,6 +7,7 @@ import email.utils
 import logging
 import math
 import time
+from typing import Callable
 
 import orjson
 from aiohttp import web
@@ -60,30 +61,43 @@ async def write_client(resp: web.StreamResponse, data: bytes | None = None) -> N
         raise ClientGone(resp) from None
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler):
+def make_error_middleware(on_error: Callable[[int], None] | None = None):
     """Every error leaves as an OpenAI-shaped body; anything unexpected is a logged 500.
     A client that left gets its (already started) response back, which aiohttp closes
-    quietly: no traceback for a client that hangs up."""
-    try:
-        return await handler(request)
-    except ClientGone as gone:
-        return gone.response
-    except KVRouteError as exc:
-        return error_response(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        err = NotFound(exc.reason) if exc.status == 404 else KVRouteError(exc.reason)
-        if exc.status == 413:
-            err = PayloadTooLarge(exc.reason)
-        return json_response(err.to_dict(), status=exc.status)
-    except asyncio.CancelledError:
-        raise  # the client left before any answer (aiohttp cancels the handler)
-    except Exception as exc:
-        log.exception("unexpected error in %s %s", request.method, request.path)
-        err = KVRouteError(f"internal error: {type(exc).__name__}", code="internal_error")
-        return json_response(err.to_dict(), status=500)
+    quietly: no traceback for a client that hangs up. `on_error(status)` is told of every
+    error answered here (the router counts the requests it rejects itself)."""
+
+    def answered(response: web.Response) -> web.Response:
+        if on_error is not None:
+            on_error(response.status)
+        return response
+
+    @web.middleware
+    async def error_middleware(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except ClientGone as gone:
+            return gone.response
+        except KVRouteError as exc:
+            return answered(error_response(exc))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            err = NotFound(exc.reason) if exc.status == 404 else KVRouteError(exc.reason)
+            if exc.status == 413:
+                err = PayloadTooLarge(exc.reason)
+            return answered(json_response(err.to_dict(), status=exc.status))
+        except asyncio.CancelledError:
+            raise  # the client left before any answer (aiohttp cancels the handler)
+        except Exception as exc:
+            log.exception("unexpected error in %s %s", request.method, request.path)
+            err = KVRouteError(f"internal error: {type(exc).__name__}", code="internal_error")
+            return answered(json_response(err.to_dict(), status=500))
+
+    return error_middleware
+
+
+error_middleware = make_error_middleware()
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

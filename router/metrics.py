@@ -45,8 +45,6 @@ class RouterMetrics:
         self.prompt_tokens = Counter("kvroute_router_prompt_tokens", "Prompt tokens routed.", registry=r)
         self.cached_tokens = Counter("kvroute_router_predicted_cached_tokens",
                                      "Prompt tokens predicted cached on the chosen instance.", registry=r)
-        self.ttft = Histogram("kvroute_router_ttft_seconds", "Time to first byte from the engine, as routed.",
-                              buckets=LATENCY_BUCKETS, registry=r)
         self.index_size = Gauge("kvroute_router_index_entries", "(block, instance) entries in the index.",
                                 registry=r)
         self.event_lag = Histogram("kvroute_router_event_lag_seconds",

@@ -24,7 +24,9 @@ from aiohttp import web
 
 from router.cluster import Cluster
 from router.errors import KVRouteError, Overloaded, Unavailable
-from router.http import SSE_DONE, ClientGone, parse_json, parse_retry_after, read_body, sse_error, write_client
+from router.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, read_body, sse_error, status_of,
+                         write_client)
+from router.upstream_errors import describe_failure
 from router.routing import Choice, Prepared, Router
 from router.steering import strip_engine_fields
 
@@ -57,7 +59,7 @@ class Dispatch:
         self.inst.queued_prefill_tokens -= self.uncached
         if is_ttft:
             ttft = time.monotonic() - self.sent
-            self.router.metrics.ttft.observe(ttft)
+            self.router.metrics.observe_first_token(self.prepared.model, self.inst.id, ttft)
             self.router.policy.on_first_token(self.prepared.route, self.inst.id, ttft, self.uncached)
 
     def end(self, status: str) -> None:
@@ -86,9 +88,22 @@ class Proxy:
         raw = await read_body(request, self.cluster.max_body_bytes)
         body, raw = strip_engine_fields(parse_json(raw), raw)
         prepared = await self.router.prepare(body, kind)
-        if self.disagg is not None and self.disagg.active(prepared.model):
-            return await self.disagg.handle(request, body, prepared)
-        return await self.forward(request, raw, prepared, self.cluster.colocated_roles(prepared.model))
+        status = "error"
+        try:
+            if self.disagg is not None and self.disagg.active(prepared.model):
+                resp = await self.disagg.handle(request, body, prepared)
+            else:
+                resp = await self.forward(request, raw, prepared, self.cluster.colocated_roles(prepared.model))
+            status = str(resp.status)
+            return resp
+        except (asyncio.CancelledError, ClientGone):
+            status = "cancelled"
+            raise
+        except KVRouteError as e:
+            status = str(status_of(e))
+            raise
+        finally:
+            self.router.finish(prepared.trace, status)
 
     async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
                       roles: tuple[str, ...] | None, exclude: tuple[str, ...] = ()) -> web.StreamResponse:
@@ -155,17 +170,21 @@ class Proxy:
             self.cluster.report_failure(inst, f"{what} within {wait:g}s", request=True)
             return Unavailable(f"instance {inst.id} timed out ({what} within {wait:g}s)")
         except RETRYABLE as e:
-            self.cluster.report_failure(inst, f"request failed: {type(e).__name__}: {e}", request=True)
-            return Unavailable(f"instance {inst.id} failed: {type(e).__name__}")
+            why = describe_failure(e)
+            self.cluster.report_failure(inst, f"request failed: {why}", request=True)
+            return Unavailable(f"instance {inst.id} failed: {why}")
         finally:
             if upstream is not None and (not stream or upstream.status != 200):
                 upstream.close()
         inst.request_ok()
         if not stream or upstream.status != 200:
+            prepared.trace.body(body, inst.id)
             dispatch.first_byte(is_ttft=False)
             dispatch.end(str(upstream.status))
             return web.Response(body=body, status=upstream.status, headers=self._headers(upstream, inst.id))
         dispatch.first_byte()
+        prepared.trace.first(inst.id)
+        prepared.trace.relayed(first)
         try:
             return await self._relay(request, upstream, first, dispatch)
         finally:
@@ -186,12 +205,12 @@ class Proxy:
         resp = web.StreamResponse(status=upstream.status, headers=self._headers(upstream, dispatch.inst.id))
         await resp.prepare(request)
         await write_client(resp, first)
-        status = await self.pump(upstream, resp, dispatch.inst)
+        status = await self.pump(upstream, resp, dispatch.inst, dispatch.prepared.trace)
         dispatch.end(status)
         await write_client(resp)
         return resp
 
-    async def pump(self, upstream: aiohttp.ClientResponse, resp: web.StreamResponse, inst) -> str:
+    async def pump(self, upstream: aiohttp.ClientResponse, resp: web.StreamResponse, inst, trace) -> str:
         """Copy the rest of an upstream stream to the client; the outcome as a status label.
         A broken or stalled upstream is the engine's fault (SSE error, then [DONE]);
         a failed write is the client's (ClientGone propagates)."""
@@ -200,13 +219,14 @@ class Proxy:
                 chunk = await upstream.content.readany()
             except RETRYABLE as e:
                 why = f"no chunk within {self.config.read_timeout_s:g}s" if isinstance(
-                    e, asyncio.TimeoutError) else f"stream broke: {type(e).__name__}"
+                    e, asyncio.TimeoutError) else f"stream broke: {describe_failure(e)}"
                 self.cluster.report_failure(inst, why, request=True)
                 await write_client(resp, sse_error(Unavailable(f"instance {inst.id} failed mid-stream: {why}")))
                 await write_client(resp, SSE_DONE)
                 return "broken"
             if not chunk:
                 return "200"
+            trace.relayed(chunk)
             await write_client(resp, chunk)
 
     @staticmethod

@@ -22,6 +22,7 @@ from router.metrics import RouterMetrics
 from router.openai_request import CompletionRequest, parse_request
 from router.policies.base import Decision, Policy, RouteRequest
 from router.protocol import block_hashes, hash_seed
+from router.request_trace import RecentRequests, RequestTrace
 from router.tokenize_pool import TokenizePool
 from router.tokenizer import Tokenizer
 
@@ -37,6 +38,7 @@ class Prepared:
     num_tokens: int
     route: RouteRequest
     started: float
+    trace: RequestTrace
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class Router:
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.pool = pool or TokenizePool()
+        self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
 
     def resolve_model(self, requested: str | None) -> str:
         models = self.cluster.models()
@@ -93,7 +96,15 @@ class Router:
         block_size = self.cluster.block_size(model)
         hashes = block_hashes(ids, block_size, hash_seed(model, req.cache_salt))
         route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
-        return Prepared(req, model, len(ids), route, started)
+        return Prepared(req, model, len(ids), route, started, RequestTrace(model, req.stream, len(ids), started))
+
+    def finish(self, trace: RequestTrace, status: str) -> None:
+        """A client request ended (answered, failed or abandoned): metrics and the recent window."""
+        trace.end(status)
+        end = trace.last_byte or time.perf_counter()
+        self.metrics.observe_finished(trace.model, trace.instance or "none", end - trace.started, trace.usage,
+                                      trace.first_token, trace.last_byte)
+        self.recent.add(trace)
 
     async def _tokenize(self, req: CompletionRequest, chars: int) -> list[int]:
         if req.prompt_ids is not None:

@@ -249,3 +249,33 @@ async def test_engine_back_under_a_new_id_clears_the_old_one(start_engine, start
             break
         await asyncio.sleep(0.05)
     assert set(await cl.index.lookup(hashes)) == {"pod-b"}
+
+
+async def test_router_metrics_follow_what_engines_report(start_engine, start_router, http):
+    url, _, _ = await cluster(start_engine, start_router, n=1)
+    for _ in range(2):
+        body = {"prompt": prompt(40), "max_tokens": 5, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        async with http.post(url + "/v1/completions", json=body) as r:
+            await r.read()
+    status, _, _ = await complete(http, url, prompt(41), max_tokens=3)
+    async with http.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": -1}) as r:
+        assert r.status == 400
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+
+    def value(name):
+        line = next(line for line in text.splitlines() if line.startswith(name))
+        return float(line.split()[-1])
+
+    assert value('kvroute_router_output_tokens_total{instance="e0",model="kvroute-tiny"}') == 13
+    assert value('kvroute_router_cached_tokens_total{instance="e0",model="kvroute-tiny"}') > 0  # the repeat hit
+    assert value('kvroute_router_request_duration_seconds_count{instance="e0",model="kvroute-tiny"}') == 3
+    assert value('kvroute_router_time_per_output_token_seconds_count{instance="e0",model="kvroute-tiny"}') == 2
+    assert value('kvroute_router_rejected_requests_total{status="400"}') == 1
+    async with http.get(url + "/router/stats", params={"window": "60", "slo_ttft": "5"}) as r:
+        stats = (await r.json())["models"]["kvroute-tiny"]
+    assert stats["requests"] == 3 and stats["slo_attainment"] == 1.0
+    assert stats["ttft_s"]["p50"] is not None and stats["tpot_s"]["p50"] is not None
+    async with http.get(url + "/router/stats", params={"window": "-1"}) as r:
+        assert r.status == 400
