@@ -51,21 +51,27 @@ def pick_decode(candidates: list[Instance], rng: random.Random) -> Instance:
 
 
 def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) -> dict:
-    """The stream chunk carrying the prefill's first token (and its end, if it was the last)."""
+    """The stream chunk carrying the prefill's first token, with its logprobs (and its end, if it
+    was the last); usage goes in a chunk of its own (`usage_chunk`), as OpenAI streams it."""
     choice = prefilled["choices"][0]
     chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
+    logprobs = choice.get("logprobs")
     if kind == "chat":
         text = (choice.get("message") or {}).get("content") or ""
         chunk["object"] = "chat.completion.chunk"
-        chunk["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": None,
+        chunk["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs,
                              "finish_reason": finish_reason}]
     else:
         chunk["object"] = "text_completion"
-        chunk["choices"] = [{"index": 0, "text": choice.get("text", ""), "logprobs": None,
+        chunk["choices"] = [{"index": 0, "text": choice.get("text", ""), "logprobs": logprobs,
                              "finish_reason": finish_reason}]
-    if finish_reason is not None and "usage" in prefilled:
-        chunk["usage"] = prefilled["usage"]
     return chunk
+
+
+def usage_chunk(kind: str, prefilled: dict) -> dict:
+    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
+    chunk["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    return {**chunk, "choices": [], "usage": prefilled.get("usage")}
 
 
 class Disaggregation:
@@ -186,7 +192,9 @@ class Disaggregation:
         reason = prefilled["choices"][0].get("finish_reason")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await resp.prepare(request)
-        await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled, reason)) + SSE_DONE)
+        kind = prepared.request.kind
+        tail = sse_line(usage_chunk(kind, prefilled)) if prepared.request.include_usage else b""
+        await write_client(resp, sse_line(first_chunk(kind, prefilled, reason)) + tail + SSE_DONE)
         await write_client(resp)
         return resp
 
