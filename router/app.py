@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from router import admin
 from router.cluster import Cluster
 from router.config import RouterConfig
 from router.disagg import Disaggregation
@@ -24,6 +25,7 @@ from router.kv_auth import secret_from
 from router.metrics import RouterMetrics
 from router.policies import make_policy
 from router.proxy import Proxy
+from router.registry import RegistryFollower
 from router.routing import Router
 from router.tokenize_pool import TokenizePool
 from router.tokenizer import load_tokenizer
@@ -37,7 +39,7 @@ PROXY = web.AppKey("proxy", Proxy)
 METRICS = web.AppKey("metrics", RouterMetrics)
 
 OPENAI_PATHS = ("/v1/",)
-ADMIN_PATHS = ("/router/",)
+ADMIN_PATHS = ("/router/", "/workers")
 
 
 def _authorized(request: web.Request, key: str | None) -> bool:
@@ -77,9 +79,13 @@ async def _router_ctx(app: web.Application):
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
-    tasks = [asyncio.create_task(coro, name=name) for name, coro in (
-        ("health", cluster.health_loop()), ("load", cluster.load_loop()), ("events", follower.run()),
-        ("index-maintenance", cluster.maintain_loop()),
+    registry = RegistryFollower(cluster, config.registry) if config.registry else None
+    loops = [("health", cluster.health_loop()), ("load", cluster.load_loop()), ("events", follower.run()),
+             ("index-maintenance", cluster.maintain_loop())]
+    if registry is not None:
+        await registry.sync_once()  # the fleet as registered now, before the first request
+        loops.append(("registry", registry.run()))
+    tasks = [asyncio.create_task(coro, name=name) for name, coro in (*loops,
         ("index-size", _index_size_loop(cluster, metrics)))]
     log.info("router ready: policy=%s index=%s events=%s engines=%d (%d routable)", config.policy, config.index,
              config.events, len(cluster.instances), sum(i.routable for i in cluster.instances))
@@ -89,6 +95,8 @@ async def _router_ctx(app: web.Application):
     await asyncio.gather(*tasks, return_exceptions=True)
     if isinstance(follower, RedisFollower):
         await follower.close()
+    if registry is not None:
+        await registry.close()
     await index.close()
     await session.close()
     pool.close()
@@ -189,4 +197,5 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/router/instances", handle_instances)
     app.router.add_post("/router/explain", handle_explain)
     app.router.add_get("/router/stats", handle_stats)
+    admin.add_routes(app)
     return app

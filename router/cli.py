@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = RouterConfig.__dataclass_fields__
     p = argparse.ArgumentParser(prog="kvroute router", description="Run the KV-cache-aware OpenAI router.",
                                 formatter_class=HelpFormatter)
-    p.add_argument("--engine", dest="engines", action="append", required=True, metavar="URL",
+    p.add_argument("--engine", dest="engines", action="append", default=[], metavar="URL",
                    help="engine base URL (repeat for each engine)")
     p.add_argument("--host", default=d["host"].default, help="address to listen on (0.0.0.0: all interfaces)")
     p.add_argument("--port", type=int, default=d["port"].default, help="port to listen on")
@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", choices=sorted(INDEXES), default=d["index"].default,
                    help="where the block -> instance index lives (redis: shared by router replicas)")
     p.add_argument("--redis", default=None, help="Redis URL for --index redis and/or --events redis")
+    p.add_argument("--registry", default=None,
+                   help="follow this Redis fleet registry (redis://...): engines join and leave at run time")
     p.add_argument("--events", choices=EVENT_SOURCES, default=d["events"].default,
                    help="poll each engine's /kv/events, or read the engines' Redis stream")
     p.add_argument("--tokenizer", default=None,

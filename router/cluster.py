@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import collections
+import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -13,9 +13,10 @@ import aiohttp
 from router.config import RouterConfig
 from router.index.base import BlockIndex, IndexUnavailable
 from router.instance import EngineInfo, Instance
+from router.fleet_shape import FleetShape
 from router.limits import Limits
 from router.metrics import RouterMetrics
-from router.protocol import LoadRecord, hash_seed
+from router.protocol import LoadRecord
 from router.upstream_errors import BadAnswer, Incompatible, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
@@ -30,11 +31,7 @@ class Cluster:
         self.metrics = metrics
         self.instances = [Instance(url) for url in config.engines]  # grows and shrinks at run time
         self.session: aiohttp.ClientSession | None = None
-        # model -> the block size most of its engines use; recomputed when an engine is discovered,
-        # so the per-request path reads a dict instead of scanning the instances.
-        self.block_sizes: dict[str, int] = {}
-        self.limits: dict[str, Limits] = {}
-        self.max_body_bytes = self._limits_for(0, 0).max_body_bytes
+        self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
 
     # -- views ----------------------------------------------------------------------
 
@@ -94,35 +91,32 @@ class Cluster:
         return ("both",) if self.routable(model, ("both",)) else None
 
     def block_size(self, model: str) -> int:
-        return self.block_sizes.get(model, 16)
+        return self.shape.block_sizes.get(model, 16)
 
     def limits_for(self, model: str) -> Limits:
-        return self.limits.get(model) or self._limits_for(0, 0)
+        return self.shape.limits_for(model)
 
-    def _limits_for(self, max_model_len: int, vocab_size: int) -> Limits:
-        return Limits.derive(max_model_len, vocab_size, self.config.max_prompt_chars, self.config.max_body_bytes)
+    @property
+    def max_body_bytes(self) -> int:
+        return self.shape.max_body_bytes
 
-    def _update_limits(self) -> None:
-        """Per model: the largest context and vocabulary its engines advertise; the body limit
-        is the largest of any model's (the body is read before its model is known)."""
-        lens: dict[str, int] = collections.defaultdict(int)
-        vocabs: dict[str, int] = collections.defaultdict(int)
-        for inst in self.instances:
-            if inst.info is not None:
-                lens[inst.info.model] = max(lens[inst.info.model], inst.info.max_model_len)
-                vocabs[inst.info.model] = max(vocabs[inst.info.model], inst.info.vocab_size)
-        self.limits = {m: self._limits_for(lens[m], vocabs[m]) for m in lens}
-        self.max_body_bytes = max([lim.max_body_bytes for lim in self.limits.values()]
-                                  or [self._limits_for(0, 0).max_body_bytes])
+    @property
+    def block_sizes(self) -> dict[str, int]:
+        return self.shape.block_sizes
 
     # -- discovery and compatibility ------------------------------------------------
 
-    async def discover(self, inst: Instance) -> None:
+    async def discover(self, inst: Instance, dry_run: bool = False) -> None:
+        """Read the engine's /kv/info into `inst.info`; `dry_run` (the admin API's probe of a
+        candidate) only reads it."""
         data = await self._get_json(inst, "/kv/info")
         try:
             info = EngineInfo.from_dict(data)
         except ValueError as e:
             raise Incompatible(str(e)) from None
+        if dry_run:
+            inst.info = info
+            return
         first = inst.info is None
         if inst.info is not None and inst.info.instance_id != info.instance_id:
             await self._forget_old_id(inst, inst.info.instance_id, info.instance_id)
@@ -133,6 +127,14 @@ class Cluster:
             inst.needs_resync = True
             log.info("instance %s at %s: model=%s role=%s block_size=%d", info.instance_id, inst.url, info.model,
                      info.role, info.block_size)
+
+    def problems_of(self, info: EngineInfo) -> list[str]:
+        return self.shape.problems_of(info)
+
+    def set_role(self, inst: Instance, role: str) -> None:
+        if inst.info is not None and inst.info.role != role:
+            inst.info = dataclasses.replace(inst.info, role=role)
+            log.warning("instance %s is now %s: regrouped", inst.id, role)
 
     async def _forget_old_id(self, inst: Instance, old: str, new: str) -> None:
         """An engine restarted at the same URL under another id (the default id is the pod's
@@ -151,23 +153,7 @@ class Cluster:
 
     def check_compatibility(self) -> None:
         """Flag instances whose cache keys the router cannot reproduce (routed on load only)."""
-        sizes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-        for inst in self.instances:
-            if inst.info is not None:
-                sizes[inst.info.model][inst.info.block_size] += 1
-        self.block_sizes = {model: counts.most_common(1)[0][0] for model, counts in sizes.items()}
-        self._update_limits()
-        for inst in self.instances:
-            if inst.info is None:
-                continue
-            info, problems = inst.info, []
-            if info.tokenizer != self.tokenizer_fingerprint:
-                problems.append(f"tokenizer fingerprint {info.tokenizer} != router's {self.tokenizer_fingerprint}")
-            if info.hash_seed != hash_seed(info.model):
-                problems.append(f"hash seed {info.hash_seed} != {hash_seed(info.model)} expected for {info.model!r}")
-            expected = self.block_size(info.model)
-            if info.block_size != expected:
-                problems.append(f"block size {info.block_size} != {expected} used by the other {info.model!r} engines")
+        for inst, problems in self.shape.update(self.instances):
             if problems != inst.mismatch:
                 inst.mismatch = problems
                 for p in problems:

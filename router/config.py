@@ -15,6 +15,7 @@ class RouterConfig:
     policy: str = "kv_aware"
     index: str = "memory"
     redis: str | None = None
+    registry: str | None = None  # redis:// URL of the fleet registry: engines join and leave at run time
     events: str = "poll"  # "poll": follow each engine's /kv/events; "redis": the engines' Redis stream
     tokenizer: str | None = None  # local HF dir; None = the built-in tokenizer
     api_key: str | None = None
@@ -53,8 +54,9 @@ class RouterConfig:
     kv_secret: str | None = None  # signs transfer grants for prefill engines; default $KVROUTE_KV_SECRET
 
     def __post_init__(self) -> None:
-        if not self.engines:
-            raise ValueError("give at least one --engine URL")
+        if not self.engines and not self.registry and not self.admin_key:
+            raise ValueError("give --engine URL, --registry redis://..., or --admin-key to add engines "
+                             "through the admin API")
         for url in self.engines:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"--engine must be an http(s) URL, got {url!r}")

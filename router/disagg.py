@@ -37,6 +37,9 @@ from router.routing import Choice, Prepared
 log = logging.getLogger(__name__)
 
 PREFILL_HEADER = "x-kvroute-prefill-instance"
+# While the fleet is disaggregated, "both" engines (e.g. halfway through the planner's role
+# changes) take what decode engines take: decode stages and whole short requests.
+DECODE_ROLES = ("decode", "both")
 
 
 def pick_decode(candidates: list[Instance], rng: random.Random) -> Instance:
@@ -91,7 +94,7 @@ class Disaggregation:
     async def plan(self, prepared: Prepared, exclude: tuple[str, ...] = (),
                    record: bool = True) -> tuple[Choice | None, Instance]:
         """(prefill choice, or None to skip the prefill stage; decode instance)."""
-        decodes = self.cluster.routable(prepared.model, ("decode",))
+        decodes = self.cluster.routable(prepared.model, DECODE_ROLES)
         if not decodes:
             raise Unavailable(f"no healthy decode instance serves {prepared.model!r}")
         decode = pick_decode(decodes, self.rng)
@@ -110,7 +113,7 @@ class Disaggregation:
         out = {"disaggregated": prefill is not None, "pd_min_uncached": self.min_uncached, "decode": {
             "choice": decode.id, "candidates": [{"instance": i.id, "inflight": i.inflight,
                                                  "load": i.load.to_dict() if i.load else None}
-                                                for i in self.cluster.routable(prepared.model, ("decode",))]}}
+                                                for i in self.cluster.routable(prepared.model, DECODE_ROLES)]}}
         if prefill is not None:
             out["prefill"] = self.router.explain(prepared, prefill)
         return out
@@ -127,13 +130,13 @@ class Disaggregation:
             if isinstance(result, dict):
                 # Decode load is read now, not at arrival: requests whose prefills overlapped
                 # would otherwise all pick the decode engine that was idlest back then.
-                decodes = self.cluster.routable(prepared.model, ("decode",)) or [decode]
+                decodes = self.cluster.routable(prepared.model, DECODE_ROLES) or [decode]
                 decode = pick_decode(decodes, self.rng)
                 return await self._decode(request, body, prepared, prefill.instance, decode, result)
             tried.append(prefill.instance.id)
             self.router.metrics.retries.inc()
         # Short uncached prompt, or no prefill engine could take it: whole on a decode engine.
-        return await self.proxy.forward(request, orjson.dumps(body), prepared, ("decode",))
+        return await self.proxy.forward(request, orjson.dumps(body), prepared, DECODE_ROLES)
 
     async def _prefill(self, request: web.Request, body: dict, prepared: Prepared,
                        choice: Choice) -> dict | web.StreamResponse | None:
@@ -203,9 +206,9 @@ class Disaggregation:
         d_body = orjson.dumps({**body, "kv_transfer_params": prefilled["kv_transfer_params"]})
         headers = {INSTANCE_HEADER: decode.id, PREFILL_HEADER: prefill.id}
         if not prepared.request.stream:
-            return await self.proxy.forward(request, d_body, prepared, ("decode",),
+            return await self.proxy.forward(request, d_body, prepared, DECODE_ROLES,
                                             exclude=tuple(i.id for i in self.cluster.routable(
-                                                prepared.model, ("decode",)) if i is not decode))
+                                                prepared.model, DECODE_ROLES) if i is not decode))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **headers})
         await resp.prepare(request)
