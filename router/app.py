@@ -20,6 +20,7 @@ from router.events import EventSync, PollFollower, RedisFollower
 from router.http import error_middleware, json_response, read_json
 from router.index import make_index
 from router.index.instrumented import InstrumentedIndex
+from router.kvevents.follower import ZmqFollower
 from router.metrics import RouterMetrics
 from router.policies import make_policy
 from router.proxy import Proxy
@@ -69,12 +70,17 @@ async def _router_ctx(app: web.Application):
     app[METRICS], app[CLUSTER], app[ROUTER] = metrics, cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
     proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng)
+    zmq_sources = config.foreign_engines()[1]
+    zmq_follower = ZmqFollower(cluster.instances, index, zmq_sources, config.kv_event_topic,
+                               config.kv_event_replay_timeout_s, metrics.registry) if zmq_sources else None
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
     tasks = [asyncio.create_task(coro, name=name) for name, coro in (
         ("health", cluster.health_loop()), ("load", cluster.load_loop()), ("events", follower.run()),
         ("index-size", _index_size_loop(cluster, metrics)))]
+    if zmq_follower is not None:
+        tasks.append(asyncio.create_task(zmq_follower.run(), name="kv-events-zmq"))
     log.info("router ready: policy=%s index=%s events=%s engines=%d (%d routable)", config.policy, config.index,
              config.events, len(cluster.instances), sum(i.routable for i in cluster.instances))
     yield
@@ -83,6 +89,8 @@ async def _router_ctx(app: web.Application):
     await asyncio.gather(*tasks, return_exceptions=True)
     if isinstance(follower, RedisFollower):
         await follower.close()
+    if zmq_follower is not None:
+        zmq_follower.close()
     await index.close()
     await session.close()
 

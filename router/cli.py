@@ -37,6 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clear-grace-s", type=float, default=d["clear_grace_s"].default)
     p.add_argument("--pd-min-uncached", type=int, default=d["pd_min_uncached"].default,
                    help="with prefill and decode engines: prompts with fewer uncached tokens skip the prefill stage")
+    p.add_argument("--engine-kind", dest="engine_kinds", action="append", default=[], metavar="[URL=]KIND",
+                   help="kvroute, vllm, sglang or auto (default: detect); KIND alone sets every engine's")
+    p.add_argument("--kv-event-source", dest="kv_event_sources", action="append", default=[],
+                   metavar="URL=ENDPOINT[,ENDPOINT...]", help="an engine's ZeroMQ KV event publisher (vLLM format)")
+    p.add_argument("--kv-event-replay-source", dest="kv_event_replay_sources", action="append", default=[],
+                   metavar="URL=ENDPOINT[,ENDPOINT...]", help="its replay socket, asked for batches missed in a gap")
+    p.add_argument("--kv-event-block-size", type=int, default=d["kv_event_block_size"].default,
+                   help="the router's block size for vLLM/SGLang engines (engine block sizes are mapped)")
+    p.add_argument("--kv-event-topic", default=d["kv_event_topic"].default, help="ZeroMQ topic prefix (default: all)")
+    p.add_argument("--kv-event-replay-timeout-s", type=float, default=d["kv_event_replay_timeout_s"].default)
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -46,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     values = config_values(RouterConfig, args)
-    values["engines"] = tuple(values["engines"])
+    for name in ("engines", "engine_kinds", "kv_event_sources", "kv_event_replay_sources"):
+        values[name] = tuple(values[name])
     try:
         config = RouterConfig(**values)
         from router.tokenizer import load_tokenizer

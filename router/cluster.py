@@ -12,9 +12,10 @@ import aiohttp
 
 from router.config import RouterConfig
 from router.index.base import BlockIndex, IndexUnavailable
-from router.instance import EngineInfo, Instance
+from router.instance import Instance
+from router.kinds import assign_kinds, discover_info, poll_load
 from router.metrics import RouterMetrics
-from router.protocol import LoadRecord, hash_seed
+from router.protocol import hash_seed
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class Cluster:
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.metrics = metrics
         self.instances = [Instance(url) for url in config.engines]
+        assign_kinds(self.instances, config)
         self.session: aiohttp.ClientSession | None = None
         # model -> the block size most of its engines use; recomputed when an engine is discovered,
         # so the per-request path reads a dict instead of scanning the instances.
@@ -54,8 +56,7 @@ class Cluster:
     # -- discovery and compatibility ------------------------------------------------
 
     async def discover(self, inst: Instance) -> None:
-        data = await self._get_json(inst, "/kv/info")
-        info = EngineInfo.from_dict(data)
+        info = await discover_info(self, inst)
         first = inst.info is None
         if inst.info is not None and inst.info.instance_id != info.instance_id:
             log.warning("instance at %s changed id %s -> %s", inst.url, inst.info.instance_id, info.instance_id)
@@ -142,7 +143,7 @@ class Cluster:
 
     async def _poll_load(self, inst: Instance) -> None:
         try:
-            inst.load = LoadRecord.from_dict(await self._get_json(inst, "/load"))
+            inst.load = await poll_load(self, inst)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             self.report_failure(inst, f"load poll failed: {e!r}")
 

@@ -62,7 +62,7 @@ def encode_event(event, events="array"):
     if events == "map":
         return {"type": tag, **{k: v for k, v in fields.items() if v is not None or k == "parent_block_hash"}}
     names = STORED_FIELDS if tag == "BlockStored" else REMOVED_FIELDS if tag == "BlockRemoved" else ()
-    values = [fields[n] for n in names]
+    values = [fields.get(n) for n in names]
     while len(values) > 3 and values[-1] is None:  # trailing defaults omitted, as msgspec does
         values.pop()
     return [tag, *values]
@@ -76,12 +76,12 @@ def encode_batch(evs, ts=None, dp_rank=0, events="array", batch="array"):
 
 
 class VllmPublisher:
-    """PUB + replay ROUTER on 127.0.0.1 (free ports); call `close()` when done."""
+    """PUB (an XPUB, to see subscribers) + replay ROUTER on 127.0.0.1 (free ports); `close()` when done."""
 
     def __init__(self, events="array", batch="array", topic=b"kv@test", replay=True, buffer_steps=1000):
         self.events, self.batch, self.topic = events, batch, topic
         self.ctx = zmq.Context()
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB)  # a PUB that also sees subscriptions (wait_subscribed)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind("tcp://127.0.0.1:*")
         self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -110,6 +110,12 @@ class VllmPublisher:
         if send:
             self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
         return seq
+
+    def wait_subscribed(self, timeout_s=5.0):
+        """Block until a subscriber's subscription arrives (so nothing sent after is lost)."""
+        if not self.pub.poll(timeout_s * 1000):
+            raise TimeoutError("no subscriber connected")
+        self.pub.recv()
 
     def send_raw(self, frames):
         self.pub.send_multipart(frames)

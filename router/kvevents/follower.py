@@ -1,0 +1,156 @@
+"""Feed the block index from engines' ZeroMQ KV events, one `InstanceFeed` per instance.
+
+A feed waits until its instance is discovered (the model decides the router's hash seed,
+and the router block size the chain), then runs one `Subscriber` per endpoint and maps
+every decoded event through the instance's `BlockMap` onto index operations. Those are
+applied as ordinary `KVEvent`s (`apply_event`), numbered by the feed with an epoch that
+changes on every rebuild, so any index backend sees them like an engine's own feed.
+
+The cluster's health loop flags `needs_resync` when an instance was down long enough to
+have its entries cleared, or is re-admitted: the feed then forgets what it knew and
+rebuilds from a replay from seq 0 (as far as the publisher's buffer reaches) and the
+live stream. So does a lost index write (Redis unreachable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Mapping, Sequence
+
+import zmq.asyncio
+
+from router.index.base import IndexUnavailable, apply_event
+from router.instance import Instance
+from router.kvevents.metrics import ZmqMetrics
+from router.kvevents.sources import EventSource
+from router.kvevents.subscriber import SourceStats, Subscriber
+from router.kvevents.translate import BlockMap
+from router.kvevents.wire import Batch
+from router.protocol import KVEvent, hash_seed, new_epoch
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.1
+
+
+class InstanceFeed:
+    """One instance's ZeroMQ event sources, its engine-hash map, and what reached the index."""
+
+    def __init__(self, inst: Instance, index, sources: Sequence[EventSource], ctx: zmq.asyncio.Context,
+                 topic: str, replay_timeout_s: float, metrics: ZmqMetrics) -> None:
+        self.inst = inst
+        self.index = index
+        self.metrics = metrics
+        self.subscribers = [Subscriber(ctx, s.endpoint, s.replay_endpoint, topic, self, replay_timeout_s)
+                            for s in sources]
+        self.block_map = BlockMap(0, 1)  # replaced once the instance is discovered
+        self.keys: tuple[str, int] | None = None  # (model, router block size) the map was built for
+        self.epoch = new_epoch()
+        self.seq = 0
+        self.rebuilds: list[dict] = []
+
+    def source_stats(self) -> list[SourceStats]:
+        return [sub.stats for sub in self.subscribers]
+
+    async def run(self) -> None:
+        while self.inst.info is None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+        self._new_map()
+        self.inst.needs_resync = False
+        await asyncio.gather(self._watch(), *(sub.run() for sub in self.subscribers))
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            info = self.inst.info
+            if info is not None and (info.model, info.block_size) != self.keys:
+                await self.resync(f"model or block size changed to {info.model!r}/{info.block_size}")
+            elif self.inst.needs_resync:
+                await self.resync("instance was cleared or re-admitted")
+
+    async def resync(self, reason: str) -> None:
+        """Forget everything and rebuild from a replay from seq 0 and the live stream."""
+        await self.on_reset(reason)
+        for sub in self.subscribers:
+            sub.forget()
+        self.inst.needs_resync = False
+
+    # -- BatchSink --------------------------------------------------------------------
+
+    async def on_batch(self, seq: int, batch: Batch) -> None:
+        try:
+            for event in batch.events:
+                for kind, tier, hashes in self.block_map.apply(event):
+                    await self._apply(kind, tier, hashes)
+        except IndexUnavailable as e:
+            log.warning("index unavailable while applying %s's KV events (%s); rebuilding", self.inst.id, e)
+            self.inst.needs_resync = True
+            return
+        now = time.time()
+        self.metrics.lag.observe(max(0.0, now - batch.ts))
+        self.inst.last_event_time = now
+
+    async def on_reset(self, reason: str) -> None:
+        self.rebuilds = (self.rebuilds + [{"reason": reason, "at": time.time()}])[-5:]
+        self._new_map()
+        self.epoch, self.seq = new_epoch(), 0
+        self.inst.blocks_indexed = 0
+        try:
+            await self.index.clear(self.inst.id)
+        except IndexUnavailable:
+            self.inst.needs_resync = True
+        log.warning("instance %s: KV index cleared, rebuilding from new events (%s)", self.inst.id, reason)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _new_map(self) -> None:
+        info = self.inst.info
+        if info is not None:
+            self.keys = (info.model, info.block_size)
+            self.block_map = BlockMap(hash_seed(info.model), info.block_size)
+
+    async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
+        self.seq += 1
+        await apply_event(self.index, KVEvent(self.inst.id, self.epoch, self.seq, kind, tier, tuple(hashes)))
+        if kind == "cleared":
+            self.inst.blocks_indexed = 0
+        else:
+            self.inst.blocks_indexed = max(0, self.inst.blocks_indexed + (len(hashes) if kind == "stored"
+                                                                           else -len(hashes)))
+
+    def to_dict(self) -> dict:
+        bmap = self.block_map
+        return {
+            "transport": "zmq",
+            "state": "waiting for discovery" if self.keys is None else "rebuilt" if self.rebuilds else "live",
+            "router_block_size": self.keys[1] if self.keys else None,
+            "engine_block_size": bmap.engine_block_size,
+            "engine_blocks": len(bmap),
+            "blocks": dict(bmap.counts),
+            "unknown_media": dict(bmap.unknown_media),
+            "rebuilds": sum(s.rebuilds for s in self.source_stats()),
+            "last_rebuilds": list(self.rebuilds),
+            "sources": [s.to_dict() for s in self.source_stats()],
+        }
+
+
+class ZmqFollower:
+    """Every instance that has `--kv-event-source` endpoints gets a feed."""
+
+    def __init__(self, instances: Sequence[Instance], index, sources: Mapping[str, Sequence[EventSource]],
+                 topic: str, replay_timeout_s: float, registry) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.metrics = ZmqMetrics(registry)
+        self.feeds = [InstanceFeed(inst, index, sources[inst.url], self.ctx, topic, replay_timeout_s, self.metrics)
+                      for inst in instances if inst.url in sources]
+        self.metrics.feeds = self.feeds
+        for feed in self.feeds:
+            feed.inst.kv_feed = feed
+
+    async def run(self) -> None:
+        await asyncio.gather(*(feed.run() for feed in self.feeds))
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
