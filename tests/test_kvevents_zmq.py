@@ -39,6 +39,7 @@ class Feed:
     async def __aenter__(self):
         self.task = asyncio.create_task(self.follower.run())
         await asyncio.to_thread(self.pub.wait_subscribed)
+        await self.until(lambda: self.stats.state == "live")  # the history replay (of nothing) is done
         return self
 
     async def __aexit__(self, *exc):
@@ -95,10 +96,10 @@ async def test_replay_after_a_forced_gap():
         f.pub.publish([stored(hashes[2:4], hashes[1], TOKENS[32:64])], send=False)  # lost on the way
         f.pub.publish([stored(hashes[4:], hashes[3], TOKENS[64:96])])
         await f.until(lambda: f.stats.batches == 3)
-        assert f.pub.replay_requests == [1]
+        assert f.pub.replay_requests == [0, 1]  # the history on joining, then the gap
         assert f.cached() == {"device": 6}
-        assert (f.stats.gaps, f.stats.replays, f.stats.replay_failures, f.stats.rebuilds) == (1, 1, 0, 0)
-        assert f.metric("kvroute_router_zmq_replays_total") == 1
+        assert (f.stats.gaps, f.stats.replays, f.stats.replay_failures, f.stats.rebuilds) == (1, 2, 0, 0)
+        assert f.metric("kvroute_router_zmq_replays_total") == 2
         assert f.feed.to_dict()["state"] == "live"
 
 
@@ -130,6 +131,16 @@ async def test_a_gap_without_a_replay_endpoint_rebuilds_from_live_events():
         f.pub.publish([ev_b])
         await f.until(lambda: f.stats.rebuilds == 1 and f.stats.batches == 2)
         assert f.cached() == {} and f.cached(TOKENS[128:160]) == {"device": 2}
+
+
+async def test_history_published_before_the_router_joined_is_replayed():
+    pub = VllmPublisher()
+    hashes, ev = chain(TOKENS[:48])
+    pub.publish([ev], send=False)  # nobody was listening
+    pub.publish([removed(hashes[2:])], send=False)
+    async with Feed(pub) as f:
+        await f.until(lambda: f.stats.batches == 2)
+        assert f.cached() == {"device": 2} and f.stats.rebuilds == 0 and f.pub.replay_requests == [0]
 
 
 async def test_publisher_restart_resets_the_instance():

@@ -1,6 +1,8 @@
 """One publisher's event stream: a SUB socket, delivery in sequence order, replay on a gap.
 
-Sequence numbers start at 0 per publisher and grow by one per batch. What arrives:
+Sequence numbers start at 0 per publisher and grow by one per batch. On joining (and
+after `forget()`), the subscriber asks the replay socket for everything from seq 0, so an
+engine that went quiet before the router started is still known. Then, as messages arrive:
 
 - the next seq (or 0 as the first message): delivered.
 - a later seq (messages lost, or the router joined late): the missing range is fetched
@@ -33,6 +35,7 @@ from router.kvevents.wire import Batch, BatchDecoder, WireError, split_message
 log = logging.getLogger(__name__)
 
 RCVHWM = 100_000  # messages queued in the SUB socket (vLLM's PUB high-water mark)
+POLL_MS = 100  # how often an idle subscriber looks at `forget()` requests
 
 
 class BatchSink(Protocol):
@@ -48,6 +51,7 @@ class BatchSink(Protocol):
 class SourceStats:
     endpoint: str
     replay_endpoint: str | None
+    state: str = "connecting"  # connecting | replaying | live
     next_seq: int | None = None
     batches: int = 0
     events: int = 0
@@ -77,11 +81,13 @@ class Subscriber:
         self.stats = SourceStats(endpoint, replay_endpoint)
         self.decoder = BatchDecoder()
         self._replayed: tuple[int, int] | None = None  # seqs a replay delivered that live may repeat
+        self._catch_up = True
 
     def forget(self) -> None:
-        """Treat the next message as the first: what came before is fetched by replay from 0."""
+        """Start over: fetch the publisher's whole buffer by replay, then follow the live stream."""
         self.stats.next_seq = None
         self._replayed = None
+        self._catch_up = True
 
     async def run(self) -> None:
         sock = self.ctx.socket(zmq.SUB)
@@ -90,11 +96,39 @@ class Subscriber:
         sock.setsockopt(zmq.SUBSCRIBE, self.topic)
         sock.connect(self.endpoint)
         log.info("subscribed to KV events at %s (replay %s)", self.endpoint, self.replay_endpoint or "none")
+        self._catch_up = True
         try:
             while True:
-                await self.handle(await sock.recv_multipart())
+                if self._catch_up:
+                    self._catch_up = False
+                    await self._replay_history()
+                self.stats.state = "live"
+                if await sock.poll(POLL_MS):
+                    await self.handle(await sock.recv_multipart())
         finally:
             sock.close(linger=0)
+
+    async def _replay_history(self) -> None:
+        """Joining (or rejoining) a stream: what the publisher sent before is in its replay buffer.
+
+        Without this, an engine that went quiet before the router subscribed would never be seen.
+        """
+        if self.replay_endpoint is None or self.stats.next_seq is not None:
+            return
+        self.stats.replays += 1
+        self.stats.state = "replaying"
+        replay = await fetch_replay(self.ctx, self.replay_endpoint, 0, self.replay_timeout_s)
+        if replay.error is not None or not replay.batches:
+            if replay.error is not None:
+                self.stats.replay_failures += 1
+                self._problem(f"history replay failed ({replay.error}); following the live stream")
+            return
+        if replay.first > 0:
+            await self._reset(f"joined late: the replay buffer starts at seq {replay.first}, earlier blocks are "
+                              f"unknown until the engine stores them again")
+        for s, payload in replay.batches:
+            await self._deliver(s, payload)
+        self._replayed = (0, replay.batches[-1][0])
 
     async def handle(self, frames: list[bytes]) -> None:
         try:
@@ -130,7 +164,9 @@ class Subscriber:
             await self._reset(f"{missed} and there is no replay endpoint")
             return
         self.stats.replays += 1
+        self.stats.state = "replaying"
         replay = await fetch_replay(self.ctx, self.replay_endpoint, start, self.replay_timeout_s)
+        self.stats.state = "live"
         if not replay.reaches(seen - 1):
             self.stats.replay_failures += 1
             await self._reset(f"{missed}; replay failed: {replay.error or 'it ends too early'}")
