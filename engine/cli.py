@@ -38,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-admit-timeout-s", type=float, default=d.kv_admit_timeout_s,
                    help="decode role: seconds a remote-prefilled request may wait for free blocks")
     p.add_argument("--kv-link", default=d.kv_link, help="sim backend: modelled KV link (nvlink, infiniband, loopback)")
+    p.add_argument("--kv-events-zmq", default=d.kv_events_zmq, metavar="ENDPOINT",
+                   help="also publish KV events in vLLM's ZeroMQ format, binding this endpoint")
+    p.add_argument("--kv-events-replay", default=d.kv_events_replay, metavar="ENDPOINT",
+                   help="bind a replay socket for missed batches (vLLM's replay_endpoint)")
+    p.add_argument("--kv-events-encoding", choices=("map", "array"), default=d.kv_events_encoding,
+                   help="map: vLLM >= 0.26; array: older vLLM and SGLang")
+    p.add_argument("--kv-events-topic", default=d.kv_events_topic)
+    p.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps)
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")

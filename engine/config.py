@@ -35,6 +35,12 @@ class EngineConfig:
     kv_pin_ttl_s: float = 30.0  # prefill role: how long pinned blocks wait for their pull
     kv_admit_timeout_s: float = 10.0  # decode role: how long a remote-prefilled request waits for blocks
     kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/sim.py LINKS)
+    # KV events in vLLM's ZeroMQ format as well (engine/zmq_publisher.py), for other routers.
+    kv_events_zmq: str | None = None  # PUB endpoint to bind, e.g. tcp://127.0.0.1:5557
+    kv_events_replay: str | None = None  # replay ROUTER endpoint to bind
+    kv_events_encoding: str = "map"  # "map" (vLLM >= 0.26) or "array" (older vLLM, SGLang)
+    kv_events_topic: str = ""
+    kv_events_buffer_steps: int = 10_000  # batches kept for replay
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -57,6 +63,18 @@ class EngineConfig:
             raise ValueError("--kv-pin-ttl-s and --kv-admit-timeout-s must be positive")
         if self.time_scale <= 0:
             raise ValueError("--time-scale must be positive")
+        self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        for flag, endpoint in (("--kv-events-zmq", self.kv_events_zmq), ("--kv-events-replay", self.kv_events_replay)):
+            if endpoint is not None and not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"{flag} must be a ZeroMQ endpoint to bind (tcp://127.0.0.1:5557), got {endpoint!r}")
+        if self.kv_events_replay and not self.kv_events_zmq:
+            raise ValueError("--kv-events-replay needs --kv-events-zmq")
+        if self.kv_events_encoding not in ("map", "array"):
+            raise ValueError(f"--kv-events-encoding must be map or array, got {self.kv_events_encoding!r}")
+        if self.kv_events_buffer_steps < 1:
+            raise ValueError("--kv-events-buffer-steps must be at least 1")
 
     @property
     def instance(self) -> str:

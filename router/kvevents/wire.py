@@ -65,21 +65,21 @@ class Cleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, frozen=Tr
     pass
 
 
-class _StoredMap(Stored, tag="BlockStored", array_like=False, frozen=True, gc=False):
+class StoredMap(Stored, tag="BlockStored", array_like=False, frozen=True, gc=False):
     pass
 
 
-class _RemovedMap(Removed, tag="BlockRemoved", array_like=False, frozen=True, gc=False):
+class RemovedMap(Removed, tag="BlockRemoved", array_like=False, frozen=True, gc=False):
     pass
 
 
-class _ClearedMap(Cleared, tag="AllBlocksCleared", array_like=False, frozen=True, gc=False):
+class ClearedMap(Cleared, tag="AllBlocksCleared", array_like=False, frozen=True, gc=False):
     pass
 
 
 Event = Union[Stored, Removed, Cleared]
 _ARRAY_EVENT = Union[Stored, Removed, Cleared]
-_MAP_EVENT = Union[_StoredMap, _RemovedMap, _ClearedMap]
+_MAP_EVENT = Union[StoredMap, RemovedMap, ClearedMap]
 
 
 def _batch_type(array_like: bool, event: Any) -> type:
@@ -97,7 +97,10 @@ class _LooseBatchMap(_LooseBatchArray, array_like=False, frozen=True, gc=False):
     pass
 
 
-_DECODERS = [msgspec.msgpack.Decoder(_batch_type(a, e)) for a in (True, False) for e in (_ARRAY_EVENT, _MAP_EVENT)]
+ArrayBatch = _batch_type(True, _ARRAY_EVENT)  # vLLM <= ~0.25, SGLang
+MapBatch = _batch_type(False, _MAP_EVENT)  # vLLM >= 0.26
+_DECODERS = [msgspec.msgpack.Decoder(t) for t in
+             (ArrayBatch, _batch_type(True, _MAP_EVENT), _batch_type(False, _ARRAY_EVENT), MapBatch)]
 _LOOSE = [msgspec.msgpack.Decoder(_LooseBatchArray), msgspec.msgpack.Decoder(_LooseBatchMap)]
 _EVENT_DECODERS = [msgspec.msgpack.Decoder(_ARRAY_EVENT), msgspec.msgpack.Decoder(_MAP_EVENT)]
 
