@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also publish KV events in vLLM's ZeroMQ format, binding this endpoint")
     p.add_argument("--kv-events-replay", default=d.kv_events_replay, metavar="ENDPOINT",
                    help="bind a replay socket for missed batches (vLLM's replay_endpoint)")
-    p.add_argument("--kv-events-encoding", choices=("map", "array"), default=d.kv_events_encoding,
-                   help="map: vLLM >= 0.26; array: older vLLM and SGLang")
+    p.add_argument("--kv-events-encoding", choices=("map", "array", "map-batch"), default=d.kv_events_encoding,
+                   help="map: vLLM 0.26 (maps in a positional batch); array: older vLLM, SGLang; "
+                        "map-batch: maps throughout (newer vLLM)")
     p.add_argument("--kv-events-topic", default=d.kv_events_topic)
     p.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps)
     p.add_argument("--calibrate", action="store_true",

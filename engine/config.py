@@ -38,7 +38,7 @@ class EngineConfig:
     # KV events in vLLM's ZeroMQ format as well (engine/zmq_publisher.py), for other routers.
     kv_events_zmq: str | None = None  # PUB endpoint to bind, e.g. tcp://127.0.0.1:5557
     kv_events_replay: str | None = None  # replay ROUTER endpoint to bind
-    kv_events_encoding: str = "map"  # "map" (vLLM >= 0.26) or "array" (older vLLM, SGLang)
+    kv_events_encoding: str = "map"  # "map" (vLLM 0.26), "array" (older vLLM, SGLang), "map-batch" (newer vLLM)
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10_000  # batches kept for replay
 
@@ -71,8 +71,8 @@ class EngineConfig:
                 raise ValueError(f"{flag} must be a ZeroMQ endpoint to bind (tcp://127.0.0.1:5557), got {endpoint!r}")
         if self.kv_events_replay and not self.kv_events_zmq:
             raise ValueError("--kv-events-replay needs --kv-events-zmq")
-        if self.kv_events_encoding not in ("map", "array"):
-            raise ValueError(f"--kv-events-encoding must be map or array, got {self.kv_events_encoding!r}")
+        if self.kv_events_encoding not in ("map", "array", "map-batch"):
+            raise ValueError(f"--kv-events-encoding must be map, array or map-batch, got {self.kv_events_encoding!r}")
         if self.kv_events_buffer_steps < 1:
             raise ValueError("--kv-events-buffer-steps must be at least 1")
 

@@ -49,7 +49,7 @@ async def get(http, url):
         return await r.json()
 
 
-@pytest.mark.parametrize("encoding", ["map", "array"])
+@pytest.mark.parametrize("encoding", ["map", "array", "map-batch"])
 async def test_engine_publishes_vllms_format(start_engine, http, encoding):
     url, _ = await start_engine(kv_events_zmq="tcp://127.0.0.1:0", kv_events_replay="tcp://127.0.0.1:0",
                                 kv_events_encoding=encoding)
@@ -61,9 +61,12 @@ async def test_engine_publishes_vllms_format(start_engine, http, encoding):
     assert [seq for seq, _ in batches] == list(range(len(batches)))
     events = []
     for _, batch in batches:
-        if encoding == "map":
+        if encoding == "map-batch":
             assert set(batch) == {"ts", "events", "data_parallel_rank"}
             events += [(e["type"], e) for e in batch["events"]]
+        elif encoding == "map":
+            ts, evs, rank = batch
+            events += [(e["type"], e) for e in evs]
         else:
             ts, evs, rank = batch
             assert isinstance(ts, float) and rank == 0
@@ -91,7 +94,7 @@ async def test_round_trip_routes_exactly_as_the_kv_events_feed(start_engine, sta
     engines = []
     for i in range(3):
         url, _ = await start_engine(num_blocks=48, kv_events_zmq="tcp://127.0.0.1:0",
-                                    kv_events_replay="tcp://127.0.0.1:0", kv_events_encoding=("map", "array")[i % 2])
+                                    kv_events_replay="tcp://127.0.0.1:0", kv_events_encoding=("map", "array", "map-batch")[i])
         engines.append((url, await get(http, url + "/kv/info")))
     urls = [u for u, _ in engines]
     zmq_router, _ = await start_router(

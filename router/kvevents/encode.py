@@ -1,8 +1,14 @@
 """Encode KV event batches in vLLM's format (what kvroute engines publish over ZeroMQ).
 
 The structs are wire.py's, so one definition of the format serves decoding and encoding.
-`encoding="map"` (vLLM >= 0.26: maps with a "type" key, batch as a map) or `"array"`
-(older vLLM and SGLang: tagged positional arrays). Every field is written, defaults too.
+Encodings:
+
+    map        events as maps with a "type" key in a positional batch: vLLM 0.26, and what
+               vllm-router 0.1.x reads ("KV event batch must be an array" otherwise)
+    array      tagged positional arrays in a positional batch: older vLLM, SGLang
+    map-batch  maps throughout, the batch too: newer vLLM code
+
+Every field is written, defaults too.
 """
 
 from __future__ import annotations
@@ -13,10 +19,11 @@ import msgspec
 
 from router.kvevents import wire
 
-ENCODINGS = ("map", "array")
+ENCODINGS = ("map", "array", "map-batch")
 _FAMILIES = {
+    "map": (wire.StoredMap, wire.RemovedMap, wire.ClearedMap, wire.ArrayBatchOfMaps),
     "array": (wire.Stored, wire.Removed, wire.Cleared, wire.ArrayBatch),
-    "map": (wire.StoredMap, wire.RemovedMap, wire.ClearedMap, wire.MapBatch),
+    "map-batch": (wire.StoredMap, wire.RemovedMap, wire.ClearedMap, wire.MapBatch),
 }
 
 

@@ -48,7 +48,9 @@ MEDIUM_TIERS = {
     "OBJ": "remote",
     "DISK": "remote",
 }
-_TIER_SHIFT = {tier: 16 * i for i, tier in enumerate(TIERS)}  # refs: one 16-bit count per tier
+# refs packs one 16-bit count per tier (saturating): tier t's count is refs & _MASK[t], one copy _UNIT[t]
+_UNIT = {tier: 1 << 16 * i for i, tier in enumerate(TIERS)}
+_MASK = {tier: 0xFFFF << 16 * i for i, tier in enumerate(TIERS)}
 _MAX_UNKNOWN_MEDIA = 16  # distinct unknown names remembered for /router/instances
 
 Op = tuple[str, str, list[int]]  # (event type, tier, router block hashes)
@@ -106,6 +108,7 @@ class BlockMap:
             self.counts["malformed_stored"] += 1
             return []
         self.engine_block_size = bs
+        unit, mask = _UNIT[tier], _MASK[tier]
         new: list[int] = []
         for h, node in self._nodes_for(ev):
             existing = self.nodes.get(h)
@@ -114,10 +117,11 @@ class BlockMap:
             elif not existing.routable and node.routable:
                 node.refs = existing.refs  # now reproducible (e.g. its parent arrived): take the new view
                 self.nodes[h] = existing = node
-            elif _count(existing.refs, tier):
-                existing.refs = _counted(existing.refs, tier, +1)
+            elif existing.refs & mask:
+                if existing.refs & mask != mask:
+                    existing.refs += unit
                 continue  # already credited in this tier
-            existing.refs = _counted(existing.refs, tier, +1)
+            existing.refs += unit
             if existing.routable:
                 new.extend(existing.covers[: existing.own])
         return [("stored", tier, new)] if new else []
@@ -187,19 +191,21 @@ class BlockMap:
         tier = self._tier(ev.medium, ev.group_idx)
         if tier is None:
             return []
+        unit, mask = _UNIT[tier], _MASK[tier]
         gone: list[int] = []
+        nodes = self.nodes
         for h in ev.block_hashes:
-            node = self.nodes.get(h)
-            if node is None or not _count(node.refs, tier):
+            node = nodes.get(h)
+            if node is None or not node.refs & mask:
                 self.counts["unknown_removed"] += 1
                 continue
-            node.refs = _counted(node.refs, tier, -1)
-            if _count(node.refs, tier):
+            node.refs -= unit
+            if node.refs & mask:
                 continue  # another copy still holds it in this tier
             if node.routable:
                 gone.extend(node.covers)
             if not node.refs:
-                del self.nodes[h]
+                del nodes[h]
         return [("removed", tier, gone)] if gone else []
 
     def _tier(self, medium: str | None, group_idx: int | None) -> str | None:
@@ -214,17 +220,6 @@ class BlockMap:
             if medium in self.unknown_media or len(self.unknown_media) < _MAX_UNKNOWN_MEDIA:
                 self.unknown_media[medium] = self.unknown_media.get(medium, 0) + 1
         return tier
-
-
-def _count(refs: int, tier: str) -> int:
-    return refs >> _TIER_SHIFT[tier] & 0xFFFF
-
-
-def _counted(refs: int, tier: str, delta: int) -> int:
-    """`refs` with `tier`'s count moved by `delta`, saturating at 0 and 0xFFFF."""
-    count = min(max(_count(refs, tier) + delta, 0), 0xFFFF)
-    shift = _TIER_SHIFT[tier]
-    return refs & ~(0xFFFF << shift) | count << shift
 
 
 def _unroutable_reason(ev: Stored, nodes: dict) -> str | None:

@@ -97,10 +97,11 @@ class _LooseBatchMap(_LooseBatchArray, array_like=False, frozen=True, gc=False):
     pass
 
 
-ArrayBatch = _batch_type(True, _ARRAY_EVENT)  # vLLM <= ~0.25, SGLang
-MapBatch = _batch_type(False, _MAP_EVENT)  # vLLM >= 0.26
+ArrayBatch = _batch_type(True, _ARRAY_EVENT)  # vLLM <= ~0.25, SGLang: arrays throughout
+ArrayBatchOfMaps = _batch_type(True, _MAP_EVENT)  # vLLM 0.26: events as maps, the batch positional
+MapBatch = _batch_type(False, _MAP_EVENT)  # newer vLLM code: maps throughout
 _DECODERS = [msgspec.msgpack.Decoder(t) for t in
-             (ArrayBatch, _batch_type(True, _MAP_EVENT), _batch_type(False, _ARRAY_EVENT), MapBatch)]
+             (ArrayBatch, ArrayBatchOfMaps, _batch_type(False, _ARRAY_EVENT), MapBatch)]
 _LOOSE = [msgspec.msgpack.Decoder(_LooseBatchArray), msgspec.msgpack.Decoder(_LooseBatchMap)]
 _EVENT_DECODERS = [msgspec.msgpack.Decoder(_ARRAY_EVENT), msgspec.msgpack.Decoder(_MAP_EVENT)]
 
