@@ -24,7 +24,6 @@ import time
 import timeit
 
 import msgpack
-import msgspec
 
 from router.index.memory import MemoryIndex
 from router.instance import EngineInfo, Instance

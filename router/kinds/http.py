@@ -41,3 +41,11 @@ class EngineHTTP:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise ValueError(f"{url} did not answer JSON: {e}") from None
+
+
+async def optional(awaitable, default):
+    """What an optional probe returns, or `default` when the engine does not serve it usefully."""
+    try:
+        return await awaitable
+    except ValueError:
+        return default

@@ -32,21 +32,21 @@ def _samples(text: str, name: str):
             continue
 
 
-def metric_sum(text: str, *names: str) -> float | None:
-    """The sum of the samples of the first of `names` present; None when none is."""
+def _first_present(text: str, names: tuple[str, ...], reduce) -> float | None:
     for name in names:
         values = [v for _, v in _samples(text, name)]
         if values:
-            return sum(values)
+            return reduce(values)
     return None
+
+
+def metric_sum(text: str, *names: str) -> float | None:
+    """The sum of the samples of the first of `names` present; None when none is."""
+    return _first_present(text, names, sum)
 
 
 def metric_max(text: str, *names: str) -> float | None:
-    for name in names:
-        values = [v for _, v in _samples(text, name)]
-        if values:
-            return max(values)
-    return None
+    return _first_present(text, names, max)
 
 
 def metric_labels(text: str, name: str) -> dict[str, str] | None:

@@ -10,7 +10,7 @@ data-parallel rank, summed). The source that answered first is kept per instance
 from __future__ import annotations
 
 from router.instance import EngineInfo
-from router.kinds.http import EngineHTTP, NotServed
+from router.kinds.http import EngineHTTP, NotServed, optional
 from router.kinds.prometheus import metric_max, metric_sum
 from router.kinds.vllm import discover_foreign, load_record
 from router.protocol import LoadRecord
@@ -31,11 +31,8 @@ class SglangKind:
     has_kv_feed = False
 
     async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
-        info = await discover_foreign(http, inst, config, self.name)
-        try:
-            server = await http.json(inst.url + "/get_server_info")
-        except ValueError:
-            server = {}
+        info = await discover_foreign(http, inst, config)
+        server = await optional(http.json(inst.url + "/get_server_info"), {})
         if isinstance(server, dict):
             page, tokens = server.get("page_size"), server.get("max_total_num_tokens")
             if isinstance(page, int) and page > 0:

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from router.instance import EngineInfo
-from router.kinds.http import EngineHTTP
+from router.kinds.http import EngineHTTP, optional
 from router.kinds.probe import router_tokenizer, served_model, tokenizer_fingerprint
 from router.kinds.prometheus import metric_labels, metric_max, metric_sum
 from router.protocol import LoadRecord, hash_seed
@@ -25,7 +25,7 @@ def instance_id(url: str) -> str:
     return urllib.parse.urlsplit(url).netloc or url
 
 
-async def discover_foreign(http: EngineHTTP, inst, config, kind: str) -> EngineInfo:
+async def discover_foreign(http: EngineHTTP, inst, config) -> EngineInfo:
     model, max_len = await served_model(http, inst.url)
     fingerprint = await tokenizer_fingerprint(http, inst.url, model, router_tokenizer(config.tokenizer))
     inst.kind_state["max_model_len"] = max_len
@@ -43,11 +43,8 @@ class VllmKind:
     has_kv_feed = False
 
     async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
-        info = await discover_foreign(http, inst, config, self.name)
-        try:
-            cache = metric_labels(await http.text(inst.url + "/metrics"), "vllm:cache_config_info") or {}
-        except ValueError:
-            cache = {}
+        info = await discover_foreign(http, inst, config)
+        cache = metric_labels(await optional(http.text(inst.url + "/metrics"), ""), "vllm:cache_config_info") or {}
         for key, field in (("block_size", "engine_block_size"), ("num_gpu_blocks", "num_blocks")):
             if str(cache.get(key, "")).isdigit():
                 inst.kind_state[field] = int(cache[key])
