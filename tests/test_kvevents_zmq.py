@@ -211,3 +211,17 @@ async def test_malformed_frames_and_payloads_are_logged_and_skipped(caplog):
         assert (s.malformed_frames, s.malformed_payloads, s.skipped_events) == (2, 2, 2)
         assert s.gaps == 0 and s.rebuilds == 0 and not f.task.done()
         assert "malformed" in caplog.text
+
+
+async def test_cleared_while_down_rebuilds_by_replay_and_readmission_keeps_the_index():
+    async with Feed(VllmPublisher()) as f:
+        _, ev = chain(TOKENS[:48])
+        f.pub.publish([ev])
+        await f.until(lambda: f.stats.batches == 1)
+        f.inst.needs_resync = True  # re-admitted after health-check failures: the stream lost nothing
+        await f.until(lambda: not f.inst.needs_resync)
+        assert f.cached() == {"device": 3} and f.pub.replay_requests == [0] and not f.feed.rebuilds
+        await f.index.clear("e1")  # what the cluster does after --clear-grace-s down
+        f.inst.blocks_indexed, f.inst.needs_resync = 0, True
+        await f.until(lambda: f.cached() == {"device": 3})
+        assert f.pub.replay_requests == [0, 0] and "cleared while it was down" in f.feed.rebuilds[0]["reason"]

@@ -7,9 +7,10 @@ applied as ordinary `KVEvent`s (`apply_event`), numbered by the feed with an epo
 changes on every rebuild, so any index backend sees them like an engine's own feed.
 
 The cluster's health loop flags `needs_resync` when an instance was down long enough to
-have its entries cleared, or is re-admitted: the feed then forgets what it knew and
-rebuilds from a replay from seq 0 (as far as the publisher's buffer reaches) and the
-live stream. So does a lost index write (Redis unreachable).
+have its entries cleared (the feed then forgets what it knew and rebuilds from a replay
+from seq 0, as far as the publisher's buffer reaches, and the live stream) or when it is
+re-admitted (nothing to do: the stream's own sequence numbers tell whether events were
+lost). A lost index write (Redis unreachable) rebuilds too.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class InstanceFeed:
         self.epoch = new_epoch()
         self.seq = 0
         self.rebuilds: list[dict] = []
+        self._lost = False  # index writes failed: rebuild once the index is back
 
     def source_stats(self) -> list[SourceStats]:
         return [sub.stats for sub in self.subscribers]
@@ -67,11 +69,17 @@ class InstanceFeed:
             info = self.inst.info
             if info is not None and (info.model, info.block_size) != self.keys:
                 await self.resync(f"model or block size changed to {info.model!r}/{info.block_size}")
+            elif self._lost:
+                await self.resync("index writes were lost")
             elif self.inst.needs_resync:
-                await self.resync("instance was cleared or re-admitted")
+                if self.inst.blocks_indexed or not len(self.block_map):
+                    self.inst.needs_resync = False  # re-admitted: the stream's own seq says if anything was lost
+                else:
+                    await self.resync("the instance's index entries were cleared while it was down")
 
     async def resync(self, reason: str) -> None:
         """Forget everything and rebuild from a replay from seq 0 and the live stream."""
+        self._lost = False
         await self.on_reset(reason)
         for sub in self.subscribers:
             sub.forget()
@@ -86,7 +94,7 @@ class InstanceFeed:
                     await self._apply(kind, tier, hashes)
         except IndexUnavailable as e:
             log.warning("index unavailable while applying %s's KV events (%s); rebuilding", self.inst.id, e)
-            self.inst.needs_resync = True
+            self._lost = True
             return
         now = time.time()
         self.metrics.lag.observe(max(0.0, now - batch.ts))
@@ -100,7 +108,7 @@ class InstanceFeed:
         try:
             await self.index.clear(self.inst.id)
         except IndexUnavailable:
-            self.inst.needs_resync = True
+            self._lost = True
         log.warning("instance %s: KV index cleared, rebuilding from new events (%s)", self.inst.id, reason)
 
     # -- internals --------------------------------------------------------------------
