@@ -127,12 +127,13 @@ class Fleet:
         self.procs.clear()
 
 
-async def accuracy(router: str, workload, limit: int) -> dict:
+async def accuracy(router: str, workload, limit: int, settle_s: float = 0.0) -> dict:
     """Closed loop: the router's prediction for the instance that served each request, against the engine."""
     rows = []
     async with aiohttp.ClientSession() as session:
         for spec in workload.requests()[:limit]:
             body = {"prompt": list(spec.prompt_ids), "max_tokens": 1, "ignore_eos": True}
+            await asyncio.sleep(settle_s)  # let the previous request's last events land first
             async with session.post(router + "/router/explain", json=body) as r:
                 explain = await r.json()
             async with session.post(router + "/v1/completions", json=body) as r:
@@ -142,10 +143,12 @@ async def accuracy(router: str, workload, limit: int) -> dict:
             cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
             rows.append({"served": served, "chosen": explain["choice"], "predicted": predicted.get(served),
                          "cached": cached, "prompt_tokens": answer["usage"]["prompt_tokens"]})
+        async with session.get(router + "/router/instances") as r:
+            feeds = {i["id"]: (i["kv_events"] or {}).get("blocks") for i in (await r.json())["instances"]}
     exact = sum(r["predicted"] == r["cached"] for r in rows)
     return {"requests": len(rows), "exact": exact, "exact_share": exact / len(rows),
             "same_choice_as_explain": sum(r["served"] == r["chosen"] for r in rows) / len(rows),
-            "mismatches": [r for r in rows if r["predicted"] != r["cached"]][:20],
+            "mismatches": [r for r in rows if r["predicted"] != r["cached"]][:20], "block_outcomes": feeds,
             "predicted_cached_tokens": sum(r["predicted"] or 0 for r in rows),
             "reported_cached_tokens": sum(r["cached"] for r in rows)}
 
@@ -153,10 +156,12 @@ async def accuracy(router: str, workload, limit: int) -> dict:
 async def main_async(args, bench_args) -> tuple[list[Run], dict]:
     config, workload, _ = check_load_args(bench_args)
     runs, out = [], {}
-    phases = [("accuracy", "kvroute"), ("kvroute (zmq)", "kvroute")]
-    if args.with_kv_events:
+    phases = [("accuracy", "kvroute" if args.accuracy_feed == "zmq" else "kvroute-poll")]
+    if not args.accuracy_only:
+        phases.append(("kvroute (zmq)", "kvroute"))
+    if args.with_kv_events and not args.accuracy_only:
         phases.append(("kvroute (/kv/events)", "kvroute-poll"))
-    if args.vllm_router:
+    if args.vllm_router and not args.accuracy_only:
         phases.append(("vllm-router kv_aware", "vllm-router"))
     for name, router in phases:
         fleet = Fleet(bench_args.engines, bench_args.num_blocks, bench_args.engine_arg)
@@ -168,7 +173,8 @@ async def main_async(args, bench_args) -> tuple[list[Run], dict]:
                 await fleet.start_vllm_router(args.vllm_router, "kvroute-tiny")
             print(f"bench_foreign: {name}: {fleet.engines} engines + {router} up", file=sys.stderr, flush=True)
             if name == "accuracy":
-                out["accuracy"] = await accuracy(fleet.router_url, workload, args.accuracy_requests)
+                out["accuracy"] = await accuracy(fleet.router_url, workload, args.accuracy_requests,
+                                                 args.settle_ms / 1000)
                 a = out["accuracy"]
                 print(f"bench_foreign: accuracy: {a['exact']}/{a['requests']} requests exact "
                       f"({a['exact_share']:.1%}); predicted {a['predicted_cached_tokens']} vs reported "
@@ -185,18 +191,26 @@ def main() -> int:
     p.add_argument("--vllm-router", default=VLLM_ROUTER if pathlib.Path(VLLM_ROUTER).exists() else None,
                    help="the vllm-router executable (none: skip that phase)")
     p.add_argument("--accuracy-requests", type=int, default=200)
+    p.add_argument("--accuracy-only", action="store_true", help="only the prediction-accuracy phase")
+    p.add_argument("--settle-ms", type=float, default=0.0,
+                   help="accuracy: pause between one answer and the next prediction (0: none)")
+    p.add_argument("--accuracy-feed", choices=("zmq", "kv-events"), default="zmq",
+                   help="what feeds the router in the accuracy phase (kv-events: the reference)")
     p.add_argument("--with-kv-events", action="store_true",
                    help="also run kvroute's router fed by /kv/events (the reference the ZeroMQ feed should match)")
     p.add_argument("--out", default="kvroute-foreign")
     args, rest = p.parse_known_args()
     bench_args = apply_defaults(bench_parser().parse_args(rest + ["--out", args.out]))
     runs, extra = asyncio.run(main_async(args, bench_args))
-    write_report(args.out, runs)
+    if runs:
+        write_report(args.out, runs)
+        print(markdown_table(runs))
+    pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
     (pathlib.Path(args.out) / "accuracy.json").write_text(json.dumps(extra.get("accuracy"), indent=2))
-    print(markdown_table(runs))
     if "accuracy" in extra:
         a = extra["accuracy"]
-        print(f"\nprediction accuracy (ZeroMQ events only): {a['exact']}/{a['requests']} = {a['exact_share']:.1%} exact")
+        print(f"\nprediction accuracy ({args.accuracy_feed} events only): {a['exact']}/{a['requests']} = "
+              f"{a['exact_share']:.1%} exact")
     return 0
 
 
