@@ -128,35 +128,29 @@ class BlockMap:
 
     def _nodes_for(self, ev: Stored) -> Iterator[tuple[int | bytes, _Node]]:
         """(engine hash, a new node for it) for each block of a stored event, in order."""
-        bs, rbs = ev.block_size, self.block_size
         reason = _unroutable_reason(ev, self.nodes)
-        if reason is not None:
-            self.counts[f"unroutable_{reason}"] += len(ev.block_hashes)
-            parent = ev.parent_block_hash
-            for i, h in enumerate(ev.block_hashes):
-                yield h, _Node(parent, None, 0, (), [], False)
-                parent = h
-            return
-        extra = ev.extra_keys or ()
+        if reason is None:
+            return self._mapped_nodes(ev)
+        self.counts[f"unroutable_{reason}"] += len(ev.block_hashes)
+        return _unroutable_chain(ev.parent_block_hash, ev.block_hashes)
+
+    def _mapped_nodes(self, ev: Stored) -> Iterator[tuple[int | bytes, _Node]]:
+        bs, rbs = ev.block_size, self.block_size
         parent_node = self.nodes.get(ev.parent_block_hash) if ev.parent_block_hash is not None else None
         base = parent_node.base if parent_node else None
         tail, owners = self._tail(parent_node)
         combined = tail + list(ev.token_ids)
         hashes = block_hashes(combined, rbs, self.seed, parent=base)
-        if hashes and owners:
-            for owner in owners:
-                if hashes[0] not in owner.covers:
-                    owner.covers.append(hashes[0])
-        offset = len(tail)
-        parent, routable = ev.parent_block_hash, True
+        for owner in owners if hashes else ():  # the parent's tail is part of the first router block
+            if hashes[0] not in owner.covers:
+                owner.covers.append(hashes[0])
+        extra, offset, parent = ev.extra_keys or (), len(tail), ev.parent_block_hash
         for i, h in enumerate(ev.block_hashes):
+            if i < len(extra) and extra[i]:  # this block's key has more than its tokens: so do the rest
+                self.counts["unroutable_extra_keys"] += len(ev.block_hashes) - i
+                yield from _unroutable_chain(parent, ev.block_hashes[i:])
+                return
             start, end = offset + i * bs, offset + (i + 1) * bs
-            routable = routable and not (i < len(extra) and extra[i])
-            if not routable:
-                self.counts["unroutable_extra_keys"] += 1
-                yield h, _Node(parent, None, 0, (), [], False)
-                parent = h
-                continue
             done = end // rbs  # router blocks complete at this block's end
             fill = end - done * rbs
             first = start // rbs  # the router block holding this block's first token
@@ -220,6 +214,12 @@ class BlockMap:
             if medium in self.unknown_media or len(self.unknown_media) < _MAX_UNKNOWN_MEDIA:
                 self.unknown_media[medium] = self.unknown_media.get(medium, 0) + 1
         return tier
+
+
+def _unroutable_chain(parent, hashes) -> Iterator[tuple[int | bytes, _Node]]:
+    for h in hashes:
+        yield h, _Node(parent, None, 0, (), [], False)
+        parent = h
 
 
 def _unroutable_reason(ev: Stored, nodes: dict) -> str | None:
