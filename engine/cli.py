@@ -72,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads that tokenize long prompts off the event loop")
     p.add_argument("--tokenize-queue", type=int, default=d.tokenize_queue,
                    help="long prompts that may wait for a tokenizer thread; beyond it, 503 + Retry-After")
+    p.add_argument("--kv-events-zmq", default=d.kv_events_zmq, metavar="ENDPOINT",
+                   help="also publish KV events in vLLM's ZeroMQ format, binding this endpoint")
+    p.add_argument("--kv-events-replay", default=d.kv_events_replay, metavar="ENDPOINT",
+                   help="bind a replay socket for missed batches (vLLM's replay_endpoint)")
+    p.add_argument("--kv-events-encoding", choices=("map", "array", "map-batch"), default=d.kv_events_encoding,
+                   help="map: vLLM 0.26 (maps in a positional batch); array: older vLLM, SGLang; "
+                        "map-batch: maps throughout (newer vLLM)")
+    p.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of the ZeroMQ messages")
+    p.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps,
+                   help="event batches kept for replay")
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")

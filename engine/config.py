@@ -52,6 +52,12 @@ class EngineConfig:
     max_prompt_chars: int = 0  # 0 = 8 characters per token of context, checked before tokenizing
     tokenize_workers: int = 2  # threads tokenizing long prompts off the event loop
     tokenize_queue: int = 64  # long prompts that may wait for them; beyond, 503 + Retry-After
+    # KV events in vLLM's ZeroMQ format as well (engine/zmq_publisher.py), for other routers.
+    kv_events_zmq: str | None = None  # PUB endpoint to bind, e.g. tcp://127.0.0.1:5557
+    kv_events_replay: str | None = None  # replay ROUTER endpoint to bind
+    kv_events_encoding: str = "map"  # "map" (vLLM 0.26), "array" (older vLLM, SGLang), "map-batch" (newer vLLM)
+    kv_events_topic: str = ""
+    kv_events_buffer_steps: int = 10_000  # batches kept for replay
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -93,6 +99,19 @@ class EngineConfig:
         if self.kv_link not in LINKS:
             raise ValueError(f"--kv-link must be one of {', '.join(LINKS)}, got {self.kv_link!r}")
         check_device_syntax(self.device)
+
+        self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        for flag, endpoint in (("--kv-events-zmq", self.kv_events_zmq), ("--kv-events-replay", self.kv_events_replay)):
+            if endpoint is not None and not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+                raise ValueError(f"{flag} must be a ZeroMQ endpoint to bind (tcp://127.0.0.1:5557), got {endpoint!r}")
+        if self.kv_events_replay and not self.kv_events_zmq:
+            raise ValueError("--kv-events-replay needs --kv-events-zmq")
+        if self.kv_events_encoding not in ("map", "array", "map-batch"):
+            raise ValueError(f"--kv-events-encoding must be map, array or map-batch, got {self.kv_events_encoding!r}")
+        if self.kv_events_buffer_steps < 1:
+            raise ValueError("--kv-events-buffer-steps must be at least 1")
 
     @property
     def advertise(self) -> str:

@@ -19,6 +19,7 @@ from engine.registration import Registration
 from engine.runners import RUNNERS
 from engine.serving import CompletionService
 from engine.transfer_api import handle_transfer
+from engine.zmq_publisher import ZmqEventPublisher
 from router.errors import BadRequest
 from router.http import error_middleware, json_response, read_json
 from router.openai_request import parse_request
@@ -36,6 +37,7 @@ REGISTRATION = web.AppKey("registration", Registration)
 SERVICE = web.AppKey("service", CompletionService)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 METRICS = web.AppKey("metrics", EngineMetrics)
+ZMQ_PUBLISHER = web.AppKey("zmq_publisher", ZmqEventPublisher)
 
 MAX_EVENTS_TIMEOUT_S = 30.0
 
@@ -62,6 +64,16 @@ async def _engine_ctx(app: web.Application):
     yield
     await engine.stop()
     app[SERVICE].pool.close()
+
+
+async def _zmq_ctx(app: web.Application):
+    config = app[CONFIG]
+    publisher = ZmqEventPublisher(app[ENGINE], model_name(app), config.kv_events_zmq, config.kv_events_replay,
+                                  config.kv_events_encoding, config.kv_events_topic, config.kv_events_buffer_steps)
+    app[ZMQ_PUBLISHER] = publisher
+    await publisher.start()
+    yield
+    await publisher.stop()
 
 
 async def _redis_ctx(app: web.Application):
@@ -112,7 +124,16 @@ def kv_info(app: web.Application) -> dict:
         "num_kv_heads": info.num_kv_heads,
         "head_dim": info.head_dim,
         "epoch": engine.events.epoch,
+        **_zmq_info(app),
     }
+
+
+def _zmq_info(app: web.Application) -> dict:
+    publisher = app.get(ZMQ_PUBLISHER)
+    if publisher is None:
+        return {}
+    return {"kv_events_zmq": publisher.endpoint, "kv_events_replay": publisher.replay_endpoint,
+            "kv_events_encoding": app[CONFIG].kv_events_encoding}
 
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
@@ -248,6 +269,8 @@ def create_app(config: EngineConfig) -> web.Application:
         app.cleanup_ctx.append(_redis_ctx)
     if config.registry:
         app.cleanup_ctx.append(_registry_ctx)
+    if config.kv_events_zmq:
+        app.cleanup_ctx.append(_zmq_ctx)
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", handle_models)

@@ -19,9 +19,11 @@ from router.disagg import Disaggregation
 from router.errors import BadRequest, Unauthorized
 from router.events import EventSync, PollFollower, RedisFollower
 from router.http import json_response, make_error_middleware, parse_json, read_body
-from router.index import BreakerIndex, make_index
+from router.index import BreakerIndex, MemoryIndex, make_index
+from router.index.split import SplitIndex
 from router.index.instrumented import InstrumentedIndex
 from router.kv_auth import secret_from
+from router.kvevents.follower import ZmqFollower
 from router.metrics import RouterMetrics
 from router.policies import make_policy
 from router.proxy import Proxy
@@ -37,6 +39,7 @@ CLUSTER = web.AppKey("cluster", Cluster)
 ROUTER = web.AppKey("router", Router)
 PROXY = web.AppKey("proxy", Proxy)
 METRICS = web.AppKey("metrics", RouterMetrics)
+ZMQ = web.AppKey("zmq", ZmqFollower)
 
 OPENAI_PATHS = ("/v1/",)
 ADMIN_PATHS = ("/router/", "/workers")
@@ -65,7 +68,8 @@ async def _router_ctx(app: web.Application):
     tokenizer = load_tokenizer(config.tokenizer)
     backend = make_index(config.index, url=config.redis, timeout=config.index_timeout_s)
     breaker = BreakerIndex(backend, config.index_breaker_failures, config.index_breaker_cooldown_s, metrics.registry)
-    index = InstrumentedIndex(breaker, metrics.registry)
+    zmq_index = MemoryIndex()  # ZeroMQ-fed instances: this replica's own (router/index/split.py)
+    index = InstrumentedIndex(SplitIndex(breaker, zmq_index), metrics.registry)
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
@@ -76,6 +80,9 @@ async def _router_ctx(app: web.Application):
     app[CLUSTER], app[ROUTER] = cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
     proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
+    zmq_sources = config.foreign_engines()[1]
+    app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
+                                          config.kv_event_replay_timeout_s, metrics.registry)
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
@@ -85,8 +92,8 @@ async def _router_ctx(app: web.Application):
     if registry is not None:
         await registry.sync_once()  # the fleet as registered now, before the first request
         loops.append(("registry", registry.run()))
-    tasks = [asyncio.create_task(coro, name=name) for name, coro in (*loops,
-        ("index-size", _index_size_loop(cluster, metrics)))]
+    loops += [("index-size", _index_size_loop(cluster, metrics)), ("kv-events-zmq", zmq_follower.run())]
+    tasks = [asyncio.create_task(coro, name=name) for name, coro in loops]
     log.info("router ready: policy=%s index=%s events=%s engines=%d (%d routable)", config.policy, config.index,
              config.events, len(cluster.instances), sum(i.routable for i in cluster.instances))
     yield
@@ -97,6 +104,7 @@ async def _router_ctx(app: web.Application):
         await follower.close()
     if registry is not None:
         await registry.close()
+    zmq_follower.close()
     await index.close()
     await session.close()
     pool.close()

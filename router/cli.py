@@ -73,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with prefill and decode engines: prompts with fewer uncached tokens skip the prefill stage")
     p.add_argument("--kv-secret", default=None,
                    help="shared secret signing prefill/decode transfer grants (default: $KVROUTE_KV_SECRET)")
+    p.add_argument("--engine-kind", dest="engine_kinds", action="append", default=[], metavar="[URL=]KIND",
+                   help="kvroute, vllm, sglang or auto (default: detect); KIND alone sets every engine's")
+    p.add_argument("--kv-event-source", dest="kv_event_sources", action="append", default=[],
+                   metavar="URL=ENDPOINT[,ENDPOINT...]", help="an engine's ZeroMQ KV event publisher (vLLM format)")
+    p.add_argument("--kv-event-replay-source", dest="kv_event_replay_sources", action="append", default=[],
+                   metavar="URL=ENDPOINT[,ENDPOINT...]", help="its replay socket, asked for batches missed in a gap")
+    p.add_argument("--kv-event-block-size", type=int, default=d["kv_event_block_size"].default,
+                   help="the router's block size for vLLM/SGLang engines (engine block sizes are mapped)")
+    p.add_argument("--kv-event-topic", default=d["kv_event_topic"].default, help="ZeroMQ topic prefix (default: all)")
+    p.add_argument("--kv-event-replay-timeout-s", type=float, default=d["kv_event_replay_timeout_s"].default,
+                   help="seconds to wait for a replay before rebuilding an instance from new events")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks (default: random)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
@@ -81,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     values = config_values(RouterConfig, args)
-    values["engines"] = tuple(values["engines"])
+    for name in ("engines", "engine_kinds", "kv_event_sources", "kv_event_replay_sources"):
+        values[name] = tuple(values[name])
     try:
         setup_logging(args.log_level)
         config = RouterConfig(**values)

@@ -13,11 +13,12 @@ import aiohttp
 from router.config import RouterConfig
 from router.index.base import BlockIndex, IndexUnavailable
 from router.instance import EngineInfo, Instance
+from router.kinds import assign_kinds, discover_info, poll_load
 from router.fleet_shape import FleetShape
 from router.limits import Limits
 from router.metrics import RouterMetrics
 from router.protocol import LoadRecord
-from router.upstream_errors import BadAnswer, Incompatible, NotAnEngine, describe_failure
+from router.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class Cluster:
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.metrics = metrics
         self.instances = [Instance(url) for url in config.engines]  # grows and shrinks at run time
+        assign_kinds(self.instances, config)
         self.session: aiohttp.ClientSession | None = None
         self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
 
@@ -107,13 +109,9 @@ class Cluster:
     # -- discovery and compatibility ------------------------------------------------
 
     async def discover(self, inst: Instance, dry_run: bool = False) -> None:
-        """Read the engine's /kv/info into `inst.info`; `dry_run` (the admin API's probe of a
-        candidate) only reads it."""
-        data = await self._get_json(inst, "/kv/info")
-        try:
-            info = EngineInfo.from_dict(data)
-        except ValueError as e:
-            raise Incompatible(str(e)) from None
+        """Learn what the engine is (router/kinds: /kv/info for kvroute engines) into `inst.info`;
+        `dry_run` (the admin API's probe of a candidate) only reads it."""
+        info = await discover_info(self, inst)
         if dry_run:
             inst.info = info
             return
@@ -253,7 +251,7 @@ class Cluster:
 
     async def _poll_load(self, inst: Instance) -> None:
         try:
-            self.observe_load(inst, LoadRecord.from_dict(await self._get_json(inst, "/load")))
+            self.observe_load(inst, await poll_load(self, inst))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             self.report_failure(inst, describe_failure(e))
 

@@ -52,6 +52,14 @@ class RouterConfig:
     # tokens on the built-in model, growing linearly. Below ~256 moving K/V costs more than it saves.
     pd_min_uncached: int = 256
     kv_secret: str | None = None  # signs transfer grants for prefill engines; default $KVROUTE_KV_SECRET
+    # Engines we did not write (router/kinds, router/kvevents): each engine's kind ("KIND" for all, or
+    # "URL=KIND"), and vllm-router's "URL=ENDPOINT[,ENDPOINT...]" ZeroMQ KV event and replay sources.
+    engine_kinds: tuple[str, ...] = ()
+    kv_event_sources: tuple[str, ...] = ()
+    kv_event_replay_sources: tuple[str, ...] = ()
+    kv_event_block_size: int = 16  # the router's block size for vLLM/SGLang engines (their own may differ)
+    kv_event_topic: str = ""  # ZeroMQ topic prefix to subscribe to ("" = all)
+    kv_event_replay_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:
@@ -86,3 +94,16 @@ class RouterConfig:
             raise ValueError("--eject-after and --readmit-after must be >= 1")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        self.foreign_engines()  # validates --engine-kind and --kv-event-*
+
+    def foreign_engines(self):
+        """({engine URL: kind}, {engine URL: ZeroMQ event sources}) from the flags."""
+        from router.kinds import parse_kinds
+        from router.kvevents.sources import parse_sources
+
+        if not 1 <= self.kv_event_block_size <= 1024:
+            raise ValueError(f"--kv-event-block-size must be between 1 and 1024, got {self.kv_event_block_size}")
+        if self.kv_event_replay_timeout_s <= 0:
+            raise ValueError("--kv-event-replay-timeout-s must be positive")
+        return (parse_kinds(self.engine_kinds, self.engines),
+                parse_sources(self.kv_event_sources, self.kv_event_replay_sources, self.engines))

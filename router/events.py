@@ -124,7 +124,7 @@ class PollFollower:
 
     async def _follow(self, inst: Instance) -> None:
         while not inst.removed:
-            if not inst.routable:
+            if not inst.routable or not inst.follows_engine_feed:
                 await asyncio.sleep(0.1)
                 continue
             await self.sync.step(inst, lambda: self._poll(inst))
@@ -162,7 +162,7 @@ class RedisFollower:
         last_id = "$"
         while True:
             for inst in list(self.cluster.instances):
-                if inst.routable and inst.needs_resync:
+                if inst.routable and inst.needs_resync and inst.follows_engine_feed:
                     await self.sync.step(inst, _noop)
             try:
                 reply = await self.client.xread({self.stream: last_id}, count=1000, block=500)
@@ -180,7 +180,7 @@ class RedisFollower:
 
     async def _handle(self, entry: dict) -> None:
         inst = self.cluster.by_id(entry.get("instance", ""))
-        if inst is None or not inst.routable:
+        if inst is None or not inst.routable or not inst.follows_engine_feed:
             return
         if entry.get("load"):
             self.cluster.observe_load(inst, LoadRecord.from_dict(entry["load"]))

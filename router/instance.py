@@ -59,6 +59,15 @@ class Instance:
         self.last_event_time: float | None = None
         self.resyncs = 0
         self.last_error: str | None = None  # why the last contact failed; None once it works again
+        self.kind = "auto"  # engine kind (router/kinds): set from --engine-kind, resolved at discovery
+        self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
+        self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
+        self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+
+    @property
+    def follows_engine_feed(self) -> bool:
+        """Its events come from /kv/events (or the Redis stream), not from ZeroMQ."""
+        return self.engine_feed and self.kv_feed is None
 
     @property
     def id(self) -> str:
@@ -162,4 +171,7 @@ class Instance:
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,
             "load": self.load.to_dict() if self.load else None,
+            "kind": self.kind,
+            "engine": dict(self.kind_state),
+            "kv_events": self.kv_feed.to_dict() if self.kv_feed is not None else None,
         }

@@ -10,9 +10,10 @@ Special tokens, as Hugging Face does it:
 - `encode(text)` (completions): if tokenizer_config.json sets `add_bos_token`/`add_eos_token`,
   those decide (Llama-2 style); otherwise tokenizer.json's post-processor does (Llama-3
   style). The built-in adds nothing.
-- `encode_chat(messages)`: the template's text is encoded without the post-processor, and
-  BOS is prepended only when the model adds BOS to prompts (either rule above) and the
-  rendered text does not already start with it.
+- `encode_chat(messages)`: the template's text (with the generation prompt) is encoded
+  without special tokens, as Hugging Face's `apply_chat_template(tokenize=True)`, vLLM and
+  SGLang do: BOS appears exactly where the template writes `bos_token`, so the router's ids
+  are the ids such an engine computes (and caches) for the same messages.
 
 The fingerprint covers what decides token ids: tokenizer.json in canonical form (sorted
 keys, padding and truncation dropped), the chat template and the special-token rules.
@@ -141,17 +142,7 @@ class Tokenizer:
             raise ValueError(f"the chat template rejected the messages: {exc}") from None
 
     def encode_chat(self, messages: Any) -> list[int]:
-        ids = self.encode(self.apply_chat_template(messages), add_special_tokens=False)
-        bos = self.bos_token_id
-        if bos is not None and self._prompts_start_with_bos and ids[:1] != [bos]:
-            ids.insert(0, bos)
-        return ids
-
-    @functools.cached_property
-    def _prompts_start_with_bos(self) -> bool:
-        if self.add_bos_token is not None:
-            return self.add_bos_token
-        return self.bos_token_id is not None and self.encode("")[:1] == [self.bos_token_id]
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
 
 
 def load_tokenizer(path: str | pathlib.Path | None = None) -> Tokenizer:

@@ -1,0 +1,51 @@
+"""The few HTTP calls discovery and load polling make to an engine, bounded by the connect timeout."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import aiohttp
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a /metrics page or a /v1/models list; more is not an engine's answer
+
+
+class NotServed(ValueError):
+    """The engine answered, but not this path (404/405/501): try another way."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineHTTP:
+    session: aiohttp.ClientSession
+    timeout_s: float
+
+    async def _read(self, method: str, url: str, json: dict | None = None) -> bytes:
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with self.session.request(method, url, json=json, timeout=timeout) as r:
+            if r.status in (404, 405, 501):
+                raise NotServed(f"{method} {url} answered HTTP {r.status}")
+            if r.status != 200:
+                raise ValueError(f"{method} {url} answered HTTP {r.status}")
+            body = await r.content.read(MAX_BODY_BYTES + 1)
+            if len(body) > MAX_BODY_BYTES:
+                raise ValueError(f"{method} {url} answered more than {MAX_BODY_BYTES} bytes")
+            return body
+
+    async def text(self, url: str) -> str:
+        return (await self._read("GET", url)).decode("utf-8", errors="replace")
+
+    async def json(self, url: str, body: dict | None = None) -> dict | list:
+        import orjson
+
+        raw = await self._read("POST" if body is not None else "GET", url, body)
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"{url} did not answer JSON: {e}") from None
+
+
+async def optional(awaitable, default):
+    """What an optional probe returns, or `default` when the engine does not serve it usefully."""
+    try:
+        return await awaitable
+    except ValueError:
+        return default

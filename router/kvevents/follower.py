@@ -1,0 +1,206 @@
+"""Feed the block index from engines' ZeroMQ KV events, one `InstanceFeed` per instance.
+
+A feed waits until its instance is discovered (the model decides the router's hash seed,
+and the router block size the chain), then runs one `Subscriber` per endpoint and maps
+every decoded event through the instance's `BlockMap` onto index operations. Those are
+applied as ordinary `KVEvent`s (`BlockIndex.apply`), numbered by the feed with an epoch that
+changes on every rebuild. They go to the router's replica-local index for ZeroMQ-fed
+instances (router/index/split.py), never to a shared Redis index: replicas number their
+feeds independently, so only one writer per index may own an instance's (epoch, seq).
+
+The cluster's health loop flags `needs_resync` when an instance was down long enough to
+have its entries cleared (the feed then forgets what it knew and rebuilds from a replay
+from seq 0, as far as the publisher's buffer reaches, and the live stream) or when it is
+re-admitted (nothing to do: the stream's own sequence numbers tell whether events were
+lost). A lost index write (Redis unreachable) rebuilds too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Mapping, Sequence
+
+import zmq.asyncio
+
+from router.index.base import IndexUnavailable
+from router.instance import Instance
+from router.kvevents.metrics import ZmqMetrics
+from router.kvevents.sources import EventSource
+from router.kvevents.subscriber import SourceStats, Subscriber
+from router.kvevents.translate import BlockMap
+from router.kvevents.wire import Batch
+from router.protocol import KVEvent, hash_seed, new_epoch
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.1
+
+
+class InstanceFeed:
+    """One instance's ZeroMQ event sources, its engine-hash map, and what reached the index."""
+
+    def __init__(self, inst: Instance, index, sources: Sequence[EventSource], ctx: zmq.asyncio.Context,
+                 topic: str, replay_timeout_s: float, metrics: ZmqMetrics) -> None:
+        self.inst = inst
+        self.index = index
+        self.metrics = metrics
+        self.subscribers = [Subscriber(ctx, s.endpoint, s.replay_endpoint, topic, self, replay_timeout_s)
+                            for s in sources]
+        self.block_map = BlockMap(0, 1)  # replaced once the instance is discovered
+        self.keys: tuple[str, int] | None = None  # (model, router block size) the map was built for
+        self.epoch = new_epoch()
+        self.seq = 0
+        self.rebuilds: list[dict] = []
+        self._lost = False  # index writes failed: rebuild once the index is back
+
+    def source_stats(self) -> list[SourceStats]:
+        return [sub.stats for sub in self.subscribers]
+
+    async def run(self) -> None:
+        while self.inst.info is None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+        self._new_map()
+        await self._begin()
+        self.inst.needs_resync = False
+        await asyncio.gather(self._watch(), *(sub.run() for sub in self.subscribers))
+
+    async def _begin(self) -> None:
+        """A fresh, empty feed position (epoch, 0) in the index: what comes next is in order."""
+        self.epoch, self.seq = new_epoch(), 0
+        await self.index.replace(self.inst.id, self.epoch, 0, {})
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            info = self.inst.info
+            if info is not None and (info.model, info.block_size) != self.keys:
+                await self.resync(f"model or block size changed to {info.model!r}/{info.block_size}")
+            elif self._lost:
+                await self.resync("index writes were lost")
+            elif self.inst.needs_resync:
+                if self.inst.blocks_indexed or not len(self.block_map):
+                    self.inst.needs_resync = False  # re-admitted: the stream's own seq says if anything was lost
+                else:
+                    await self.resync("the instance's index entries were cleared while it was down")
+
+    async def resync(self, reason: str) -> None:
+        """Forget everything and rebuild from a replay from seq 0 and the live stream."""
+        self._lost = False
+        await self.on_reset(reason)
+        for sub in self.subscribers:
+            sub.forget()
+        self.inst.needs_resync = False
+
+    # -- BatchSink --------------------------------------------------------------------
+
+    async def on_batch(self, seq: int, batch: Batch) -> None:
+        try:
+            for event in batch.events:
+                for kind, tier, hashes in self.block_map.apply(event):
+                    await self._apply(kind, tier, hashes)
+        except IndexUnavailable as e:
+            log.warning("index unavailable while applying %s's KV events (%s); rebuilding", self.inst.id, e)
+            self._lost = True
+            return
+        now = time.time()
+        self.metrics.lag.observe(max(0.0, now - batch.ts))
+        self.inst.last_event_time = now
+
+    async def on_reset(self, reason: str) -> None:
+        self.rebuilds = (self.rebuilds + [{"reason": reason, "at": time.time()}])[-5:]
+        self._new_map()
+        self.inst.blocks_indexed = 0
+        try:
+            await self._begin()
+        except IndexUnavailable:
+            self._lost = True
+        log.warning("instance %s: KV index cleared, rebuilding from new events (%s)", self.inst.id, reason)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _new_map(self) -> None:
+        info = self.inst.info
+        if info is not None:
+            self.keys = (info.model, info.block_size)
+            self.block_map = BlockMap(hash_seed(info.model), info.block_size)
+
+    async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
+        self.seq += 1
+        result = await self.index.apply(KVEvent(self.inst.id, self.epoch, self.seq, kind, tier, tuple(hashes)))
+        if result != "applied":
+            raise IndexUnavailable(f"the index refused the feed's seq {self.seq} ({result})")
+        if kind == "cleared":
+            self.inst.blocks_indexed = 0
+        else:
+            self.inst.blocks_indexed = max(0, self.inst.blocks_indexed + (len(hashes) if kind == "stored"
+                                                                           else -len(hashes)))
+
+    def to_dict(self) -> dict:
+        bmap = self.block_map
+        return {
+            "transport": "zmq",
+            "state": "waiting for discovery" if self.keys is None else "rebuilt" if self.rebuilds else "live",
+            "router_block_size": self.keys[1] if self.keys else None,
+            "engine_block_size": bmap.engine_block_size,
+            "engine_blocks": len(bmap),
+            "blocks": dict(bmap.counts),
+            "unknown_media": dict(bmap.unknown_media),
+            "rebuilds": sum(s.rebuilds for s in self.source_stats()),
+            "last_rebuilds": list(self.rebuilds),
+            "sources": [s.to_dict() for s in self.source_stats()],
+        }
+
+
+class ZmqFollower:
+    """Every instance with ZeroMQ event sources gets a feed: those given by flags at start, and
+    those that join later (the admin API, the registry) through `add`."""
+
+    def __init__(self, instances: Sequence[Instance], index, sources: Mapping[str, Sequence[EventSource]],
+                 topic: str, replay_timeout_s: float, registry) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.metrics = ZmqMetrics(registry)
+        self.index, self.topic, self.replay_timeout_s = index, topic, replay_timeout_s
+        self.feeds: list[InstanceFeed] = []
+        self.metrics.feeds = self.feeds
+        self.tasks: dict[InstanceFeed, asyncio.Task] = {}
+        self.running = False
+        for inst in instances:
+            if inst.url in sources:
+                self.add(inst, sources[inst.url])
+
+    def add(self, inst: Instance, sources: Sequence[EventSource]) -> None:
+        feed = InstanceFeed(inst, self.index, sources, self.ctx, self.topic, self.replay_timeout_s, self.metrics)
+        inst.kv_feed = feed
+        self.feeds.append(feed)
+        if self.running:
+            self._start(feed)
+
+    def _start(self, feed: InstanceFeed) -> None:
+        self.tasks[feed] = asyncio.create_task(feed.run(), name=f"zmq-feed-{feed.inst.url}")
+
+    def remove(self, inst: Instance) -> None:
+        feed = inst.kv_feed
+        if feed in self.tasks:
+            self.tasks.pop(feed).cancel()
+        if feed in self.feeds:
+            self.feeds.remove(feed)
+        inst.kv_feed = None
+
+    async def run(self) -> None:
+        self.running = True
+        for feed in self.feeds:
+            self._start(feed)
+        try:
+            while True:
+                for feed in [f for f in self.feeds if f.inst.removed]:
+                    self.remove(feed.inst)
+                await asyncio.sleep(1.0)
+        finally:
+            for task in self.tasks.values():
+                task.cancel()
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
