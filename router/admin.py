@@ -1,10 +1,13 @@
 """The router's fleet admin API (behind `--admin-key`; the mutating calls are off without one).
 
     GET    /router/engines                     the fleet: id, url, role, state, sources, health
-    POST   /router/engines {"url", "role"?}    probe the URL's /kv/info and add it, or refuse with
-                                               a 400 saying why (unreachable, not a kvroute engine,
-                                               incompatible); the same URL again is a no-op (200).
-                                               A `role` other than the engine's switches it.
+    POST   /router/engines {"url", "role"?, "kind"?, "kv_event_source"?, "kv_event_replay_source"?}
+                                               probe the URL (router/kinds: /kv/info for kvroute
+                                               engines) and add it, or refuse with a 400 saying why
+                                               (unreachable, not an engine, incompatible); the same
+                                               URL again is a no-op (200). A `role` other than the
+                                               engine's switches it; `kind` and the ZeroMQ sources
+                                               are the --engine-kind / --kv-event-source fields.
     DELETE /router/engines/{id}                stop routing to it (until it is added again)
     POST   /router/engines/{id}/role {"role"}  switch its role (through the engine's /admin/role,
                                                called with the same admin key); the fleet regroups
@@ -63,14 +66,35 @@ async def handle_add(request: web.Request) -> web.Response:
     url, role = body.get("url"), body.get("role")
     if role is not None and role not in ROLES:
         raise BadRequest(f"'role' must be one of {', '.join(ROLES)}, got {role!r}", param="role")
-    inst, created = await add_engine(request, url)
+    kind, sources = foreign_fields(body)
+    inst, created = await add_engine(request, url, kind, sources)
     if role is not None and inst.info is not None and inst.info.role != role:
         await switch_role(request, inst, role)
     return json_response({"engine": engine_row(inst), "created": created}, status=201 if created else 200)
 
 
-async def add_engine(request: web.Request, url) -> tuple[Instance, bool]:
+def foreign_fields(body: dict) -> tuple[str, tuple | None]:
+    """`kind` and the ZeroMQ event sources of an engine added through the API, validated."""
+    from router.kinds import KIND_NAMES
+    from router.kvevents.sources import parse_sources
+
+    kind, source, replay = body.get("kind", "auto"), body.get("kv_event_source"), body.get("kv_event_replay_source")
+    if kind not in KIND_NAMES:
+        raise BadRequest(f"'kind' must be one of {', '.join(KIND_NAMES)}, got {kind!r}", param="kind")
+    if source is None:
+        return kind, None
+    url = "http://engine"
+    try:
+        return kind, parse_sources([f"{url}={source}"], [f"{url}={replay}"] if replay else [], [url])[url]
+    except (ValueError, TypeError) as e:
+        raise BadRequest(str(e).replace("--kv-event-", "kv_event_"), param="kv_event_source") from None
+
+
+async def add_engine(request: web.Request, url, kind: str = "auto", sources: tuple | None = None
+                     ) -> tuple[Instance, bool]:
     """Probe `url` and add it to the fleet; BadRequest with the reason when it is not usable."""
+    from router.app import ZMQ
+
     cluster = _cluster(request)
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise BadRequest(f"'url' must be an http(s) URL, got {url!r}", param="url")
@@ -79,6 +103,7 @@ async def add_engine(request: web.Request, url) -> tuple[Instance, bool]:
         existing.sources.add(SOURCE)
         return existing, False
     candidate = Instance(url, SOURCE)
+    candidate.kind = kind
     try:
         await cluster.discover(candidate, dry_run=True)
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
@@ -88,6 +113,9 @@ async def add_engine(request: web.Request, url) -> tuple[Instance, bool]:
         raise BadRequest(f"cannot add {url}: incompatible: {'; '.join(problems)}", param="url",
                          code="engine_refused")
     inst, created = cluster.add(url, SOURCE)
+    inst.kind = candidate.kind
+    if sources:
+        request.app[ZMQ].add(inst, sources)
     await cluster.probe(inst)
     return inst, created
 

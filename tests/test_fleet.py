@@ -170,3 +170,27 @@ async def test_role_switch_keeps_the_cache_and_the_output(start_engine, start_ro
     async with http.post(e_url + "/admin/role", json={"role": "both"}) as r:
         assert r.status == 401
     assert await wait_for(lambda: server.app[CLUSTER].instances[0].info.role == "prefill", timeout=2)
+
+
+async def test_admin_api_takes_an_engines_kind_and_zmq_sources(start_engine, start_router, http):
+    e_url, _ = await start_engine(time_scale=FAST, instance_id="z0", kv_events_zmq="tcp://127.0.0.1:0",
+                                  kv_events_replay="tcp://127.0.0.1:0")
+    async with http.get(e_url + "/kv/info") as r:
+        info = await r.json()
+    endpoint = info["kv_events_zmq"]
+    url, server = await start_router([], admin_key=KEY)
+    bad = {"url": e_url, "kind": "kvroute", "kv_event_source": "tcp://*:5557"}
+    async with http.post(url + "/router/engines", json=bad, headers=AUTH) as r:
+        assert r.status == 400 and "wildcard" in (await r.json())["error"]["message"]
+    body = {"url": e_url, "kind": "kvroute", "kv_event_source": endpoint,
+            "kv_event_replay_source": info["kv_events_replay"]}
+    async with http.post(url + "/router/engines", json=body, headers=AUTH) as r:
+        assert r.status == 201
+    inst = server.app[CLUSTER].instances[0]
+    assert inst.kv_feed is not None and not inst.follows_engine_feed  # learns from ZeroMQ only
+    await served_by(http, url, prompt(3))
+    await wait_for(lambda: inst.kv_feed.source_stats()[0].batches > 0, timeout=5)
+    await wait_for(lambda: inst.blocks_indexed > 0, timeout=5)
+    async with http.post(url + "/router/explain", json={"prompt": prompt(3)}, headers=AUTH) as r:
+        explained = await r.json()
+        assert explained.get("predicted_cached_tokens", 0) > 0, explained
