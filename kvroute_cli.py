@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "bench": ("loadgen.bench", "Start a local cluster and compare routing policies."),
     "demo": ("loadgen.demo", "Quick policy comparison on real torch engines."),
     "sim": ("loadgen.sim", "Discrete-event simulation of a large cluster."),
+    "planner": ("router.planner.cli", "Switch engines' prefill/decode roles online to keep goodput high."),
 }
 
 

@@ -82,6 +82,7 @@ class Finished:
     tpot: float | None
     prompt_tokens: int
     output_tokens: int
+    cached_tokens: int = 0
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -100,8 +101,9 @@ class RecentRequests:
 
     def add(self, trace: RequestTrace) -> None:
         now = time.time()
+        cached = trace.usage.cached_tokens if trace.usage is not None and trace.usage.cached_tokens else 0
         self.items.append(Finished(now, trace.model, trace.status == "200", trace.ttft, trace.tpot,
-                                   trace.prompt_tokens, trace.output_tokens))
+                                   trace.prompt_tokens, trace.output_tokens, cached))
         while self.items and self.items[0].at < now - self.horizon_s:
             self.items.popleft()
 
@@ -126,6 +128,7 @@ def _summary(rows: list[Finished], window_s: float, slo_ttft: float | None, slo_
         "errors": sum(not f.ok for f in rows),
         "requests_per_s": len(rows) / window_s,
         "prompt_tokens_per_s": sum(f.prompt_tokens for f in rows) / window_s,
+        "prefill_tokens_per_s": sum(max(0, f.prompt_tokens - f.cached_tokens) for f in rows) / window_s,
         "output_tokens_per_s": sum(f.output_tokens for f in rows) / window_s,
         "ttft_s": {q: _pct(ttfts, p) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
         "tpot_s": {q: _pct(tpots, p) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},

@@ -1,0 +1,188 @@
+"""The planner's decision: which role each engine should have, and why (DistServe's P:D
+choice, made online). Pure: an `Observation` in, a `Plan` out; `kvroute planner` feeds it
+from a router over HTTP (router/planner/service.py) and `kvroute sim` from the virtual
+clock (loadgen/sim/planning.py), so both run this code.
+
+Per interval, over the recent window:
+
+    need_p = uncached prompt tokens/s  / prefill_tokens_per_s   (engines' worth of prefill)
+    need_d = output tokens/s           / decode_tokens_per_s    (engines' worth of decode at the TPOT SLO)
+    util   = (need_p + need_d) / N                              (N engines that are not draining)
+
+`prefill_tokens_per_s` and `decode_tokens_per_s` are one engine's capacities, from a
+profile (as Dynamo's planner takes them): `kvroute sim --profile` prints them for a cost
+model. With util below `colocate_below` the fleet runs colocated (every engine "both": at
+light load prefill rarely stalls decode, and no request pays the hand-off). Otherwise it
+splits P = round(N x need_p / (need_p + need_d)) + bias prefill engines, the rest decode,
+at least `min_prefill` / `min_decode` of each. `bias` is the SLO feedback the capacities
+cannot give: +1 while TTFT misses its SLO and TPOT has room, -1 the other way, back toward
+0 while both are met.
+
+Hysteresis: a new target must come out the same `hold` intervals in a row, and at least
+`cooldown_s` after the last change, before engines switch; then the fewest engines
+switch, the least loaded first. `desired` is the replica count per role the load asks for
+at `target_utilization` (published for an autoscaler; the planner itself only re-roles).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+ROLES = ("prefill", "decode", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerConfig:
+    slo_ttft_s: float = 1.0
+    slo_tpot_s: float = 0.05
+    prefill_tokens_per_s: float = 10_000.0  # one engine's prefill capacity (a profile's figure)
+    decode_tokens_per_s: float = 2_000.0  # one engine's decode capacity at the TPOT SLO
+    interval_s: float = 5.0
+    window_s: float = 30.0
+    colocate_below: float = 0.5
+    min_prefill: int = 1
+    min_decode: int = 1
+    hold: int = 2
+    cooldown_s: float = 10.0
+    target_utilization: float = 0.8
+
+    def __post_init__(self) -> None:
+        for name in ("slo_ttft_s", "slo_tpot_s", "prefill_tokens_per_s", "decode_tokens_per_s", "interval_s",
+                     "window_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"planner {name} must be positive, got {getattr(self, name)}")
+        if self.min_prefill < 1 or self.min_decode < 1 or self.hold < 1:
+            raise ValueError("planner min_prefill, min_decode and hold must be at least 1")
+        if not 0 < self.target_utilization <= 1 or not 0 <= self.colocate_below <= 1 or self.cooldown_s < 0:
+            raise ValueError("planner target_utilization must be in (0, 1], colocate_below in [0, 1], "
+                             "cooldown_s >= 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineView:
+    id: str
+    role: str
+    running: int = 0
+    waiting: int = 0
+    draining: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observation:
+    now: float
+    engines: Sequence[EngineView]
+    requests: int = 0
+    prefill_tokens_per_s: float = 0.0  # uncached prompt tokens, the prefill work
+    output_tokens_per_s: float = 0.0
+    ttft_p90_s: float | None = None
+    tpot_p90_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    at: float
+    changes: dict[str, str]  # engine id -> new role (empty: nothing to do)
+    target: dict[str, int]  # role -> engines, what the planner aims at
+    desired: dict[str, int]  # role -> replicas the load asks for (for autoscalers)
+    reason: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Planner:
+    def __init__(self, config: PlannerConfig) -> None:
+        self.config = config
+        self.bias = 0
+        self.pending: dict[str, int] | None = None
+        self.pending_count = 0
+        self.last_change = -math.inf
+
+    def decide(self, obs: Observation) -> Plan:
+        c = self.config
+        engines = [e for e in obs.engines if not e.draining]
+        n = len(engines)
+        need_p = obs.prefill_tokens_per_s / c.prefill_tokens_per_s
+        need_d = obs.output_tokens_per_s / c.decode_tokens_per_s
+        desired = {"prefill": math.ceil(need_p / c.target_utilization),
+                   "decode": math.ceil(need_d / c.target_utilization)}
+        if n < 2 or obs.requests == 0:
+            return Plan(obs.now, {}, _counts(engines), desired, "no traffic or fewer than 2 engines: no change")
+        current = _counts(engines)
+        target, why = self._target(obs, n, need_p, need_d, current)
+        if target == current:
+            self.pending, self.pending_count = None, 0
+            return Plan(obs.now, {}, target, desired, f"keep {_fmt(current)}: {why}")
+        if target != self.pending:
+            self.pending, self.pending_count = target, 0
+        self.pending_count += 1
+        if self.pending_count < c.hold or obs.now - self.last_change < c.cooldown_s:
+            return Plan(obs.now, {}, target, desired, f"{_fmt(target)} pending ({self.pending_count}/{c.hold} "
+                                                      f"intervals, cool-down): {why}")
+        self.pending, self.pending_count, self.last_change = None, 0, obs.now
+        changes = assign(engines, target)
+        return Plan(obs.now, changes, target, desired, f"{_fmt(current)} -> {_fmt(target)}: {why}")
+
+    def _target(self, obs: Observation, n: int, need_p: float, need_d: float,
+                current: dict[str, int]) -> tuple[dict[str, int], str]:
+        c = self.config
+        util = (need_p + need_d) / n
+        load = f"util {util:.2f} (prefill {need_p:.2f}, decode {need_d:.2f} engines' worth)"
+        if util < c.colocate_below or need_p + need_d == 0:
+            self.bias = 0
+            return {"prefill": 0, "decode": 0, "both": n}, f"{load} < {c.colocate_below:g}: colocated"
+        self._feedback(obs, current)
+        p = round(n * need_p / (need_p + need_d)) + self.bias
+        p = max(c.min_prefill, min(n - c.min_decode, p))
+        slo = f"TTFT p90 {_ms(obs.ttft_p90_s)}, TPOT p90 {_ms(obs.tpot_p90_s)}, SLO bias {self.bias:+d}"
+        return {"prefill": p, "decode": n - p, "both": 0}, f"{load}; {slo}"
+
+    def _feedback(self, obs: Observation, current: dict[str, int]) -> None:
+        """Move the bias by the SLO misses of the split now in force (not during colocation)."""
+        if current["both"]:
+            return
+        c = self.config
+        ttft_bad = obs.ttft_p90_s is not None and obs.ttft_p90_s > c.slo_ttft_s
+        tpot_bad = obs.tpot_p90_s is not None and obs.tpot_p90_s > c.slo_tpot_s
+        ttft_room = obs.ttft_p90_s is None or obs.ttft_p90_s < 0.8 * c.slo_ttft_s
+        tpot_room = obs.tpot_p90_s is None or obs.tpot_p90_s < 0.8 * c.slo_tpot_s
+        limit = max(1, (current["prefill"] + current["decode"]) // 2)
+        if ttft_bad and tpot_room:
+            self.bias = min(limit, self.bias + 1)
+        elif tpot_bad and ttft_room:
+            self.bias = max(-limit, self.bias - 1)
+        elif not ttft_bad and not tpot_bad and self.bias:
+            self.bias -= 1 if self.bias > 0 else -1
+
+
+def assign(engines: Sequence[EngineView], target: dict[str, int]) -> dict[str, str]:
+    """The fewest role changes that reach `target`; the least loaded engines move first."""
+    have = {role: [e for e in engines if e.role == role] for role in ROLES}
+    surplus: list[EngineView] = []
+    for role in ROLES:
+        extra = len(have[role]) - target.get(role, 0)
+        if extra > 0:
+            surplus += sorted(have[role], key=lambda e: e.running + e.waiting)[:extra]
+    surplus.sort(key=lambda e: e.running + e.waiting)
+    changes = {}
+    for role in ROLES:
+        for _ in range(max(0, target.get(role, 0) - len(have[role]))):
+            changes[surplus.pop(0).id] = role
+    return changes
+
+
+def _counts(engines: Sequence[EngineView]) -> dict[str, int]:
+    return {role: sum(e.role == role for e in engines) for role in ROLES}
+
+
+def _fmt(counts: dict[str, int]) -> str:
+    if counts.get("both") and not counts.get("prefill") and not counts.get("decode"):
+        return f"colocated x{counts['both']}"
+    text = f"{counts.get('prefill', 0)}P:{counts.get('decode', 0)}D"
+    return text + (f"+{counts['both']}both" if counts.get("both") else "")
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.0f} ms"
