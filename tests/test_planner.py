@@ -58,8 +58,17 @@ def test_hysteresis_and_cooldown_keep_it_from_flapping():
     second = planner.decide(obs(10, engines, 1_000, 6_000))
     assert second.changes
     engines = [EngineView(e.id, second.changes.get(e.id, e.role)) for e in engines]
-    for now in (11, 12, 13):  # the load swings back at once: within the cool-down nothing moves
-        assert not planner.decide(obs(now, engines, 30_000, 1_000)).changes
+    assert sorted(e.role for e in engines) == ["decode", "decode", "decode", "prefill"]
+    for now in (11, 12, 13):  # the mix moves again, within what 1P:3D handles: held, cooling down
+        assert not planner.decide(obs(now, engines, 9_000, 1_500)).changes
+    assert planner.decide(obs(21, engines, 9_000, 1_500)).changes  # held long enough, cooled down
+
+
+def test_an_overloaded_split_switches_at_once():
+    planner = Planner(CFG)
+    engines = fleet("prefill", "decode", "decode", "decode")
+    plan = planner.decide(obs(0, engines, 30_000, 1_000))  # 3 engines' worth of prefill on 1: overloaded
+    assert plan.changes and plan.target["prefill"] == 3
 
 
 def test_slo_feedback_moves_an_engine_the_capacities_missed():

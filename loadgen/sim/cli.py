@@ -23,14 +23,16 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cost_model import COST_MODELS
+from engine.cost_model import COST_MODELS, get_cost_model
 from loadgen.arrivals import ArrivalConfig
 from engine.sim import LINKS
 from loadgen.sim.pd_sweep import format_sweep, pd_sweep
+from loadgen.sim.profile import profile
 from loadgen.sim.report import format_table, relative_to_oracle
 from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 from router.cli_help import HelpFormatter
+from router.planner.decide import PlannerConfig
 
 PROG = "kvroute sim"
 
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, formatter_class=HelpFormatter, description="Discrete-event simulation of a large cluster with the real policies.")
     p.add_argument("--instances", type=int, default=d["instances"], help="simulated engines")
     p.add_argument("--policy", default="kv_aware", help=f"comma-separated, from: {', '.join(policy_names())}")
-    p.add_argument("--workload", required=True, help=f"one of {workload_names()}")
+    p.add_argument("--workload", help=f"one of {workload_names()} (required unless --profile)")
     p.add_argument("--requests", "--num-requests", dest="num_requests", type=int, help="requests to generate")
     p.add_argument("--rate", type=float, help="open loop: requests/s (omit for a trace's own send times)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
@@ -79,6 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewer predicted uncached prompt tokens: run whole on a decode instance (no prefill stage)")
     p.add_argument("--pd-sweep", action="store_true",
                    help="run colocated and every P:D split of --instances (one policy); table of goodput per split")
+    p.add_argument("--planner", action="store_true",
+                   help="run kvroute planner on the virtual clock (needs --slo-ttft and --slo-tpot): roles change "
+                        "online, starting from --prefill-instances (0: all colocated)")
+    pd = PlannerConfig()
+    for name in ("interval_s", "window_s", "hold", "cooldown_s", "colocate_below", "prefill_tokens_per_s",
+                 "decode_tokens_per_s"):
+        default = getattr(pd, name) if not name.endswith("tokens_per_s") else None
+        p.add_argument("--planner-" + name.replace("_", "-"), type=type(getattr(pd, name)), default=default,
+                       help="planner " + name.replace("_", " ") + (" (default: --profile's figure for the cost "
+                                                                   "model)" if default is None else ""))
+    p.add_argument("--profile", action="store_true",
+                   help="print one engine's prefill and decode capacities (at --slo-tpot) for --cost-model, and exit")
+    p.add_argument("--profile-context", type=int, default=2000, help="with --profile: decode context tokens")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload, arrivals and policies")
     p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
@@ -131,8 +146,27 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
     return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
 
 
+def planner_config(args: argparse.Namespace, config: SimConfig) -> PlannerConfig | None:
+    if not args.planner:
+        return None
+    if args.slo_ttft is None or args.slo_tpot is None:
+        raise ValueError("--planner needs --slo-ttft and --slo-tpot")
+    capacities = profile(get_cost_model(config.cost_model), args.slo_tpot, max_batched_tokens=config.max_batched_tokens,
+                         max_running=config.max_running)
+    knobs = {name: getattr(args, "planner_" + name) for name in (
+        "interval_s", "window_s", "hold", "cooldown_s", "colocate_below", "prefill_tokens_per_s", "decode_tokens_per_s")}
+    for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+        if knobs[name] is None:
+            knobs[name] = capacities[name]
+    step = {k: capacities[k] for k in ("decode_step_s", "decode_seq_s", "decode_context_s", "max_running")}
+    return PlannerConfig(slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, **knobs, **step)
+
+
 def run(args: argparse.Namespace) -> dict:
+    if args.workload is None:
+        raise ValueError("--workload is required")
     config, policies, arrival = _check(args)
+    planner = planner_config(args, config)
     started = time.perf_counter()
     workload = _workload(args)
     specs = workload.requests()
@@ -144,7 +178,7 @@ def run(args: argparse.Namespace) -> dict:
         policies = []
     for name in policies:
         print(f"{PROG}: {name} on {config.instances} instances, {len(specs)} requests ...", file=sys.stderr)
-        result = simulate(config, name, specs, arrival)
+        result = simulate(config, name, specs, arrival, planner)
         results[name] = result.summary(args.slo_ttft, args.slo_tpot)
         if args.records:
             records[name] = result.records
@@ -170,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
+        if args.profile:
+            if args.slo_tpot is None:
+                raise ValueError("--profile needs --slo-tpot")
+            print(json.dumps(profile(get_cost_model(args.cost_model), args.slo_tpot, args.profile_context,
+                                     args.max_batched_tokens, args.max_running), indent=2))
+            return 0
         out = run(args)
     except (UsageError, ValueError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

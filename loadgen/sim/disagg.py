@@ -1,6 +1,10 @@
 """Prefill/decode disaggregation on the virtual clock, as router/disagg.py and the engines do it.
 
-Instances 0..P-1 are prefill-role, the rest decode-role. Per arrival (`plan`):
+Instances 0..P-1 start prefill-role, the rest decode-role (P = 0: every instance "both");
+roles may change while it runs (the planner, loadgen/sim/planning.py), as POST /admin/role
+does: what runs keeps going, new work follows the new roles. "both" instances take what
+decode instances take, as router/disagg.py does; with no prefill instance left, requests
+run whole, chosen by the policy among all. Per arrival (`plan`):
 the policy picks a prefill instance among the prefill ones; if the prompt's
 predicted uncached tokens there are fewer than `min_uncached`, the policy picks a
 decode instance instead and the request runs whole there. Otherwise, when the
@@ -30,6 +34,8 @@ from loadgen.sim.load_view import LoadView
 from router.index.base import PrefixMatch
 from router.policies.base import Decision, InstanceState, Policy, RouteRequest
 
+DECODE_ROLES = ("decode", "both")  # as router/disagg.py
+
 
 def uncached_tokens(decision: Decision, matches: Mapping[str, PrefixMatch], n: int, block_size: int) -> int:
     """The decision's predicted uncached prompt tokens (the policy's, else the index's)."""
@@ -42,7 +48,7 @@ def uncached_tokens(decision: Decision, matches: Mapping[str, PrefixMatch], n: i
 class Disagg:
     def __init__(self, cluster: Cluster, view: LoadView, policy: Policy, num_prefill: int, min_uncached: int,
                  seed: int) -> None:
-        if not 0 < num_prefill < len(cluster.instances):
+        if not 0 <= num_prefill < len(cluster.instances):
             raise ValueError(f"--prefill-instances must leave at least one decode instance, got {num_prefill} "
                              f"of {len(cluster.instances)}")
         self.cluster, self.view, self.policy = cluster, view, policy
@@ -50,8 +56,7 @@ class Disagg:
         self.min_uncached = min_uncached
         self.rng = random.Random(seed)
         for inst in cluster.instances:
-            inst.role = "prefill" if inst.index < num_prefill else "decode"
-        self.decodes = cluster.instances[num_prefill:]
+            inst.role = "both" if not num_prefill else "prefill" if inst.index < num_prefill else "decode"
         cluster.step_listeners.append(self._on_change)
         self.num_transfers = 0
         self.blocks_pulled = 0
@@ -64,30 +69,36 @@ class Disagg:
     def plan(self, route: RouteRequest, candidates: list[InstanceState],
              matches: Mapping[str, PrefixMatch]) -> tuple[Decision, int | None]:
         """(the policy's decision, the decode instance index, or None to run whole where decided)."""
-        prefill = self._of_role(candidates, prefill=True)
+        prefill = self._of_role(candidates, ("prefill",))
+        if not prefill or not self.decodes:  # colocated, for now
+            return self.policy.select(route, candidates, matches), None
         decision = self.policy.select(route, prefill, matches)
         bs = self.cluster.instances[0].config.block_size
         if uncached_tokens(decision, matches, route.num_tokens, bs) >= self.min_uncached:
             return decision, self.pick_decode()
         self.num_whole += 1
-        return self.policy.select(route, self._of_role(candidates, prefill=False), matches), None
+        return self.policy.select(route, self._of_role(candidates, DECODE_ROLES) or candidates, matches), None
 
-    def _of_role(self, candidates: list[InstanceState], prefill: bool) -> list[InstanceState]:
-        position, p = self.view.position, self.num_prefill
-        chosen = [c for c in candidates if (position[c.id] < p) == prefill]
-        if chosen:
+    @property
+    def decodes(self) -> list[SimInstance]:
+        return [inst for inst in self.cluster.instances if inst.role in DECODE_ROLES]
+
+    def _of_role(self, candidates: list[InstanceState], roles: tuple[str, ...]) -> list[InstanceState]:
+        position, instances = self.view.position, self.cluster.instances
+        chosen = [c for c in candidates if instances[position[c.id]].role in roles]
+        if chosen or not candidates:
             return chosen
-        states = self.view.all()
-        return states[:p] if prefill else states[p:]
+        return [s for s in self.view.all() if instances[position[s.id]].role in roles]
 
     def pick_decode(self) -> int:
         view = self.view
+        decodes = self.decodes
         loads = []
-        for inst in self.decodes:
+        for inst in decodes:
             running, waiting, kv_usage = view.engine[inst.index]
             loads.append((max(view.inflight[inst.index], running + waiting), kv_usage))
         best = min(loads)
-        return self.rng.choice([inst.index for inst, load in zip(self.decodes, loads) if load == best])
+        return self.rng.choice([inst.index for inst, load in zip(decodes, loads) if load == best])
 
     # -- prefill -> decode ----------------------------------------------------------
 
@@ -104,10 +115,9 @@ class Disagg:
         return seq
 
     def _on_change(self, inst: SimInstance) -> None:
-        if inst.role == "decode":
-            if inst.remote:
-                self._admit(inst)
-        elif inst.step is not None:
+        if inst.remote:  # whatever its role now: it accepted these before
+            self._admit(inst)
+        if inst.role == "prefill" and inst.step is not None:
             self.prefill_decode_tokens += sum(1 for s in inst.step.seqs if s.num_generated > 0)
 
     def _admit(self, inst: SimInstance) -> None:
@@ -144,6 +154,6 @@ class Disagg:
         self.cluster.kick(inst)
 
     def stats(self) -> dict:
-        return {"prefill_instances": self.num_prefill, "transfers": self.num_transfers,
+        return {"prefill_instances": sum(i.role == "prefill" for i in self.cluster.instances), "transfers": self.num_transfers,
                 "kv_blocks_pulled": self.blocks_pulled, "kv_blocks_local": self.blocks_local,
                 "whole_on_decode": self.num_whole, "prefill_decode_tokens": self.prefill_decode_tokens}

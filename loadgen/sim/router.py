@@ -16,6 +16,7 @@ decode on another instance (a dispatch with no uncached tokens) to its end.
 
 from __future__ import annotations
 
+import collections
 import time
 from array import array
 
@@ -70,6 +71,9 @@ class SimRouter:
         self.index_peak = 0
         self._sampling: dict[int, SamplingParams] = {}
         self.disagg: Disagg | None = None
+        self.arrivals: collections.deque[tuple[float, int, int]] = collections.deque()  # for the planner
+        self.max_tokens_of: dict[int, int] = {}
+        self.track_arrivals = False
 
     # -- arrivals -------------------------------------------------------------------
 
@@ -77,6 +81,9 @@ class SimRouter:
         now = self.cluster.now
         tokens = spec.prompt_ids
         n = len(tokens)
+        if self.track_arrivals:
+            self.arrivals.append((now, n, spec.max_tokens))
+            self.max_tokens_of[spec.index] = spec.max_tokens
         route = RouteRequest(n, tuple(block_hashes(tokens, self.block_size, self.hash_seed)), self.block_size,
                              f"r{spec.index}")
         first_block = route.block_hashes[0] if route.block_hashes else None

@@ -27,9 +27,11 @@ from loadgen.record import RequestRecord
 from loadgen.sim.cluster import Cluster
 from loadgen.sim.disagg import Disagg
 from loadgen.sim.oracle import make_oracle
+from loadgen.sim.planning import SimPlanning
 from loadgen.sim.router import SimRouter
 from loadgen.summary import summarize
 from loadgen.workload_base import RequestSpec
+from router.planner.decide import PlannerConfig
 from router.policies import POLICIES, make_policy
 from router.policies.base import Policy
 
@@ -125,7 +127,8 @@ class SimResult:
     steps: int
     preemptions: int
     kv_events: int
-    disagg: dict | None = None  # Disagg.stats() when prefill_instances > 0
+    disagg: dict | None = None  # Disagg.stats() when prefill_instances > 0 or a planner runs
+    planner: dict | None = None  # SimPlanning.stats() when a planner runs
 
     def summary(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
         out = summarize(self.records, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
@@ -141,12 +144,15 @@ class SimResult:
         )
         if self.disagg is not None:
             out["disagg"] = self.disagg
+        if self.planner is not None:
+            out["planner"] = self.planner
         return out
 
 
 def simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec],
-             arrival: ArrivalConfig = ArrivalConfig(rate=10.0)) -> SimResult:
+             arrival: ArrivalConfig = ArrivalConfig(rate=10.0), planner: PlannerConfig | None = None) -> SimResult:
     """Run `specs` through a fresh cluster routed by `policy_name`; deterministic for config.seed.
+    With `planner`, roles change on the virtual clock as `kvroute planner` would change them.
 
     The cyclic garbage collector is paused meanwhile: the simulator creates no cycles,
     and full collections over millions of live objects cost a quarter of a large run.
@@ -154,13 +160,14 @@ def simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec],
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(config, policy_name, specs, arrival)
+        return _simulate(config, policy_name, specs, arrival, planner)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival: ArrivalConfig) -> SimResult:
+def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival: ArrivalConfig,
+              planner: PlannerConfig | None) -> SimResult:
     started = time.perf_counter()
     cluster = Cluster(config.instances, config.engine_config(), config.event_delay_s, config.poll_interval_s)
     policy = build_policy(policy_name, cluster, config.seed)
@@ -169,9 +176,10 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         if s.after is not None:
             followers[s.after].append(s)
     router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s)
-    if config.prefill_instances:
+    if config.prefill_instances or planner is not None:
         router.disagg = Disagg(cluster, router.view, policy, config.prefill_instances, config.pd_min_uncached,
                                config.seed)
+    planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
     cluster.run(router, arrivals(specs, arrival, config.seed))
     if router.flights:
         raise RuntimeError(f"simulation ended with {len(router.flights)} requests still in flight")
@@ -187,4 +195,5 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         steps=sum(i.num_steps for i in cluster.instances),
         preemptions=sum(i.scheduler.num_preemptions for i in cluster.instances), kv_events=cluster.num_events,
         disagg=router.disagg.stats() if router.disagg else None,
+        planner=planning.stats() if planning else None,
     )

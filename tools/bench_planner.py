@@ -1,0 +1,132 @@
+"""The planner against static configurations on a workload that shifts half-way (issue 11).
+
+Same arrival rate throughout; the first half prompt-heavy (long prompts, short outputs), the
+second decode-heavy (short prompts, long outputs) -- `--workload shift`. Rows, all on the
+same requests and seed:
+
+    colocated         every instance "both"
+    best static       the P:D split with the most goodput on the first half alone (a sweep of
+                      splits, as DistServe picks one offline), then kept for the whole run
+    planner           kvroute planner on the virtual clock, starting colocated
+
+Goodput (share of requests meeting both SLOs) per phase and overall, and when the
+planner first re-roles after the shift (its reaction time).
+
+    python tools/bench_planner.py sim [--instances 64] [--rate 144] [--requests 16000] --out planner_sim.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+from engine.cost_model import get_cost_model
+from loadgen.arrivals import ArrivalConfig
+from loadgen.sim.profile import profile
+from loadgen.sim.runner import SimConfig, simulate
+from loadgen.summary import meets_slo
+from loadgen.workloads import make_workload
+from router.planner.decide import PlannerConfig
+
+
+def goodput(records, group: str | None, slo_ttft: float, slo_tpot: float) -> float:
+    rows = [r for r in records if group is None or r.group == group]
+    return sum(meets_slo(r, slo_ttft, slo_tpot) for r in rows) / len(rows) if rows else 0.0
+
+
+def row(name: str, result, specs, shift_s: float, args) -> dict:
+    groups = {s.index: s.group for s in specs}
+    for r in result.records:
+        r.group = groups[r.index]
+    out = {"config": name, **{g: goodput(result.records, g, args.slo_ttft, args.slo_tpot)
+                              for g in ("prompt-heavy", "decode-heavy")},
+           "overall": goodput(result.records, None, args.slo_ttft, args.slo_tpot), "wall_s": result.wall_s}
+    if result.planner:
+        changes = [d for d in result.planner["decisions"] if d["at"] > shift_s]
+        out["reaction_s"] = changes[0]["at"] - shift_s if changes else None
+        out["role_changes"] = result.planner["role_changes"]
+        out["decisions"] = [{"at": round(d["at"], 1), "reason": d["reason"]} for d in result.planner["decisions"]]
+    return out
+
+
+def run_sim(args) -> dict:
+    n = args.instances
+    config = SimConfig(instances=n, cost_model=args.cost_model, seed=args.seed, kv_link="nvlink",
+                       num_blocks=args.num_blocks, max_running=args.max_running)
+    specs = make_workload("shift", seed=args.seed, num_requests=args.requests).requests()
+    first = [s for s in specs if s.group == "prompt-heavy"]
+    arrival = ArrivalConfig(rate=args.rate)
+    shift_s = len(first) / args.rate
+    caps = profile(get_cost_model(args.cost_model), args.slo_tpot, max_running=args.max_running)
+    sweep = {}
+    for p in range(args.step, n, args.step):  # the offline choice, on the first half alone
+        res = simulate(dataclasses.replace(config, prefill_instances=p), "kv_aware", first, arrival)
+        sweep[p] = goodput(res.records, None, args.slo_ttft, args.slo_tpot)
+        print(f"  first half, {p}P:{n - p}D: goodput {sweep[p]:.3f} ({res.wall_s:.0f} s)", file=sys.stderr)
+    best = max(sweep, key=lambda p: (sweep[p], -abs(p - n / 2)))
+    rows = []
+    planner = PlannerConfig(slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
+                            prefill_tokens_per_s=caps["prefill_tokens_per_s"],
+                            decode_tokens_per_s=caps["decode_tokens_per_s"], decode_step_s=caps["decode_step_s"],
+                            decode_seq_s=caps["decode_seq_s"], decode_context_s=caps["decode_context_s"],
+                            max_running=caps["max_running"], interval_s=args.interval_s,
+                            window_s=args.window_s, hold=args.hold, cooldown_s=args.cooldown_s)
+    for name, cfg, plan in (("colocated", config, None),
+                            (f"best static for the first half ({best}P:{n - best}D)",
+                             dataclasses.replace(config, prefill_instances=best), None),
+                            ("planner", config, planner)):
+        t0 = time.perf_counter()
+        res = simulate(cfg, "kv_aware", specs, arrival, plan)
+        rows.append(row(name, res, specs, shift_s, args))
+        print(f"  {name}: overall goodput {rows[-1]['overall']:.3f} ({time.perf_counter() - t0:.0f} s)",
+              file=sys.stderr)
+    return {"instances": n, "rate": args.rate, "requests": args.requests, "cost_model": args.cost_model,
+            "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot, "profile": caps, "shift_at_s": shift_s,
+            "first_half_sweep": sweep, "planner_config": dataclasses.asdict(planner), "rows": rows}
+
+
+def table(out: dict) -> str:
+    lines = [f"{out['instances']} instances, {out['rate']} req/s, SLO TTFT {out['slo_ttft_s']} s, "
+             f"TPOT {out['slo_tpot_s'] * 1000:g} ms; shift at {out['shift_at_s']:.0f} s",
+             "| config | goodput, prompt-heavy half | goodput, decode-heavy half | goodput, whole run |",
+             "|---|---|---|---|"]
+    for r in out["rows"]:
+        extra = f" (reacts in {r['reaction_s']:.0f} s)" if r.get("reaction_s") is not None else ""
+        lines.append(f"| {r['config']}{extra} | {100 * r['prompt-heavy']:.1f}% | {100 * r['decode-heavy']:.1f}% | "
+                     f"{100 * r['overall']:.1f}% |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["sim"])
+    p.add_argument("--instances", type=int, default=64)
+    p.add_argument("--rate", type=float, default=144.0)
+    p.add_argument("--requests", type=int, default=16000)
+    p.add_argument("--cost-model", default="a100-llama2-7b")
+    p.add_argument("--slo-ttft", type=float, default=1.0)
+    p.add_argument("--slo-tpot", type=float, default=0.025)
+    p.add_argument("--num-blocks", type=int, default=16384)
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--step", type=int, default=8, help="first-half sweep: every step-th P")
+    d = PlannerConfig()
+    p.add_argument("--interval-s", type=float, default=d.interval_s)
+    p.add_argument("--window-s", type=float, default=d.window_s)
+    p.add_argument("--hold", type=int, default=d.hold)
+    p.add_argument("--cooldown-s", type=float, default=d.cooldown_s)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    out = run_sim(args)
+    print(table(out))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
