@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from engine.config import BACKENDS, ROLES, EngineConfig
@@ -58,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between registry refreshes")
     p.add_argument("--registry-ttl-s", type=float, default=d.registry_ttl_s,
                    help="an engine that stops refreshing lapses from the registry after this long")
-    p.add_argument("--admin-key", default=d.admin_key,
-                   help="require 'Authorization: Bearer KEY' on /admin/drain and /admin/role (off without it)")
+    p.add_argument("--admin-key", default=os.environ.get("KVROUTE_ADMIN_KEY") or d.admin_key,
+                   help="require 'Authorization: Bearer KEY' on /admin/drain and /admin/role, off without one "
+                        "(default: $KVROUTE_ADMIN_KEY)")
     p.add_argument("--drain-timeout-s", type=float, default=d.drain_timeout_s,
                    help="on SIGTERM or /admin/drain: seconds running requests get to finish")
     p.add_argument("--stall-timeout-s", type=float, default=d.stall_timeout_s,

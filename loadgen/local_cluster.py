@@ -60,6 +60,7 @@ class ClusterSpec:
     engine_args: tuple[str, ...] = ()
     router_args: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()  # per engine (default: all "both")
+    admin_key: str | None = None  # given to the engines and the router (their admin APIs) and used here
 
 
 class LocalCluster:
@@ -89,18 +90,23 @@ class LocalCluster:
             role = s.roles[i] if i < len(s.roles) else "both"
             self._spawn(f"engine-{i}", ["engine", "--port", str(port), "--instance-id", f"e{i}", "--backend",
                                         s.backend, "--num-blocks", str(s.num_blocks), "--num-threads", "1",
-                                        "--role", role, "--log-level", "WARNING", *s.engine_args])
+                                        "--role", role, "--log-level", "WARNING", *self._admin(), *s.engine_args])
             self.engine_urls.append(f"http://127.0.0.1:{port}")
         port = free_port()
         self._spawn("router", ["router", "--port", str(port), "--policy", s.policy, "--log-level", "WARNING",
-                               *[a for u in self.engine_urls for a in ("--engine", u)], *s.router_args])
+                               *[a for u in self.engine_urls for a in ("--engine", u)], *self._admin(),
+                               *s.router_args])
         self.router_url = f"http://127.0.0.1:{port}"
         await self._wait_ready(timeout_s)
         return self
 
+    def _admin(self) -> tuple[str, ...]:
+        return ("--admin-key", self.spec.admin_key) if self.spec.admin_key else ()
+
     async def _wait_ready(self, timeout_s: float) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
-        async with aiohttp.ClientSession() as session:
+        headers = {"Authorization": f"Bearer {self.spec.admin_key}"} if self.spec.admin_key else None
+        async with aiohttp.ClientSession(headers=headers) as session:
             while True:
                 dead = [p for p in self.procs if p.poll() is not None]
                 if dead:

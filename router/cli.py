@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from router.config import EVENT_SOURCES, RouterConfig
@@ -32,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None,
                    help="local HF model dir, for --model DIR engines (default: the built-in tokenizer)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--admin-key", default=None, help="require 'Authorization: Bearer KEY' on /router/*")
+    p.add_argument("--admin-key", default=os.environ.get("KVROUTE_ADMIN_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /router/* and /workers; also the key the router "
+                        "and `kvroute planner` use for engines' /admin/* (default: $KVROUTE_ADMIN_KEY)")
     p.add_argument("--max-inflight", type=int, default=d["max_inflight"].default,
                    help="per instance; beyond it requests get 429 (0 = unlimited)")
     p.add_argument("--max-retries", type=int, default=d["max_retries"].default,

@@ -88,6 +88,7 @@ class Proxy:
         raw = await read_body(request, self.cluster.max_body_bytes)
         body, raw = strip_engine_fields(parse_json(raw), raw)
         prepared = await self.router.prepare(body, kind)
+        self.router.recent.arrived(prepared.trace)
         status = "error"
         try:
             if self.disagg is not None and self.disagg.active(prepared.model):

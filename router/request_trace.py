@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import time
 
+from router.planner.demand import estimate
 from router.usage import StreamUsage, Usage, usage_from_body
 
 
@@ -26,6 +27,7 @@ class RequestTrace:
     stream: bool
     prompt_tokens: int
     started: float = dataclasses.field(default_factory=time.perf_counter)
+    max_tokens: int = -1  # as asked (-1: not given)
     instance: str = ""  # where the tokens came from (the decode engine, disaggregated)
     first_token: float | None = None
     last_byte: float | None = None
@@ -83,6 +85,7 @@ class Finished:
     prompt_tokens: int
     output_tokens: int
     cached_tokens: int = 0
+    max_tokens: int = -1
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -98,27 +101,37 @@ class RecentRequests:
     def __init__(self, horizon_s: float = 600.0, capacity: int = 100_000) -> None:
         self.horizon_s = horizon_s
         self.items: collections.deque[Finished] = collections.deque(maxlen=capacity)
+        self.arrivals: collections.deque[tuple[float, str, int, int]] = collections.deque(maxlen=capacity)
+
+    def arrived(self, trace: RequestTrace) -> None:
+        """A request was routed: its prompt and asked output are demand before it finishes."""
+        self.arrivals.append((time.time(), trace.model, trace.prompt_tokens, trace.max_tokens))
 
     def add(self, trace: RequestTrace) -> None:
         now = time.time()
         cached = trace.usage.cached_tokens if trace.usage is not None and trace.usage.cached_tokens else 0
         self.items.append(Finished(now, trace.model, trace.status == "200", trace.ttft, trace.tpot,
-                                   trace.prompt_tokens, trace.output_tokens, cached))
+                                   trace.prompt_tokens, trace.output_tokens, cached, trace.max_tokens))
         while self.items and self.items[0].at < now - self.horizon_s:
             self.items.popleft()
+        while self.arrivals and self.arrivals[0][0] < now - self.horizon_s:
+            self.arrivals.popleft()
 
     def stats(self, window_s: float, slo_ttft: float | None = None, slo_tpot: float | None = None) -> dict:
         """Per model and overall ("*"): rates, TTFT/TPOT percentiles, SLO attainment in the window."""
         since = time.time() - window_s
         recent = [f for f in self.items if f.at >= since]
+        arrived = [a for a in self.arrivals if a[0] >= since]
         out = {"window_s": window_s, "models": {}}
-        for model in sorted({f.model for f in recent}) + ["*"]:
+        for model in sorted({f.model for f in recent} | {a[1] for a in arrived}) + ["*"]:
             rows = [f for f in recent if model in ("*", f.model)]
-            out["models"][model] = _summary(rows, window_s, slo_ttft, slo_tpot)
+            asked = [(a[2], a[3]) for a in arrived if model in ("*", a[1])]
+            out["models"][model] = _summary(rows, asked, window_s, slo_ttft, slo_tpot)
         return out
 
 
-def _summary(rows: list[Finished], window_s: float, slo_ttft: float | None, slo_tpot: float | None) -> dict:
+def _summary(rows: list[Finished], asked: list[tuple[int, int]], window_s: float, slo_ttft: float | None,
+             slo_tpot: float | None) -> dict:
     ttfts = [f.ttft for f in rows if f.ttft is not None]
     tpots = [f.tpot for f in rows if f.tpot is not None]
     good = [f for f in rows if f.ok and (slo_ttft is None or f.ttft is None or f.ttft <= slo_ttft)
@@ -133,4 +146,7 @@ def _summary(rows: list[Finished], window_s: float, slo_ttft: float | None, slo_
         "ttft_s": {q: _pct(ttfts, p) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
         "tpot_s": {q: _pct(tpots, p) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
         "slo_attainment": len(good) / len(rows) if rows else None,
+        "arrived": len(asked),
+        "demand": dataclasses.asdict(estimate(asked, [(f.prompt_tokens, f.cached_tokens, f.output_tokens,
+                                                       f.max_tokens) for f in rows if f.ok], window_s)),
     }

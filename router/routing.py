@@ -96,7 +96,9 @@ class Router:
         block_size = self.cluster.block_size(model)
         hashes = block_hashes(ids, block_size, hash_seed(model, req.cache_salt))
         route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
-        return Prepared(req, model, len(ids), route, started, RequestTrace(model, req.stream, len(ids), started))
+        asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
+        trace = RequestTrace(model, req.stream, len(ids), started, max_tokens=asked)
+        return Prepared(req, model, len(ids), route, started, trace)
 
     def finish(self, trace: RequestTrace, status: str) -> None:
         """A client request ended (answered, failed or abandoned): metrics and the recent window."""

@@ -12,7 +12,12 @@ same requests and seed:
 Goodput (share of requests meeting both SLOs) per phase and overall, and when the
 planner first re-roles after the shift (its reaction time).
 
-    python tools/bench_planner.py sim [--instances 64] [--rate 144] [--requests 16000] --out planner_sim.json
+    python tools/bench_planner.py sim [--instances 64] [--rate 200] [--requests 48000] --out planner_sim.json
+    python tools/bench_planner.py http [--instances 4] [--rate 10] [--requests 1200] --out planner_http.json
+
+`http` runs the same comparison over HTTP on this machine: sim engines (the cost model's
+step times, real HTTP, real router), fresh for every row, and `kvroute planner` as a
+process for the planner row; the first-half sweep runs over HTTP too.
 """
 
 from __future__ import annotations
@@ -88,6 +93,106 @@ def run_sim(args) -> dict:
             "first_half_sweep": sweep, "planner_config": dataclasses.asdict(planner), "rows": rows}
 
 
+KEY = "bench-admin"
+
+
+async def http_run(args, specs, roles: tuple[str, ...], planner_profile: str | None):
+    """One fresh local cluster with `roles`, the workload through its router, optionally a planner."""
+    import asyncio
+    import subprocess
+
+    from loadgen.local_cluster import ClusterSpec, LocalCluster, free_port
+    from loadgen.runner import LoadConfig, run_load
+
+    spec = ClusterSpec(engines=len(roles), backend="sim", num_blocks=args.num_blocks, roles=roles, admin_key=KEY,
+                       engine_args=("--cost-model", args.cost_model, "--kv-link", "nvlink",
+                                    "--max-running", str(args.max_running)))
+    async with LocalCluster(spec) as cluster:
+        planner = None
+        if planner_profile:
+            port = free_port()
+            planner = subprocess.Popen(
+                [sys.executable, "-m", "kvroute_cli", "planner", "--router", cluster.router_url, "--admin-key", KEY,
+                 "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot), "--profile", planner_profile,
+                 "--interval-s", str(args.interval_s), "--window-s", str(args.window_s), "--hold", str(args.hold),
+                 "--cooldown-s", str(args.cooldown_s), "--port", str(port), "--log-level", "WARNING"],
+                stdout=subprocess.DEVNULL, stderr=open(f"{cluster.log_dir}/planner.log", "ab"))
+            await asyncio.sleep(1.0)
+        try:
+            workload = _Fixed(specs)
+            config = LoadConfig(target=cluster.router_url, arrival=ArrivalConfig(rate=args.rate), seed=args.seed)
+            started = time.time()
+            result = await run_load(config, workload)
+            decisions = _planner_decisions(port) if planner else None
+        finally:
+            if planner:
+                planner.terminate()
+                planner.wait(10)
+    return result.records, decisions, started
+
+
+def _planner_decisions(port: int) -> list[dict]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/planner", timeout=5) as r:
+        return [d for d in json.load(r)["decisions"] if d["changes"]][::-1]
+
+
+class _Fixed:
+    name = "shift"
+
+    def __init__(self, specs) -> None:
+        self.specs = specs
+
+    def requests(self):
+        return self.specs
+
+    def info(self):
+        return {"workload": "shift", "requests": len(self.specs)}
+
+
+def run_http(args) -> dict:
+    import asyncio
+    import tempfile
+
+    n = args.instances
+    specs = make_workload("shift", seed=args.seed, num_requests=args.requests).requests()
+    first = [s for s in specs if s.group == "prompt-heavy"]
+    shift_s = len(first) / args.rate
+    caps = profile(get_cost_model(args.cost_model), args.slo_tpot, max_running=args.max_running)
+    profile_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump(caps, profile_file)
+    profile_file.close()
+    roles = lambda p: ("prefill",) * p + ("decode",) * (n - p)  # noqa: E731
+    sweep = {}
+    for p in range(1, n):
+        records, _, _ = asyncio.run(http_run(args, first, roles(p), None))
+        sweep[p] = goodput(records, None, args.slo_ttft, args.slo_tpot)
+        print(f"  first half over HTTP, {p}P:{n - p}D: goodput {sweep[p]:.3f}", file=sys.stderr)
+    best = max(sweep, key=lambda p: (sweep[p], -abs(p - n / 2)))
+    rows = []
+    for name, cluster_roles, prof in (("colocated", ("both",) * n, None),
+                                      (f"best static for the first half ({best}P:{n - best}D)", roles(best), None),
+                                      ("planner", ("both",) * n, profile_file.name)):
+        records, decisions, started = asyncio.run(http_run(args, specs, cluster_roles, prof))
+        groups = {s.index: s.group for s in specs}
+        for r in records:
+            r.group = groups[r.index]
+        row_ = {"config": name, **{g: goodput(records, g, args.slo_ttft, args.slo_tpot)
+                                    for g in ("prompt-heavy", "decode-heavy")},
+                "overall": goodput(records, None, args.slo_ttft, args.slo_tpot)}
+        if decisions is not None:
+            after = [d["at"] - started - shift_s for d in decisions if d["at"] >= started + shift_s]
+            row_["reaction_s"] = after[0] if after else None
+            row_["decisions"] = [{"at": round(d["at"] - started, 1), "reason": d["reason"]} for d in decisions]
+            row_["role_changes"] = sum(len(d["changes"]) for d in decisions)
+        rows.append(row_)
+        print(f"  {name}: overall goodput {row_['overall']:.3f}", file=sys.stderr)
+    return {"mode": "http", "instances": n, "rate": args.rate, "requests": args.requests,
+            "cost_model": args.cost_model, "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot,
+            "profile": caps, "shift_at_s": shift_s, "first_half_sweep": sweep, "rows": rows}
+
+
 def table(out: dict) -> str:
     lines = [f"{out['instances']} instances, {out['rate']} req/s, SLO TTFT {out['slo_ttft_s']} s, "
              f"TPOT {out['slo_tpot_s'] * 1000:g} ms; shift at {out['shift_at_s']:.0f} s",
@@ -102,7 +207,7 @@ def table(out: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["sim"])
+    p.add_argument("mode", choices=["sim", "http"])
     p.add_argument("--instances", type=int, default=64)
     p.add_argument("--rate", type=float, default=144.0)
     p.add_argument("--requests", type=int, default=16000)
@@ -120,7 +225,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out")
     args = p.parse_args(argv)
-    out = run_sim(args)
+    out = run_sim(args) if args.mode == "sim" else run_http(args)
     print(table(out))
     if args.out:
         with open(args.out, "w") as f:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 
 from router.planner.decide import PlannerConfig
@@ -23,6 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one engine's prefill capacity (from a profile; `kvroute sim --profile` prints one)")
     p.add_argument("--decode-tokens-per-s", type=float, default=d.decode_tokens_per_s,
                    help="one engine's decode capacity at the TPOT SLO (from a profile)")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="a JSON profile (`kvroute sim --profile` writes one): its prefill_tokens_per_s, "
+                        "decode_tokens_per_s and decode step model (decode_step_s, decode_seq_s, decode_context_s, "
+                        "max_running) override the flags")
     p.add_argument("--interval-s", type=float, default=d.interval_s, help="seconds between decisions")
     p.add_argument("--window-s", type=float, default=d.window_s, help="seconds of recent requests each decision reads")
     p.add_argument("--colocate-below", type=float, default=d.colocate_below,
@@ -36,6 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def read_profile(path: str, fields: set[str]) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read the profile {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the profile {path} must hold a JSON object")
+    keys = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_step_s", "decode_seq_s", "decode_context_s",
+            "max_running")
+    return {k: data[k] for k in keys if k in data and k in fields}
+
+
 def main(argv: list[str] | None = None) -> int:
     from router.planner.service import PlannerService, create_app
 
@@ -43,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     fields = {f.name for f in dataclasses.fields(PlannerConfig)}
     try:
         setup_logging(args.log_level)
-        config = PlannerConfig(**{k: v for k, v in vars(args).items() if k in fields})
+        values = {k: v for k, v in vars(args).items() if k in fields}
+        if args.profile:
+            values.update(read_profile(args.profile, fields))
+        config = PlannerConfig(**values)
         if not args.router.startswith(("http://", "https://")):
             raise ValueError(f"--router must be an http(s) URL, got {args.router!r}")
         sock = bind_socket(args.host, args.port)

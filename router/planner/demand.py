@@ -30,16 +30,22 @@ class Demand:
 
 def estimate(arrivals: Iterable[tuple[int, int]], finished: Iterable[tuple[int, int, int, int]],
              window_s: float) -> Demand:
-    """`arrivals`: (prompt tokens, max_tokens); `finished`: (prompt, cached, output, max_tokens)."""
+    """`arrivals`: (prompt tokens, max_tokens); `finished`: (prompt, cached, output, max_tokens).
+    A max_tokens below 0 is unknown (a chat request without one): it counts as the finished
+    requests' mean output (256 before any finished)."""
     arrivals = list(arrivals)
-    prompt_done = cached_done = output_done = asked_done = 0
+    prompt_done = cached_done = output_done = asked_done = done = 0
     for prompt, cached, output, asked in finished:
         prompt_done += prompt
         cached_done += cached
-        output_done += output
-        asked_done += asked
+        done += 1
+        if asked >= 0:
+            output_done += output
+            asked_done += asked
     miss = 1.0 - cached_done / prompt_done if prompt_done else 1.0
     ratio = output_done / asked_done if asked_done else 1.0
+    mean_out = output_done / done if done else 256.0
+    arrivals = [(p, m if m >= 0 else mean_out / ratio if ratio else mean_out) for p, m in arrivals]
     prompt_in = sum(p for p, _ in arrivals)
     asked_in = sum(m for _, m in arrivals)
     n = len(arrivals)

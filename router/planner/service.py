@@ -53,8 +53,10 @@ class PlannerService:
         engines = [EngineView(e["id"], e["role"], (e.get("load") or {}).get("running", 0),
                               (e.get("load") or {}).get("waiting", 0), bool(e.get("draining")))
                    for e in stats["engines"] if e.get("role") in ROLES and (e.get("routable") or e.get("draining"))]
-        return Observation(time.monotonic(), engines, m["requests"], m["prefill_tokens_per_s"],
-                           m["output_tokens_per_s"], m["ttft_s"]["p90"], m["tpot_s"]["p90"])
+        d = m["demand"]
+        return Observation(time.time(), engines, m["requests"] + m["arrived"], d["prefill_tokens_per_s"],
+                           d["output_tokens_per_s"], m["ttft_s"]["p90"], m["tpot_s"]["p90"],
+                           d["mean_context_tokens"], d["mean_prompt_tokens"], d["mean_output_tokens"])
 
     async def step(self) -> Plan:
         plan = self.planner.decide(await self.observe())

@@ -1,0 +1,177 @@
+"""How fast the fleet follows changes (issue 11), on loopback with sim engines and a real redis-server.
+
+    join   an engine started with --registry: spawn -> its first routed request (target <= 2 s)
+    kill   kill -9 of a registered engine -> the router stops routing to it (target <= the 3 s TTL)
+    drain  SIGTERM to one of 4 engines under steady streamed load: requests lost (must be 0),
+           requests the router retried, time from SIGTERM to the engine's exit 0
+
+    python tools/bench_fleet.py [--repeats 5] [--out fleet.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from loadgen.local_cluster import free_port  # noqa: E402
+from tests.redis_server import RedisServer  # noqa: E402
+
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+
+
+def spawn(*args: str, log: str = os.devnull) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvroute_cli", *args], env=ENV, stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def engine(redis_url: str, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = spawn("engine", "--backend", "sim", "--port", str(port), "--instance-id", name, "--registry", redis_url,
+                 "--advertise-url", f"http://127.0.0.1:{port}", "--time-scale", "0.05", "--log-level", "WARNING",
+                 *extra)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def wait_up(session, url: str, path: str = "/health", timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url + path) as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+async def served_by(session, router: str) -> str | None:
+    try:
+        async with session.post(router + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}) as r:
+            await r.read()
+            return r.headers.get("x-kvroute-instance") if r.status == 200 else None
+    except aiohttp.ClientError:
+        return None
+
+
+async def routable(session, router: str) -> set[str]:
+    async with session.get(router + "/router/instances") as r:
+        return {i["id"] for i in (await r.json())["instances"] if i["routable"]}
+
+
+async def join_and_kill(session, redis_url: str, router: str, k: int) -> tuple[float, float]:
+    t0 = time.monotonic()
+    proc, _ = engine(redis_url, f"join-{k}")
+    while await served_by(session, router) != f"join-{k}":
+        await asyncio.sleep(0.02)
+    joined = time.monotonic() - t0
+    t1 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGKILL)
+    while f"join-{k}" in await routable(session, router):
+        await asyncio.sleep(0.02)
+    return joined, time.monotonic() - t1
+
+
+async def steady_load(session, router: str, stop: asyncio.Event, results: list) -> None:
+    async def one():
+        body = {"prompt": [7] * 300, "max_tokens": 40, "ignore_eos": True, "stream": True}
+        try:
+            async with session.post(router + "/v1/completions", json=body) as r:
+                text = await r.read()
+                results.append(r.status == 200 and b"[DONE]" in text and b'"error"' not in text)
+        except aiohttp.ClientError:
+            results.append(False)
+
+    tasks = []
+    while not stop.is_set():
+        tasks.append(asyncio.ensure_future(one()))
+        await asyncio.sleep(0.05)  # 20 requests/s
+    await asyncio.gather(*tasks)
+
+
+async def drain(session, redis_url: str, router: str) -> dict:
+    procs = [engine(redis_url, f"drain-{i}", "--drain-timeout-s", "30") for i in range(4)]
+    for _, url in procs:
+        await wait_up(session, url)
+    while len(await routable(session, router)) < 4:
+        await asyncio.sleep(0.05)
+    retries0 = await metric(session, router, "kvroute_router_retries_total")
+    stop, results = asyncio.Event(), []
+    load = asyncio.ensure_future(steady_load(session, router, stop, results))
+    await asyncio.sleep(3.0)
+    victim = procs[0][0]
+    t0 = time.monotonic()
+    victim.send_signal(signal.SIGTERM)
+    while victim.poll() is None:
+        await asyncio.sleep(0.02)
+    exit_s, code = time.monotonic() - t0, victim.returncode
+    await asyncio.sleep(2.0)
+    stop.set()
+    await load
+    retried = await metric(session, router, "kvroute_router_retries_total") - retries0
+    for proc, _ in procs[1:]:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    return {"requests": len(results), "lost": results.count(False), "retried": retried, "exit_s": exit_s,
+            "exit_code": code}
+
+
+async def metric(session, router: str, name: str) -> float:
+    async with session.get(router + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name):
+                return float(line.split()[-1])
+    return 0.0
+
+
+async def main_async(args) -> dict:
+    redis = RedisServer()
+    port = free_port()
+    router_proc = spawn("router", "--registry", redis.url, "--port", str(port), "--health-interval-s", "1",
+                        "--log-level", "WARNING")
+    router = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_up(session, router, "/router/instances")
+            joins, kills = [], []
+            for k in range(args.repeats):
+                joined, excluded = await join_and_kill(session, redis.url, router, k)
+                joins.append(joined)
+                kills.append(excluded)
+                print(f"  join {joined:.2f} s, kill -9 -> excluded {excluded:.3f} s", file=sys.stderr)
+            drained = await drain(session, redis.url, router)
+            print(f"  drain: {drained}", file=sys.stderr)
+    finally:
+        os.killpg(router_proc.pid, signal.SIGTERM)
+        router_proc.wait(10)
+        redis.stop()
+    return {"join_s": joins, "join_s_median": statistics.median(joins), "kill_excluded_s": kills,
+            "kill_excluded_s_median": statistics.median(kills), "drain": drained}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    out = asyncio.run(main_async(args))
+    print(json.dumps(out, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
