@@ -53,6 +53,7 @@ def small_workloads(trace_file):
         "multi-turn": ("multi-turn", {"num_requests": 12, "turns": 3, "question_tokens": 8, "answer_tokens": 4}),
         "doc-qa": ("doc-qa", {"num_requests": 30, "documents": 4, "doc_tokens": 48, "question_tokens": 6}),
         "random": ("random", {"num_requests": 20, "input_tokens": 40}),
+        "shift": ("shift", {"num_requests": 20, "prompt_heavy_input_tokens": 60, "decode_heavy_output_tokens": 30}),
         "trace": ("trace:" + trace_file, {"trace_block_tokens": 16}),
     }
 
@@ -69,6 +70,16 @@ def test_every_workload_is_deterministic_for_a_seed(trace_file):
         assert [s.index for s in first] == list(range(len(first)))
         ids = np.concatenate([s.prompt_ids for s in first])
         assert ids.min() >= FIRST_ID and ids.max() < VOCAB_SIZE, name
+
+
+def test_shift_changes_shape_half_way():
+    specs = make_workload("shift", seed=1, num_requests=100).requests()
+    heavy, light = specs[:50], specs[50:]
+    assert {s.group for s in heavy} == {"prompt-heavy"} and {s.group for s in light} == {"decode-heavy"}
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert mean([len(s.prompt_ids) for s in heavy]) > 5 * mean([len(s.prompt_ids) for s in light])
+    assert mean([s.max_tokens for s in light]) > 10 * mean([s.max_tokens for s in heavy])
+    assert len({s.prompt_ids[0] for s in specs}) == 100  # nothing shared
 
 
 def test_shared_prefix_groups_share_exactly_the_prefix():
