@@ -35,6 +35,8 @@ import jinja2.sandbox
 import tokenizers
 import xxhash
 
+from router.segment_cache import SegmentCache
+
 DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
 BUILTIN_NAME = "kvroute-bpe-8k"
 
@@ -110,11 +112,20 @@ class Tokenizer:
     add_bos_token: bool | None  # None: tokenizer.json's post-processor decides
     add_eos_token: bool | None
     backend: tokenizers.Tokenizer = dataclasses.field(repr=False)
+    # Pieces between special tokens, tokenized once (router/segment_cache.py); None: always in full.
+    segments: SegmentCache | None = dataclasses.field(default=None, repr=False)
+    # What the post-processor puts before a completion prompt, when that is all it adds (else None).
+    post_prefix: tuple[int, ...] | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a completion prompt; releases the GIL while the Rust encoder runs."""
         rules = add_special_tokens and self.add_bos_token is None and self.add_eos_token is None
-        ids = self.backend.encode_batch_fast([text], add_special_tokens=rules)[0].ids
+        if self.segments is not None and (not rules or self.post_prefix is not None):
+            ids = self.segments.encode(text)
+            if rules:
+                ids[:0] = self.post_prefix
+        else:
+            ids = self.backend.encode_batch_fast([text], add_special_tokens=rules)[0].ids
         if add_special_tokens and not rules:
             if self.add_bos_token and self.bos_token_id is not None:
                 ids.insert(0, self.bos_token_id)
@@ -159,6 +170,7 @@ def _builtin() -> Tokenizer:
 
 def _load_dir(path: pathlib.Path, name: str | None = None) -> Tokenizer:
     canonical, backend = _load_backend(path)
+    segments = SegmentCache.build(json.loads(canonical), backend)
     config = _read_json(path / "tokenizer_config.json", optional=True)
     template = _chat_template(path, config)
     bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
@@ -185,7 +197,23 @@ def _load_dir(path: pathlib.Path, name: str | None = None) -> Tokenizer:
         add_bos_token=add_bos,
         add_eos_token=add_eos,
         backend=backend,
+        segments=segments,
+        post_prefix=_post_prefix(backend),
     )
+
+
+def _post_prefix(backend: tokenizers.Tokenizer) -> tuple[int, ...] | None:
+    """The ids the post-processor adds before a prompt, if it adds nothing after it."""
+    for probe in ("x", "hello world", "  a\nb"):
+        plain = backend.encode(probe, add_special_tokens=False).ids
+        full = backend.encode(probe, add_special_tokens=True).ids
+        if len(full) < len(plain) or full[len(full) - len(plain):] != plain:
+            return None
+        prefix = tuple(full[: len(full) - len(plain)])
+        if probe != "x" and prefix != first:
+            return None
+        first = prefix
+    return first
 
 
 def _load_backend(path: pathlib.Path) -> tuple[str, tokenizers.Tokenizer]:

@@ -105,8 +105,8 @@ async def http_run(args, specs, roles: tuple[str, ...], planner_profile: str | N
     from loadgen.runner import LoadConfig, run_load
 
     spec = ClusterSpec(engines=len(roles), backend="sim", num_blocks=args.num_blocks, roles=roles, admin_key=KEY,
-                       engine_args=("--cost-model", args.cost_model, "--kv-link", "nvlink",
-                                    "--max-running", str(args.max_running)))
+                       engine_args=("--cost-model", args.cost_model, "--kv-link", "nvlink", "--time-scale",
+                                    str(args.time_scale), "--max-running", str(args.max_running)))
     async with LocalCluster(spec) as cluster:
         planner = None
         if planner_profile:
@@ -151,6 +151,16 @@ class _Fixed:
         return {"workload": "shift", "requests": len(self.specs)}
 
 
+def scaled(caps: dict, time_scale: float) -> dict:
+    """A profile for engines whose modelled time runs `time_scale` x slower (--time-scale)."""
+    out = dict(caps)
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+        out[key] = caps[key] / time_scale
+    for key in ("decode_step_s", "decode_seq_s", "decode_context_s", "slo_tpot_s"):
+        out[key] = caps[key] * time_scale
+    return out
+
+
 def run_http(args) -> dict:
     import asyncio
     import tempfile
@@ -159,7 +169,8 @@ def run_http(args) -> dict:
     specs = make_workload("shift", seed=args.seed, num_requests=args.requests).requests()
     first = [s for s in specs if s.group == "prompt-heavy"]
     shift_s = len(first) / args.rate
-    caps = profile(get_cost_model(args.cost_model), args.slo_tpot, max_running=args.max_running)
+    caps = scaled(profile(get_cost_model(args.cost_model), args.slo_tpot / args.time_scale,
+                          max_running=args.max_running), args.time_scale)
     profile_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     json.dump(caps, profile_file)
     profile_file.close()
@@ -188,7 +199,7 @@ def run_http(args) -> dict:
             row_["role_changes"] = sum(len(d["changes"]) for d in decisions)
         rows.append(row_)
         print(f"  {name}: overall goodput {row_['overall']:.3f}", file=sys.stderr)
-    return {"mode": "http", "instances": n, "rate": args.rate, "requests": args.requests,
+    return {"mode": "http", "instances": n, "rate": args.rate, "requests": args.requests, "time_scale": args.time_scale,
             "cost_model": args.cost_model, "slo_ttft_s": args.slo_ttft, "slo_tpot_s": args.slo_tpot,
             "profile": caps, "shift_at_s": shift_s, "first_half_sweep": sweep, "rows": rows}
 
@@ -222,6 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--window-s", type=float, default=d.window_s)
     p.add_argument("--hold", type=int, default=d.hold)
     p.add_argument("--cooldown-s", type=float, default=d.cooldown_s)
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="http: engines' modelled time runs this much slower (give SLOs and rate to match)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out")
     args = p.parse_args(argv)
