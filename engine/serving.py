@@ -50,12 +50,12 @@ class CompletionService:
         """Token ids, checked against the limits before and after tokenizing (off the loop when long)."""
         chars = check_prompt_chars(req, self.limits)
         try:
-            if req.messages is not None:
+            if req.prompt_ids is not None:  # given, or a router's tokenization forwarded with the request
+                ids = list(req.prompt_ids)
+            elif req.messages is not None:
                 ids = await self.pool.run(self.tokenizer.encode_chat, list(req.messages), chars=chars)
-            elif req.prompt is not None:
-                ids = await self.pool.run(self.tokenizer.encode, req.prompt, chars=chars)
             else:
-                ids = list(req.prompt_ids or ())
+                ids = await self.pool.run(self.tokenizer.encode, req.prompt, chars=chars)
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
         check_token_ids(ids, self.limits)

@@ -28,6 +28,7 @@ from router.cluster import Cluster
 from router.errors import KVRouteError, Unavailable
 from router.http import SSE_DONE, ClientGone, json_response, sse_error, sse_line, write_client
 from router.kv_auth import make_grant
+from router.steering import with_token_ids
 from router.upstream_errors import describe_failure
 from router.instance import Instance
 from router.policies.base import Decision
@@ -146,6 +147,8 @@ class Disaggregation:
         dispatch = Dispatch(self.router, prepared, choice)
         grant = make_grant(self.secret, inst.id, inst.url)
         p_body = {**body, "stream": False, "kv_transfer_params": grant}
+        if self.proxy._tokenizes_like_us(inst, prepared):  # the prefill engine need not tokenize again
+            p_body = orjson.loads(with_token_ids(p_body, prepared.request.kind, prepared.token_ids))
         wait = self.cluster.config.first_byte_timeout_s
         try:
             async with asyncio.timeout(wait):
@@ -206,7 +209,7 @@ class Disaggregation:
         d_body = orjson.dumps({**body, "kv_transfer_params": prefilled["kv_transfer_params"]})
         headers = {INSTANCE_HEADER: decode.id, PREFILL_HEADER: prefill.id}
         if not prepared.request.stream:
-            return await self.proxy.forward(request, d_body, prepared, DECODE_ROLES,
+            return await self.proxy.forward(request, d_body, prepared, DECODE_ROLES, forward_ids=False,
                                             exclude=tuple(i.id for i in self.cluster.routable(
                                                 prepared.model, DECODE_ROLES) if i is not decode))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",

@@ -14,6 +14,7 @@ from router.openai_sampling import sampling_fields
 
 KINDS = ("completion", "chat")
 MAX_TOKEN_ID = 0xFFFFFFFF  # ids are hashed as little-endian uint32 (router/protocol.py)
+FORWARDED_IDS = "kvroute_prompt_token_ids"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +88,20 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
             raise BadRequest("'prompt' must not be empty", param="prompt")
         return prompt, None
     if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:  # C speed; bools excluded
-        if min(prompt) < 0 or max(prompt) > MAX_TOKEN_ID:
-            raise BadRequest(f"token ids in 'prompt' must be between 0 and {MAX_TOKEN_ID}", param="prompt")
-        return None, tuple(prompt)
+        return None, token_ids(prompt, "prompt")
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest("only one prompt per request is supported", param="prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(p, (int, float)) for p in prompt):
         raise BadRequest(f"token ids in 'prompt' must be integers between 0 and {MAX_TOKEN_ID}", param="prompt")
     raise BadRequest("'prompt' must be a string or a non-empty list of token ids", param="prompt")
+
+
+def token_ids(ids: list, param: str) -> tuple[int, ...]:
+    if not ids or set(map(type, ids)) != {int}:
+        raise BadRequest(f"'{param}' must be a non-empty list of integer token ids", param=param)
+    if min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
+        raise BadRequest(f"token ids in '{param}' must be between 0 and {MAX_TOKEN_ID}", param=param)
+    return tuple(ids)
 
 
 def _messages(body: dict) -> tuple[dict, ...]:
@@ -145,6 +152,8 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     fields: dict = sampling_fields(body, kind)
     if kind == "chat":
         fields["messages"] = _messages(body)
+        if FORWARDED_IDS in body:  # the router's tokenization of these messages (router/steering.py)
+            fields["prompt_ids"] = token_ids(body[FORWARDED_IDS], FORWARDED_IDS)
     else:
         fields["prompt"], fields["prompt_ids"] = _prompt(body)
     return CompletionRequest(

@@ -28,7 +28,7 @@ from router.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, re
                          write_client)
 from router.upstream_errors import describe_failure
 from router.routing import Choice, Prepared, Router
-from router.steering import strip_engine_fields
+from router.steering import strip_engine_fields, with_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,12 @@ class Proxy:
             self.router.finish(prepared.trace, status)
 
     async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
-                      roles: tuple[str, ...] | None, exclude: tuple[str, ...] = ()) -> web.StreamResponse:
-        """Send the request whole to one instance (of `roles`), retrying on the next-best."""
+                      roles: tuple[str, ...] | None, exclude: tuple[str, ...] = (),
+                      forward_ids: bool = True) -> web.StreamResponse:
+        """Send the request whole to one instance (of `roles`), retrying on the next-best. With
+        `forward_ids`, an engine that tokenizes as the router does gets the router's token ids."""
         tried: list[str] = list(exclude)
+        bodies = {False: raw}
         last_error: KVRouteError = Unavailable("no instance could take the request")
         for attempt in range(self.config.max_retries + 1):
             if attempt:
@@ -121,8 +124,11 @@ class Proxy:
                 break
             self._observe_choice(prepared, choice)
             dispatch = Dispatch(self.router, prepared, choice)
+            ids = forward_ids and self._tokenizes_like_us(choice.instance, prepared)
+            if ids not in bodies:
+                bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)
             try:
-                result = await self._attempt(request, raw, prepared, dispatch)
+                result = await self._attempt(request, bodies[ids], prepared, dispatch)
             except (asyncio.CancelledError, ClientGone):
                 dispatch.end("cancelled")
                 raise
@@ -136,6 +142,11 @@ class Proxy:
             last_error = result
         self.metrics.errors.labels("upstream").inc()
         raise last_error
+
+    def _tokenizes_like_us(self, inst, prepared: Prepared) -> bool:
+        info = inst.info
+        return (inst.kind == "kvroute" and info is not None and info.tokenizer == self.cluster.tokenizer_fingerprint
+                and prepared.request.prompt_ids is None and bool(prepared.token_ids))
 
     def _observe_choice(self, prepared: Prepared, choice: Choice) -> None:
         cached = choice.cached_tokens

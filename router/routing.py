@@ -39,6 +39,7 @@ class Prepared:
     route: RouteRequest
     started: float
     trace: RequestTrace
+    token_ids: list[int] = dataclasses.field(default_factory=list, repr=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ class Router:
         route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
         asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
         trace = RequestTrace(model, req.stream, len(ids), started, max_tokens=asked)
-        return Prepared(req, model, len(ids), route, started, trace)
+        return Prepared(req, model, len(ids), route, started, trace, ids)
 
     def finish(self, trace: RequestTrace, status: str) -> None:
         """A client request ended (answered, failed or abandoned): metrics and the recent window."""

@@ -116,3 +116,31 @@ def test_router_never_imports_torch():
 def test_protocol_imports_neither_torch_nor_aiohttp():
     code = "import sys, router.protocol; assert 'torch' not in sys.modules and 'aiohttp' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+async def test_router_forwards_its_token_ids_to_engines_that_tokenize_alike(start_router, http):
+    seen = []
+
+    async def record(request):
+        seen.append(await request.json())
+        return web.json_response({"choices": [{"index": 0, "text": "ok"}], "usage": None})
+
+    app = stub_engine("same-tok", record)
+    app.router.add_post("/v1/chat/completions", record)
+    server = await LoopbackServer(app).start()
+    try:
+        url, cluster_server = await start_router([server.url])
+        await wait_for(lambda: cluster_server.app[CLUSTER].instances[0].routable)
+        tok = load_tokenizer()
+        messages = [{"role": "user", "content": "hello there"}]
+        async with http.post(url + "/v1/chat/completions", json={"messages": messages,
+                                                                "kvroute_prompt_token_ids": [9, 9]}) as r:
+            assert r.status == 200
+        async with http.post(url + "/v1/completions", json={"prompt": "hello there"}) as r:
+            assert r.status == 200
+        chat, completion = seen
+        assert chat["kvroute_prompt_token_ids"] == tok.encode_chat(messages)  # the router's, not the client's
+        assert chat["messages"] == messages
+        assert completion["prompt"] == tok.encode("hello there")
+    finally:
+        await server.close()
