@@ -150,6 +150,7 @@ class Proxy:
 
     def _observe_choice(self, prepared: Prepared, choice: Choice) -> None:
         cached = choice.cached_tokens
+        prepared.trace.predicted_cached = cached
         self.metrics.prompt_tokens.inc(prepared.num_tokens)
         self.metrics.cached_tokens.inc(cached)
         self.metrics.cached_ratio.observe(cached / prepared.num_tokens if prepared.num_tokens else 0.0)

@@ -28,6 +28,7 @@ class RequestTrace:
     prompt_tokens: int
     started: float = dataclasses.field(default_factory=time.perf_counter)
     max_tokens: int = -1  # as asked (-1: not given)
+    predicted_cached: int = 0  # the router's prediction, when the engine reports no usage
     instance: str = ""  # where the tokens came from (the decode engine, disaggregated)
     first_token: float | None = None
     last_byte: float | None = None
@@ -109,7 +110,8 @@ class RecentRequests:
 
     def add(self, trace: RequestTrace) -> None:
         now = time.time()
-        cached = trace.usage.cached_tokens if trace.usage is not None and trace.usage.cached_tokens else 0
+        reported = trace.usage.cached_tokens if trace.usage is not None else None
+        cached = reported if reported is not None else trace.predicted_cached
         self.items.append(Finished(now, trace.model, trace.status == "200", trace.ttft, trace.tpot,
                                    trace.prompt_tokens, trace.output_tokens, cached, trace.max_tokens))
         while self.items and self.items[0].at < now - self.horizon_s:

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loadgen.local_cluster import free_port  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
+from tools.procs import wait_ready  # noqa: E402
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
@@ -41,19 +42,6 @@ def engine(redis_url: str, name: str, *extra: str) -> tuple[subprocess.Popen, st
                  "--advertise-url", f"http://127.0.0.1:{port}", "--time-scale", "0.05", "--log-level", "WARNING",
                  *extra)
     return proc, f"http://127.0.0.1:{port}"
-
-
-async def wait_up(session, url: str, path: str = "/health", timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + path) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
 
 
 async def served_by(session, router: str) -> str | None:
@@ -103,7 +91,7 @@ async def steady_load(session, router: str, stop: asyncio.Event, results: list) 
 async def drain(session, redis_url: str, router: str) -> dict:
     procs = [engine(redis_url, f"drain-{i}", "--drain-timeout-s", "30") for i in range(4)]
     for _, url in procs:
-        await wait_up(session, url)
+        await wait_ready(session, url)
     while len(await routable(session, router)) < 4:
         await asyncio.sleep(0.05)
     retries0 = await metric(session, router, "kvroute_router_retries_total")
@@ -143,7 +131,7 @@ async def main_async(args) -> dict:
     router = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
-            await wait_up(session, router, "/router/instances")
+            await wait_ready(session, router, "/router/instances")
             joins, kills = [], []
             for k in range(args.repeats):
                 joined, excluded = await join_and_kill(session, redis.url, router, k)
