@@ -162,6 +162,7 @@ class LLMEngine:
             self._wakeup.set()
 
     def load(self) -> LoadRecord:
+        kv_free, kv_evictable = self.block_manager.kv_load()
         return LoadRecord(
             instance=self.config.instance,
             running=len(self.scheduler.running),
@@ -170,6 +171,8 @@ class LLMEngine:
             kv_total_blocks=self.block_manager.num_blocks,
             queued_prefill_tokens=self.scheduler.queued_prefill_tokens,
             ts=time.time(),
+            kv_free_blocks=kv_free,
+            kv_evictable=kv_evictable,
         )
 
     # -- the loop -----------------------------------------------------------------

@@ -9,6 +9,14 @@ Block hashing (DESIGN.md section 2):
     h[i] = xxh3_64(h[i-1] as 8 bytes little-endian + tokens of block i as little-endian uint32)
 
 Only full blocks are hashed. Hashes are unsigned 64-bit integers (decimal in JSON).
+
+Load records (GET /load) carry DESIGN.md's fields plus, from engines that have
+them (defaults mean "not reported"), what a placement would evict:
+`kv_free_blocks`, blocks holding nothing (allocated without evicting), and
+`kv_evictable`, the cached blocks no request holds as [[blocks, idle seconds], ...]
+in eviction order (least recently used first; at most MAX_EVICTABLE_BUCKETS
+pairs, each the mean idle time of that many blocks): an allocation of n blocks
+takes the free ones first, then the first n - kv_free_blocks of those.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ DEFAULT_BLOCK_SIZE = 16
 TIERS = ("device", "host", "remote")
 EVENT_TYPES = ("stored", "removed", "cleared")
 REDIS_EVENT_STREAM = "kvroute:events"
+MAX_EVICTABLE_BUCKETS = 64
 
 Tier = Literal["device", "host", "remote"]
 EventType = Literal["stored", "removed", "cleared"]
@@ -118,6 +127,8 @@ class LoadRecord:
     kv_total_blocks: int
     queued_prefill_tokens: int
     ts: float = dataclasses.field(default_factory=time.time)
+    kv_free_blocks: int = -1  # blocks holding nothing; -1: not reported
+    kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -125,13 +136,30 @@ class LoadRecord:
     @classmethod
     def from_dict(cls, d: dict) -> "LoadRecord":
         try:
-            return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
-        except TypeError as e:
+            fields = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+            if "kv_evictable" in fields:
+                fields["kv_evictable"] = _evictable(fields["kv_evictable"])
+            return cls(**fields)
+        except (TypeError, ValueError) as e:
             raise ValueError(f"malformed load record {d!r}: {e}") from None
 
     @property
     def kv_usage(self) -> float:
         return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
+
+
+def _evictable(value: object) -> tuple[tuple[int, float], ...]:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_EVICTABLE_BUCKETS:
+        raise ValueError(f"kv_evictable must be a list of at most {MAX_EVICTABLE_BUCKETS} [blocks, idle_s] pairs")
+    out = []
+    for pair in value:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"kv_evictable entries are [blocks, idle seconds] pairs, got {pair!r}")
+        blocks, idle = int(pair[0]), float(pair[1])
+        if blocks < 0 or not idle >= 0:
+            raise ValueError(f"kv_evictable entries are [blocks >= 0, idle seconds >= 0], got {pair!r}")
+        out.append((blocks, idle))
+    return tuple(out)
 
 
 def new_epoch() -> int:
