@@ -49,12 +49,16 @@ class RouteRequest:
     request_id: str = ""
 
 
+COST_TERMS = ("wait_s", "prefill_s", "compute_s", "evict_s")  # the parts of a kv_cost cost (kv_aware.py)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Decision:
     instance: str
     costs: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per candidate, for /router/explain
     reason: str = ""
     uncached_tokens: int | None = None  # predicted prompt tokens to prefill on `instance`; None: not predicted
+    terms: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # per candidate, COST_TERMS
 
 
 class Policy(Protocol):
