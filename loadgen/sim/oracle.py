@@ -187,6 +187,7 @@ class InFlightBlocks:
         return out
 
 
-def make_oracle(cluster: Cluster, rng: random.Random | None = None,
-                clock: Callable[[], float] | None = None) -> OraclePolicy:
+def make_oracle(cluster: Cluster, rng: random.Random | None = None, clock: Callable[[], float] | None = None,
+                specs: object = (), starts: object = ()) -> OraclePolicy:
+    """The oracle needs no look at the workload (`specs`, `starts`: what oracle_future reads)."""
     return OraclePolicy(cluster, rng=rng, clock=clock)
