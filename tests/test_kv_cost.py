@@ -142,3 +142,24 @@ def test_a_near_tie_never_turns_a_hit_into_a_copy():
     d = p.select(request, cands, {"a": PrefixMatch({"device": 64})})
     assert d.costs["b"] < d.costs["a"] * 1.05  # within the tie tolerance ...
     assert d.instance == "a"  # ... but only candidates crediting the same blocks tie
+
+
+def test_router_and_simulator_map_the_load_record_alike():
+    import time
+
+    from loadgen.sim.load_view import LoadView
+    from router.instance import Instance
+    from router.protocol import LoadRecord
+
+    record = LoadRecord("e0", 1, 2, 90, 100, 0, ts=50.0, kv_free_blocks=10, kv_evictable=((60, 3.0), (20, 1.0)))
+    view = LoadView(["e0"])
+    view.polled(0, record)
+    state = view.all()[0]  # the simulator: ts is on the virtual clock, the policy's clock
+    assert (state.kv_free_blocks, state.kv_evictable, state.kv_measured_at) == (10, record.kv_evictable, 50.0)
+    inst = Instance("http://127.0.0.1:1")
+    inst.load = LoadRecord("e0", 1, 2, 90, 100, 0, ts=time.time() - 1.0, kv_free_blocks=10,
+                           kv_evictable=record.kv_evictable)
+    state = inst.state()  # the router: the record's age comes off the policy's monotonic clock
+    assert (state.running, state.waiting, state.kv_free_blocks) == (1, 2, 10)
+    assert state.kv_measured_at == pytest.approx(time.monotonic() - 1.0, abs=0.2)
+    assert Instance("http://127.0.0.1:1").state().kv_free_blocks == -1  # no record yet: nothing known
