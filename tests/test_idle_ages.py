@@ -5,19 +5,12 @@ import random
 import pytest
 
 from engine.block_manager import BlockManager
-from router.idle_ages import IdleAges
 from engine.sequence import Sequence
 from engine.work import SamplingParams
+from router.idle_ages import IdleAges
+from tests.test_policies import FakeClock
 
 BS = 4
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_profile_follows_adds_and_removes_at_bounded_size():
@@ -50,7 +43,8 @@ def test_remove_of_unknown_time_is_refused():
 
 
 def test_block_manager_reports_free_and_evictable_by_idle_age():
-    clock = Clock()
+    clock = FakeClock()
+    clock.now = 0.0
     bm = BlockManager(8, BS, clock=clock)
     assert bm.kv_load() == (8, ())
     a = Sequence("a", list(range(8)), SamplingParams(max_tokens=1), 7)

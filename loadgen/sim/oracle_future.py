@@ -80,15 +80,9 @@ class FutureOraclePolicy(OraclePolicy):
         now = self.clock()
         cost = ttft + np.array([self.recompute_s * self.lost_blocks(inst, int(u), now)
                                 for inst, u in zip(self.instances, uncached)])
-        if len(candidates) < len(self.ids):
-            allowed = np.zeros(len(self.ids), dtype=bool)
-            allowed[[self.position[c.id] for c in candidates]] = True
-            cost[~allowed] = np.inf
-        best = cost.min()
-        ties = np.flatnonzero(cost == best)
-        i = int(ties[0]) if len(ties) == 1 else int(self.rng.choice(ties.tolist()))
+        i = self.lowest(cost, candidates)
         return Decision(self.ids[i], reason=f"oracle_future: predicted TTFT {ttft[i]:.4f} s + evictions "
-                        f"{best - ttft[i]:.4f} s", uncached_tokens=int(uncached[i]))
+                        f"{cost[i] - ttft[i]:.4f} s", uncached_tokens=int(uncached[i]))
 
     def lost_blocks(self, inst, uncached_tokens: int, now: float) -> int:
         """Blocks this placement evicts on `inst` that are requested again within its LRU survival time."""

@@ -4,16 +4,18 @@ A request's cost (kv_cost.py) prices one request. A copy of a prefix on a second
 instance pays off over the requests that follow it, which no single request's cost
 can see: under a dominant prefix, the holders' queues grow while every lone miss
 elsewhere still looks dearer than waiting. So the policy also tracks, per prefix,
-its demand and how much longer its requests wait on their holders than they would
-on the least loaded other instance, and copies it when that sum repays the copy:
+its demand and how much longer its requests wait on their holders than on the other
+instances, and copies it when that repays the copy:
 
     holders   candidates credited within one block of the best credit (they hold the prefix)
     delay_r   the best holder's wait - the mean wait of the non-holders (the queue and
-              decode terms of the cost: what a hit's TTFT owes to where it runs), floored at 0
-    count     requests for the prefix, decayed with half-life `halflife_s`
-    delay     the same decayed average of delay_r over those requests
-    benefit   = delay x count x ln 2 / (holders + 1)
-    replicate when benefit > cost(best non-holder) - cost(best holder)
+              decode terms of the cost: what a hit's TTFT owes to where it runs), floored
+              at 0; the mean, not the least loaded one, because the requests a new holder
+              takes later will see its average wait, not today's idle moment
+    count     requests for the prefix before this one, decayed with half-life `halflife_s`
+    delay     the time average of delay_r (PrefixDemand), this request's sample included
+    benefit   = weight x delay x count x ln 2 / (holders + 1)
+    replicate when benefit > cost(cheapest non-holder) - cost(best holder)
 
 `count x ln 2` is the decayed count's estimate of the requests the next half-life
 brings (a steady rate r gives count = r x halflife / ln 2), and a new holder takes
@@ -21,10 +23,11 @@ its 1 / (holders + 1) share of them, each spared `delay`. The copy's price is th
 whole cost difference, so it includes the copy's own prefill, the prefill added to
 that instance's queue and the cached blocks it evicts there (eviction.py). A
 prefix is keyed by its block at the best holder's credited depth: requests that
-share that much of the chain share the key. Averaging `delay` over the prefix's
-recent requests keeps one long prefill that briefly fills a holder's queue from
-triggering a copy; a sustained queue does. Once copied, the new holder is credited
-at once (pending blocks) and later requests split between the holders by cost.
+share that much of the chain share the key. A first request has no count, so no
+copy; a burst of siblings adds no time to the average; a long prefill that briefly
+fills a holder's queue weighs only as long as it lasts; a queue that stays does.
+Once copied, the new holder is credited at once (pending blocks) and later requests
+split between the holders by cost.
 """
 
 from __future__ import annotations
@@ -111,9 +114,9 @@ def consider(request: RouteRequest, candidates: Sequence[InstanceState], credits
     that depends on where it runs.
     """
     best, held = holders(candidates, credits)
-    if not held or chosen not in held or len(held) == len(candidates):
-        return None
     held_ids = {c.id for c in held}
+    if not held or chosen.id not in held_ids or len(held) == len(candidates):
+        return None
     others = [c for c in candidates if c.id not in held_ids]
     delay = max(waits[chosen.id] - sum(waits[c.id] for c in others) / len(others), 0.0)
     key = request.block_hashes[min(math.ceil(best), len(request.block_hashes)) - 1]

@@ -19,9 +19,9 @@ where reused_after(a) weighs the gaps longer than a, open_older(a) the open
 intervals already idle longer than a (they may still be reused: censored), and
 never the ones that ended unused. No history means no known value: 0.
 
-`table()` holds reuse at `EDGES` (log-spaced idle times), rebuilt at most every
-`refresh_s` or when `observe` has seen `refresh_after` new sampled blocks, so a
-decision reads it with one bisection.
+`table()` holds reuse at `EDGES` (log-spaced idle times), rebuilt once `refresh_s`
+has passed since the last build or `observe` has seen `refresh_after` new sampled
+blocks, so a decision reads it with one logarithm per lookup (`curve`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ _RENORMALISE = 64.0  # half-lives after which every weight is rescaled (keeps th
 
 
 class ReuseHistory:
+    """reuse(idle seconds) -> the chance of another request, from the sampled blocks' history."""
+
     def __init__(self, sample: int = 8, window_s: float = 600.0, halflife_s: float = 300.0,
                  capacity: int = 200_000, refresh_s: float = 0.5, refresh_after: int = 256) -> None:
         if sample < 1 or window_s <= 0 or halflife_s <= 0 or capacity < 1:
