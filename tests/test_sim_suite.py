@@ -75,3 +75,24 @@ def test_oracle_future_beats_the_oracle_when_the_pools_are_full():
     oracle = simulate(config, "oracle", specs, ArrivalConfig(rate=24.0)).summary()
     future = simulate(config, "oracle_future", specs, ArrivalConfig(rate=24.0)).summary()
     assert future["cached_token_ratio"] > oracle["cached_token_ratio"] + 0.01
+
+
+def test_kv_aware_copies_a_hot_prefix_under_load_in_the_simulator(monkeypatch):
+    from router.policies import POLICIES
+    from router.policies.kv_aware import KvAwareConfig, KvAwarePolicy
+
+    def variant(**params):  # kv_aware with the guard out of the way, so replication is what is tested
+        class Variant(KvAwarePolicy):
+            def __init__(self, config=None, **kw):
+                super().__init__(KvAwareConfig(hot_factor=1000.0, **params), **kw)
+        return Variant
+
+    monkeypatch.setitem(POLICIES, "copies", variant())
+    monkeypatch.setitem(POLICIES, "never_copies", variant(replicate_weight=0.0))
+    specs = make_workload("shared-prefix", seed=0, num_requests=600, groups=1, prefix_tokens=1024,
+                          question_tokens=32, output_tokens=16).requests()
+    config, arrival = SimConfig(instances=4, num_blocks=512, seed=0), ArrivalConfig(rate=80.0)
+    copies = simulate(config, "copies", specs, arrival)
+    never = simulate(config, "never_copies", specs, arrival)
+    assert len({r.instance for r in copies.records}) > len({r.instance for r in never.records})
+    assert copies.summary()["ttft_p90_s"] < 0.75 * never.summary()["ttft_p90_s"]
