@@ -131,7 +131,9 @@ class LoadRecord:
     kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not asdict: no deep copy
+        d["kv_evictable"] = [list(pair) for pair in self.kv_evictable]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoadRecord":

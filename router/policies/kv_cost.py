@@ -113,32 +113,41 @@ class KvCostPolicy(PolicyBase):
         raise NotImplementedError
 
     def score(self, request: RouteRequest, candidates: Sequence[InstanceState], credits: Mapping[str, float],
-              now: float) -> dict[str, tuple[float, float, float, float]]:
-        """Per candidate, the cost's terms (base.COST_TERMS): wait, own prefill, prefill and evictions for others."""
-        cfg, bs, num_tokens, rate_of = self.config, request.block_size, request.num_tokens, self.rates.get
+              now: float) -> tuple[dict[str, float], dict[str, tuple[float, float, float, float]]]:
+        """Per candidate, the cost and its terms (base.COST_TERMS): wait, own prefill, prefill and
+        evictions it causes the others."""
+        cfg, bs, num_tokens = self.config, request.block_size, request.num_tokens
         decode_w, compute_w, evict_w = cfg.decode_weight_s, cfg.compute_weight, cfg.evict_weight
         reuse = self.reuse.curve(now)
-        terms = {}
+        rate_of, fleet_rate = self.rates.get, None if cfg.per_instance_rate else self.rates.get("")
+        costs, terms = {}, {}
         for c in candidates:
-            rate = rate_of(c.id)
-            uncached = max(num_tokens - credits.get(c.id, 0.0) * bs, 0.0)
+            rate = fleet_rate or rate_of(c.id)
+            uncached = num_tokens - credits.get(c.id, 0.0) * bs
+            if uncached < 0.0:
+                uncached = 0.0
             queued = c.queued_prefill_tokens
-            lost = expected_loss(c, -int(-uncached // bs), -(-queued // bs), now, reuse) if evict_w else 0.0
-            wait = queued / rate + decode_w * max(c.running + c.waiting, c.inflight)
-            terms[c.id] = (wait, uncached / rate, compute_w * uncached / rate, evict_w * lost * bs / rate)
-        return terms
+            load = c.running + c.waiting
+            wait = queued / rate + decode_w * (load if load > c.inflight else c.inflight)
+            prefill = uncached / rate
+            evict = 0.0
+            if evict_w and c.kv_free_blocks >= 0:
+                lost = expected_loss(c, -int(-uncached // bs), -(-queued // bs), now, reuse)
+                evict = evict_w * lost * bs / rate
+            costs[c.id] = wait + prefill + compute_w * prefill + evict
+            terms[c.id] = (wait, prefill, compute_w * prefill, evict)
+        return costs, terms
 
     def select(
         self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
     ) -> Decision:
         cfg, now = self.config, self.clock()
         credits = self.credits(request, candidates, matches)
-        terms = self.score(request, candidates, credits, now)
-        costs = {i: sum(t) for i, t in terms.items()}
+        costs, terms = self.score(request, candidates, credits, now)
         chosen = self._cheapest(candidates, costs, credits, now)
         reason = f"lowest cost {costs[chosen.id]:.4f} s ({credits.get(chosen.id, 0.0):g} cached blocks credited)"
         copy = None
-        if cfg.replicate_weight:
+        if cfg.replicate_weight and credits:
             waits = {i: t[0] for i, t in terms.items()}
             copy = consider(request, candidates, credits, costs, waits, chosen, self.demand, now, cfg.replicate_weight)
             if copy is not None and copy.target is not None:

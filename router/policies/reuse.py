@@ -96,14 +96,17 @@ class ReuseHistory:
 
     def curve(self, now: float) -> Callable[[float], float]:
         """reuse(idle_s) as of `now`, for many lookups in one decision."""
-        table, first, last, log, step = self.table(now), EDGES[0], len(EDGES) - 2, math.log, _LOG_STEP
+        table = self.table(now)
+        first, last, log, per_step, head, tail = EDGES[0], len(EDGES) - 1, math.log, 1.0 / _LOG_STEP, table[0], table[-1]
 
-        def reuse(idle_s: float) -> float:
+        def reuse(idle_s: float) -> float:  # linear between the edges, in log(idle)
             if idle_s <= first:
-                return table[0]
-            x = log(idle_s / first) / step
-            k = min(int(x), last)
-            return table[k] + (table[k + 1] - table[k]) * min(x - k, 1.0)
+                return head
+            x = log(idle_s / first) * per_step
+            k = int(x)
+            if k >= last:
+                return tail
+            return table[k] + (table[k + 1] - table[k]) * (x - k)
 
         return reuse
 
