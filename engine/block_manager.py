@@ -21,8 +21,8 @@ import dataclasses
 import time
 from typing import Callable
 
-from router.idle_ages import IdleAges
 from engine.sequence import Sequence
+from router.idle_ages import IdleAges
 from router.protocol import block_hashes
 
 

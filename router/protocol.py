@@ -141,6 +141,8 @@ class LoadRecord:
             fields = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
             if "kv_evictable" in fields:
                 fields["kv_evictable"] = _evictable(fields["kv_evictable"])
+            if "kv_free_blocks" in fields:
+                fields["kv_free_blocks"] = int(fields["kv_free_blocks"])
             return cls(**fields)
         except (TypeError, ValueError) as e:
             raise ValueError(f"malformed load record {d!r}: {e}") from None

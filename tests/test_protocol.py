@@ -61,6 +61,8 @@ def test_load_record_eviction_profile_is_checked():
     for bad in ([[1]], [[-1, 2.0]], [[1, -2.0]], "x", [[0, 1.0]] * 65, [["a", 1.0]]):
         with pytest.raises(ValueError, match="malformed load record"):
             LoadRecord.from_dict({**base, "kv_evictable": bad})
+    with pytest.raises(ValueError, match="malformed load record"):
+        LoadRecord.from_dict({**base, "kv_free_blocks": "many"})
 
 
 def test_encoding_matches_the_written_spec():
