@@ -56,7 +56,7 @@ def _knob_types() -> dict[str, type]:
     return knobs
 
 
-_CONFIG_FLAGS = {  # flag dest -> SimConfig field; None: keep the base config's (SimConfig, or the suite's)
+_CONFIG_FLAGS = {  # flag dest -> SimConfig field; a flag not given keeps the base config's (SimConfig() or the suite's)
     "instances": "instances", "cost_model": "cost_model", "event_delay": "event_delay_s",
     "request_overhead": "request_overhead_s", "poll_interval": "poll_interval_s",
     "fast_candidates": "fast_candidates", "recent_ttl": "recent_ttl_s", "block_size": "block_size",
