@@ -9,14 +9,20 @@ or the chain seed for a first block, which carries model and salt), so a hash
 collision never serves wrong K/V: same tokens after another prefix, or under
 another salt, is a different block.
 Changes are queued as (type, hashes, parent) tuples for the engine's event log.
+Free cached blocks remember when they were freed, summarised in `idle` (router/idle_ages.py),
+so `kv_load()` can tell a router how much it can allocate without evicting and how
+long the blocks it would evict have been idle (GET /load, router/protocol.py).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import time
+from typing import Callable
 
 from engine.sequence import Sequence
+from router.idle_ages import IdleAges
 from router.protocol import block_hashes
 
 
@@ -30,13 +36,15 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, clock: Callable[[], float] = time.monotonic) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.block_size = block_size
+        self.clock = clock
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_plain: collections.deque[int] = collections.deque(range(num_blocks))
-        self.free_cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
+        self.free_cached: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU first: freed at
+        self.idle = IdleAges()
         self.hash_to_block: dict[int, int] = {}
         self.pending_events: list[tuple[str, list[int], int | None]] = []
         self.num_queried_tokens = 0
@@ -59,6 +67,10 @@ class BlockManager:
 
     def cached_hashes(self) -> list[int]:
         return list(self.hash_to_block)
+
+    def kv_load(self) -> tuple[int, tuple[tuple[int, float], ...]]:
+        """(free blocks holding nothing, (blocks, idle seconds) of the evictable ones, next evicted first)."""
+        return len(self.free_plain), self.idle.profile(self.clock())
 
     # -- prefix matching and allocation ---------------------------------------------
 
@@ -109,6 +121,7 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks first, so they are evicted before the (more shareable) head.
+        now = self.clock()
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -116,7 +129,8 @@ class BlockManager:
                 if block.hash is None:
                     self.free_plain.append(block_id)
                 else:
-                    self.free_cached[block_id] = None
+                    self.free_cached[block_id] = now
+                    self.idle.add(now)
         seq.block_table = []
         seq.block_hashes = []
 
@@ -152,6 +166,7 @@ class BlockManager:
             block_id, _ = self.free_cached.popitem(last=False)
             self._unhash(self.blocks[block_id], emit=False)
             self.free_plain.append(block_id)
+        self.idle.clear()
         self.pending_events.append(("cleared", [], None))
         for h in list(self.hash_to_block):
             self.pending_events.append(("stored", [h], None))
@@ -172,14 +187,17 @@ class BlockManager:
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            self.free_cached.pop(block_id, None)
+            freed_at = self.free_cached.pop(block_id, None)
+            if freed_at is not None:
+                self.idle.remove(freed_at)
         block.ref_count += 1
 
     def _take_fresh(self) -> int:
         if self.free_plain:
             block_id = self.free_plain.popleft()
         elif self.free_cached:
-            block_id, _ = self.free_cached.popitem(last=False)
+            block_id, freed_at = self.free_cached.popitem(last=False)
+            self.idle.remove(freed_at)
             self._unhash(self.blocks[block_id], emit=True)
         else:
             raise RuntimeError("KV block pool exhausted: the scheduler must check before allocating")

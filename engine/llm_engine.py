@@ -174,6 +174,7 @@ class LLMEngine:
         return max(0.0, time.monotonic() - self.last_progress)
 
     def load(self) -> LoadRecord:
+        kv_free, kv_evictable = self.block_manager.kv_load()
         return LoadRecord(
             instance=self.config.instance,
             running=len(self.scheduler.running),
@@ -184,6 +185,8 @@ class LLMEngine:
             ts=time.time(),
             state="draining" if self.draining else "ready",
             role=self.role,
+            kv_free_blocks=kv_free,
+            kv_evictable=kv_evictable,
         )
 
     # -- the loop -----------------------------------------------------------------

@@ -137,16 +137,10 @@ class Instance:
         self.ejections = 0
 
     def state(self) -> InstanceState:
+        """For the policy, whose clock is time.monotonic: the load record's age is taken off it."""
         load = self.load
-        return InstanceState(
-            id=self.id,
-            inflight=self.inflight,
-            queued_prefill_tokens=self.queued_prefill_tokens,
-            running=load.running if load else 0,
-            waiting=load.waiting if load else 0,
-            kv_usage=load.kv_usage if load else 0.0,
-            cache_ok=self.cache_ok,
-        )
+        measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
+        return InstanceState.of(self.id, self.inflight, self.queued_prefill_tokens, load, measured_at, self.cache_ok)
 
     def to_dict(self) -> dict:
         return {

@@ -9,6 +9,14 @@ Block hashing (DESIGN.md section 2):
     h[i] = xxh3_64(h[i-1] as 8 bytes little-endian + tokens of block i as little-endian uint32)
 
 Only full blocks are hashed. Hashes are unsigned 64-bit integers (decimal in JSON).
+
+Load records (GET /load) carry DESIGN.md's fields plus, from engines that have
+them (defaults mean "not reported"), what a placement would evict:
+`kv_free_blocks`, blocks holding nothing (allocated without evicting), and
+`kv_evictable`, the cached blocks no request holds as [[blocks, idle seconds], ...]
+in eviction order (least recently used first; at most MAX_EVICTABLE_BUCKETS
+pairs, each the mean idle time of that many blocks): an allocation of n blocks
+takes the free ones first, then the first n - kv_free_blocks of those.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ DEFAULT_BLOCK_SIZE = 16
 TIERS = ("device", "host", "remote")
 EVENT_TYPES = ("stored", "removed", "cleared")
 REDIS_EVENT_STREAM = "kvroute:events"
+MAX_EVICTABLE_BUCKETS = 64
 
 Tier = Literal["device", "host", "remote"]
 EventType = Literal["stored", "removed", "cleared"]
@@ -127,9 +136,13 @@ class LoadRecord:
     ts: float = dataclasses.field(default_factory=time.time)
     state: str = "ready"  # "draining": taking no new requests (routers stop sending at once)
     role: str = ""  # the engine's role now ("" from engines that do not say); routers regroup on change
+    kv_free_blocks: int = -1  # blocks holding nothing; -1: not reported
+    kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not asdict: no deep copy
+        d["kv_evictable"] = [list(pair) for pair in self.kv_evictable]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoadRecord":
@@ -141,7 +154,15 @@ class LoadRecord:
             if f.name not in d:
                 continue
             value, want = d[f.name], _NUMBER_TYPES.get(f.type)
-            if want is not None:
+            if f.name == "kv_evictable":
+                try:
+                    value = _evictable(value)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"malformed load record: {e}") from None
+            elif f.name == "kv_free_blocks":  # -1: not reported
+                if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                    raise ValueError(f"malformed load record: kv_free_blocks must be an integer >= -1, got {value!r}")
+            elif want is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                     raise ValueError(f"malformed load record: {f.name} must be a non-negative number, got {value!r}")
                 value = want(value)
@@ -150,7 +171,7 @@ class LoadRecord:
             values[f.name] = value
         try:
             return cls(**values)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise ValueError(f"malformed load record: {e}") from None
 
     @property
@@ -159,6 +180,20 @@ class LoadRecord:
 
 
 _NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
+
+
+def _evictable(value: object) -> tuple[tuple[int, float], ...]:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_EVICTABLE_BUCKETS:
+        raise ValueError(f"kv_evictable must be a list of at most {MAX_EVICTABLE_BUCKETS} [blocks, idle_s] pairs")
+    out = []
+    for pair in value:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"kv_evictable entries are [blocks, idle seconds] pairs, got {pair!r}")
+        blocks, idle = int(pair[0]), float(pair[1])
+        if blocks < 0 or not idle >= 0:
+            raise ValueError(f"kv_evictable entries are [blocks >= 0, idle seconds >= 0], got {pair!r}")
+        out.append((blocks, idle))
+    return tuple(out)
 
 
 def new_epoch() -> int:

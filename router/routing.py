@@ -20,7 +20,7 @@ from router.instance import Instance
 from router.limits import check_prompt_chars, check_token_ids
 from router.metrics import RouterMetrics
 from router.openai_request import CompletionRequest, parse_request
-from router.policies.base import Decision, Policy, RouteRequest
+from router.policies.base import COST_TERMS, Decision, Policy, RouteRequest
 from router.protocol import block_hashes, hash_seed
 from router.request_trace import RecentRequests, RequestTrace
 from router.tokenize_pool import TokenizePool
@@ -154,7 +154,7 @@ class Router:
         return matches
 
     def explain(self, prepared: Prepared, choice: Choice) -> dict:
-        rows = []
+        rows, terms = [], choice.decision.terms
         for inst in choice.candidates:
             match = choice.matches.get(inst.id, NO_MATCH)
             rows.append({
@@ -164,6 +164,7 @@ class Router:
                 "cached_blocks_by_tier": dict(match.by_tier),
                 "cache_ok": inst.cache_ok,
                 "cost": choice.decision.costs.get(inst.id),
+                "cost_terms": dict(zip(COST_TERMS, terms[inst.id])) if inst.id in terms else None,
                 "inflight": inst.inflight,
                 "queued_prefill_tokens": inst.queued_prefill_tokens,
                 "load": inst.load.to_dict() if inst.load else None,

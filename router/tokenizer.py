@@ -204,13 +204,14 @@ def _load_dir(path: pathlib.Path, name: str | None = None) -> Tokenizer:
 
 def _post_prefix(backend: tokenizers.Tokenizer) -> tuple[int, ...] | None:
     """The ids the post-processor adds before a prompt, if it adds nothing after it."""
+    first: tuple[int, ...] | None = None
     for probe in ("x", "hello world", "  a\nb"):
         plain = backend.encode(probe, add_special_tokens=False).ids
         full = backend.encode(probe, add_special_tokens=True).ids
         if len(full) < len(plain) or full[len(full) - len(plain):] != plain:
             return None
         prefix = tuple(full[: len(full) - len(plain)])
-        if probe != "x" and prefix != first:
+        if first is not None and prefix != first:
             return None
         first = prefix
     return first

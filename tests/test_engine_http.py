@@ -117,6 +117,12 @@ async def test_load_and_info_and_models(start_engine, http):
     async with http.get(url + "/load") as r:
         load = await r.json()
     assert load["instance"] == "e7" and load["kv_total_blocks"] == 4096 and load["running"] == 0
+    assert load["kv_free_blocks"] == 4096 and load["kv_evictable"] == []
+    status, _, _ = await post(http, url + "/v1/completions", {"prompt": [7] * 100, "max_tokens": 2})
+    async with http.get(url + "/load") as r:
+        load = await r.json()
+    assert status == 200 and sum(n for n, _ in load["kv_evictable"]) == 6  # 100 prompt tokens: 6 full blocks cached
+    assert load["kv_free_blocks"] == 4096 - 6 and all(idle >= 0 for _, idle in load["kv_evictable"])
     async with http.get(url + "/v1/models") as r:
         assert (await r.json())["data"][0]["id"] == "kvroute-tiny"
     async with http.get(url + "/get_load") as r:

@@ -286,7 +286,7 @@ def test_kv_aware_learns_prefill_rate_toward_observed():
     before = p.select(r, cands, {}).costs["a"]
     p.on_routed(r, "a")
     p.on_first_token(r, "a", ttft_s=1.0, uncached_tokens=1000)  # (1000 queued + 1000) tokens in 1 s
-    assert p.rates.get("a") == pytest.approx(10_000 + 0.2 * (2_000 - 10_000))
+    assert p.rates.get("a") == pytest.approx(10_000 * (2_000 / 10_000) ** 0.2)  # geometric: log-space EWMA
     for _ in range(60):
         p.on_first_token(req((), request_id=""), "a", ttft_s=0.5, uncached_tokens=1000)
     assert p.rates.get("a") == pytest.approx(2_000, rel=0.01)

@@ -49,6 +49,20 @@ def test_load_record_round_trip():
     r = LoadRecord("e1", 2, 3, 10, 100, 512, ts=1.0)
     assert LoadRecord.from_dict(r.to_dict()) == r
     assert r.kv_usage == pytest.approx(0.1)
+    assert r.kv_free_blocks == -1 and r.kv_evictable == ()  # an engine that does not report them
+
+
+def test_load_record_eviction_profile_is_checked():
+    import json
+
+    r = LoadRecord("e1", 0, 0, 90, 100, 0, ts=1.0, kv_free_blocks=10, kv_evictable=((60, 30.5), (20, 1.0)))
+    assert LoadRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    base = r.to_dict()
+    for bad in ([[1]], [[-1, 2.0]], [[1, -2.0]], "x", [[0, 1.0]] * 65, [["a", 1.0]]):
+        with pytest.raises(ValueError, match="malformed load record"):
+            LoadRecord.from_dict({**base, "kv_evictable": bad})
+    with pytest.raises(ValueError, match="malformed load record"):
+        LoadRecord.from_dict({**base, "kv_free_blocks": "many"})
 
 
 def test_encoding_matches_the_written_spec():

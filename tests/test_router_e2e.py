@@ -70,8 +70,9 @@ async def test_streaming_passthrough_and_header(start_engine, start_router, http
 
 
 async def test_explain_agrees_with_routing(start_engine, start_router, http):
-    url, _, _ = await cluster(start_engine, start_router)
+    url, server, _ = await cluster(start_engine, start_router)
     _, first, _ = await complete(http, url, prompt(7, 0))
+    assert await wait_for(lambda: all(i.load is not None for i in server.app[CLUSTER].instances))
     async with http.post(url + "/router/explain", json={"prompt": prompt(7, 1), "max_tokens": 3}) as r:
         explained = await r.json()
     _, second, _ = await complete(http, url, prompt(7, 1))
@@ -79,6 +80,10 @@ async def test_explain_agrees_with_routing(start_engine, start_router, http):
     rows = {row["instance"]: row for row in explained["instances"]}
     assert rows[first]["cached_tokens"] > 0 and set(rows) == {"e0", "e1", "e2"}
     assert all(row["cost"] is not None for row in rows.values())
+    for row in rows.values():  # what the placement costs the request (wait, prefill) and the others
+        assert set(row["cost_terms"]) == {"wait_s", "prefill_s", "compute_s", "evict_s"}
+        assert sum(row["cost_terms"].values()) == pytest.approx(row["cost"])
+    assert rows[first]["load"]["kv_free_blocks"] >= 0  # the engines report their eviction profile
 
 
 async def test_instances_endpoint_and_metrics(start_engine, start_router, http):

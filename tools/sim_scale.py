@@ -14,7 +14,9 @@ documents of the prompt's length, and each of 32 shared documents is held by 4
 instances (2 whole, 2 its first half). A request is a shared document's first
 three quarters plus a private tail, so the lookup walks 3/4 of the chain and sees
 4 holders with 2 different prefix lengths. Instance loads are random (inflight
-0-7, queued prefill tokens, engine running/waiting) and stay fixed.
+0-7, queued prefill tokens, engine running/waiting) and stay fixed; every KV pool
+is full (no free blocks, 16 buckets of evictable ones), so each candidate's
+eviction cost is worked out in full.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadgen.sim.load_view import LoadView  # noqa: E402
 from router.index.memory import MemoryIndex  # noqa: E402
 from router.policies import RouteRequest, make_policy  # noqa: E402
-from router.protocol import block_hashes  # noqa: E402
+from router.protocol import LoadRecord, block_hashes  # noqa: E402
 
 BLOCK_SIZE = 16
 SHARED_DOCS, HOLDERS, PRIVATE_DOCS = 32, 4, 2
@@ -41,6 +43,13 @@ SHARED_DOCS, HOLDERS, PRIVATE_DOCS = 32, 4, 2
 
 def chain(rng: random.Random, n: int) -> list[int]:
     return [rng.getrandbits(64) for _ in range(n)]
+
+
+def full_pool(instance: str, rng: random.Random) -> LoadRecord:
+    """A busy engine's load: a full KV pool, every placement evicts (the eviction term's full work)."""
+    evictable = tuple((256, 60.0 * (16 - k) + rng.random()) for k in range(16))  # 16 buckets, oldest first
+    return LoadRecord(instance, rng.randrange(8), rng.randrange(4), 4096, 4096 + 256 * 16, 0, ts=0.0,
+                      kv_free_blocks=0, kv_evictable=evictable)
 
 
 def build(num_instances: int, blocks: int, fast_k: int, rng: random.Random):
@@ -59,7 +68,7 @@ def build(num_instances: int, blocks: int, fast_k: int, rng: random.Random):
         for i in range(num_instances):
             for _ in range(rng.randrange(8)):
                 view.dispatched(i, rng.randrange(0, 4 * blocks * BLOCK_SIZE), None, 0.0)
-            view.polled(i, (rng.randrange(8), rng.randrange(4), rng.random()))
+            view.polled(i, full_pool(ids[i], rng))
         views[name] = view
     return index, docs, views
 

@@ -5,13 +5,16 @@
         [--event-delay 0.05] [--fast-candidates 16] [--json] [--out results.json]
     kvroute sim --instances 8 --prefill-instances 3 [--kv-link nvlink] [--pd-min-uncached 256] ...
     kvroute sim --instances 8 --policy kv_aware --slo-ttft 1 --slo-tpot 0.04 --pd-sweep ...
+    kvroute sim --suite [--policy a,b,...] [--requests N] [--suite-trace FILE] [--out suite.json]
 
 Workload flags are loadgen's (the workload's config fields); the same --seed drives
 the workload, the arrival process, the policies' random choices and the sampled
 tokens, so a run is reproducible and matches `kvroute loadgen` at the same seed.
 `--pd-sweep` runs one policy colocated and at every prefill:decode split of the
-instances (pd_sweep.py) and prints that table instead. Bad arguments give one
-line on stderr and exit 2.
+instances (pd_sweep.py) and prints that table instead. `--suite` runs every
+workload and the KV pressure sweep on the suite's cluster (suite.py; cluster flags
+given override it, --requests caps every row) and prints each policy against the
+oracle. Bad arguments give one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from loadgen.arrivals import ArrivalConfig
 from engine.sim import LINKS
 from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.profile import profile
-from loadgen.sim.report import format_table, relative_to_oracle
+from loadgen.sim.report import format_suite, format_table, relative_to_oracle
 from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
+from loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
+
 from router.cli_help import HelpFormatter
 from router.planner.decide import PlannerConfig
 
@@ -55,32 +60,47 @@ def _knob_types() -> dict[str, type]:
     return knobs
 
 
+_CONFIG_FLAGS = {  # flag dest -> SimConfig field; a flag not given keeps the base config's (SimConfig() or the suite's)
+    "instances": "instances", "cost_model": "cost_model", "event_delay": "event_delay_s",
+    "request_overhead": "request_overhead_s", "poll_interval": "poll_interval_s",
+    "fast_candidates": "fast_candidates", "recent_ttl": "recent_ttl_s", "block_size": "block_size",
+    "num_blocks": "num_blocks", "max_batched_tokens": "max_batched_tokens", "max_running": "max_running",
+    "max_waiting": "max_waiting", "prefill_instances": "prefill_instances", "kv_link": "kv_link",
+    "pd_min_uncached": "pd_min_uncached", "seed": "seed",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = {f.name: f.default for f in dataclasses.fields(SimConfig)}
-    p = _Parser(prog=PROG, formatter_class=HelpFormatter, description="Discrete-event simulation of a large cluster with the real policies.")
-    p.add_argument("--instances", type=int, default=d["instances"], help="simulated engines")
-    p.add_argument("--policy", default="kv_aware", help=f"comma-separated, from: {', '.join(policy_names())}")
-    p.add_argument("--workload", help=f"one of {workload_names()} (required unless --profile)")
+    p = _Parser(prog=PROG, formatter_class=HelpFormatter,
+                description="Discrete-event simulation of a large cluster with the real policies.")
+    p.add_argument("--instances", type=int, help=f"simulated engines (default {d['instances']})")
+    p.add_argument("--policy", help=f"comma-separated, from: {', '.join(policy_names())} (default kv_aware; "
+                                    f"with --suite {','.join(SUITE_POLICIES)})")
+    p.add_argument("--workload", help=f"one of {workload_names()}")
     p.add_argument("--requests", "--num-requests", dest="num_requests", type=int, help="requests to generate")
     p.add_argument("--rate", type=float, help="open loop: requests/s (omit for a trace's own send times)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
-    p.add_argument("--cost-model", default=d["cost_model"], choices=list(COST_MODELS), help="step-time model of each engine")
-    p.add_argument("--event-delay", type=float, default=d["event_delay_s"], help="KV event delivery delay, s")
-    p.add_argument("--request-overhead", type=float, default=d["request_overhead_s"],
+    p.add_argument("--cost-model", choices=list(COST_MODELS), help=f"default {d['cost_model']}")
+    p.add_argument("--event-delay", type=float, help="KV event delivery delay, s (default 0)")
+    p.add_argument("--request-overhead", type=float,
                    help="fixed HTTP/router latency added to every TTFT and E2E, s (measured ~0.005 on loopback)")
-    p.add_argument("--poll-interval", type=float, default=d["poll_interval_s"], help="load poll interval, s; 0 = live")
-    p.add_argument("--fast-candidates", type=int, default=d["fast_candidates"],
+    p.add_argument("--poll-interval", type=float, help=f"load poll interval, s; 0 = live (default {d['poll_interval_s']})")
+    p.add_argument("--fast-candidates", type=int,
                    help="K > 0: index policies see index holders + recent + K least loaded instances only")
-    p.add_argument("--recent-ttl", type=float, default=d["recent_ttl_s"], help="fast path: recent-sender memory, s")
+    p.add_argument("--recent-ttl", type=float, help="fast path: recent-sender memory, s")
     for name in ("block_size", "num_blocks", "max_batched_tokens", "max_running", "max_waiting"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name], help="per engine, as kvroute engine")
-    p.add_argument("--prefill-instances", type=int, default=d["prefill_instances"],
+        p.add_argument("--" + name.replace("_", "-"), type=int, help=f"per engine, as kvroute engine (default {d[name]})")
+    p.add_argument("--prefill-instances", type=int,
                    help="prefill/decode disaggregation: instances 0..P-1 prefill, the rest decode; 0 = colocated")
-    p.add_argument("--kv-link", default=d["kv_link"], choices=list(LINKS), help="modelled prefill -> decode KV link")
-    p.add_argument("--pd-min-uncached", type=int, default=d["pd_min_uncached"],
+    p.add_argument("--kv-link", choices=list(LINKS), help="modelled prefill -> decode KV link")
+    p.add_argument("--pd-min-uncached", type=int,
                    help="fewer predicted uncached prompt tokens: run whole on a decode instance (no prefill stage)")
     p.add_argument("--pd-sweep", action="store_true",
                    help="run colocated and every P:D split of --instances (one policy); table of goodput per split")
+    p.add_argument("--suite", action="store_true",
+                   help="every workload and a KV pressure sweep, each policy against the oracle (see suite.py)")
+    p.add_argument("--suite-trace", default=str(DEFAULT_TRACE), help="--suite: the Mooncake trace file")
     p.add_argument("--planner", action="store_true",
                    help="run kvroute planner on the virtual clock (needs --slo-ttft and --slo-tpot): roles change "
                         "online, starting from --prefill-instances (0: all colocated)")
@@ -94,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="print one engine's prefill and decode capacities (at --slo-tpot) for --cost-model, and exit")
     p.add_argument("--profile-context", type=int, default=2000, help="with --profile: decode context tokens")
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload, arrivals and policies")
+    p.add_argument("--seed", type=int, help="seed of the workload, arrivals and policies (default 0)")
     p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
@@ -106,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _workload(args: argparse.Namespace):
+def _workload(args: argparse.Namespace, seed: int):
     base, _ = split_name(args.workload)
     allowed = set(knob_names(args.workload))
     knobs = {k: v for k, v in vars(args).items() if k in _knob_types() and v is not None}
@@ -115,17 +135,18 @@ def _workload(args: argparse.Namespace):
             raise ValueError(f"--{name.replace('_', '-')} does not apply to workload {base}")
     if args.num_requests is not None:
         knobs["num_requests"] = args.num_requests
-    return make_workload(args.workload, seed=args.seed, **knobs)
+    return make_workload(args.workload, seed=seed, **knobs)
 
 
-def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfig]:
-    config = SimConfig(
-        instances=args.instances, cost_model=args.cost_model, event_delay_s=args.event_delay,
-        poll_interval_s=args.poll_interval, fast_candidates=args.fast_candidates, recent_ttl_s=args.recent_ttl,
-        block_size=args.block_size, num_blocks=args.num_blocks, max_batched_tokens=args.max_batched_tokens,
-        max_running=args.max_running, max_waiting=args.max_waiting, seed=args.seed,
-        request_overhead_s=args.request_overhead, prefill_instances=args.prefill_instances,
-        kv_link=args.kv_link, pd_min_uncached=args.pd_min_uncached)
+def _config(args: argparse.Namespace) -> SimConfig:
+    base = SUITE_CONFIG if args.suite else SimConfig()
+    given = {field: getattr(args, flag) for flag, field in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    return dataclasses.replace(base, **given)
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    if args.policy is None:
+        return list(SUITE_POLICIES) if args.suite else ["kv_aware"]
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     valid = policy_names()
     for name in policies or [""]:
@@ -133,7 +154,22 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
             raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(valid)}")
     if len(set(policies)) != len(policies):
         raise ValueError("--policy names a policy twice")
-    if args.pd_sweep and (len(policies) != 1 or args.instances < 2 or args.records):
+    return policies
+
+
+def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfig]:
+    config = _config(args)
+    policies = _policies(args)
+    if args.suite:
+        workload_flags = [k for k, v in vars(args).items() if k in _knob_types() and v is not None]
+        if args.workload or args.rate is not None or args.pd_sweep or args.records or workload_flags:
+            raise ValueError("--suite runs its own workloads: no --workload, --rate, workload knobs, "
+                             "--pd-sweep or --records")
+        if args.num_requests is not None and args.num_requests < 1:
+            raise ValueError(f"--requests must be at least 1, got {args.num_requests}")
+    elif not args.workload:
+        raise ValueError(f"give --workload ({workload_names()}) or --suite")
+    if args.pd_sweep and (len(policies) != 1 or config.instances < 2 or args.records):
         raise ValueError("--pd-sweep takes one --policy, at least 2 --instances and no --records")
     for flag in ("slo_ttft", "slo_tpot"):
         value = getattr(args, flag)
@@ -163,12 +199,12 @@ def planner_config(args: argparse.Namespace, config: SimConfig) -> PlannerConfig
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.workload is None:
-        raise ValueError("--workload is required")
     config, policies, arrival = _check(args)
+    if args.suite:
+        return run_suite(config, policies, args.num_requests, args.suite_trace, progress=True)
     planner = planner_config(args, config)
     started = time.perf_counter()
-    workload = _workload(args)
+    workload = _workload(args, config.seed)
     specs = workload.requests()
     generate_s = time.perf_counter() - started
     arrivals(specs, arrival, config.seed)  # refuse a workload without send times before running anything
@@ -207,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             if args.slo_tpot is None:
                 raise ValueError("--profile needs --slo-tpot")
-            print(json.dumps(profile(get_cost_model(args.cost_model), args.slo_tpot, args.profile_context,
-                                     args.max_batched_tokens, args.max_running), indent=2))
+            config = _config(args)
+            print(json.dumps(profile(get_cost_model(config.cost_model), args.slo_tpot, args.profile_context,
+                                     config.max_batched_tokens, config.max_running), indent=2))
             return 0
         out = run(args)
     except (UsageError, ValueError) as e:
@@ -218,5 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text + "\n")
-    print(text if args.json else format_sweep(out) if "pd_sweep" in out else format_table(out))
+    if args.json:
+        print(text)
+    else:
+        print(format_suite(out) if args.suite else format_sweep(out) if "pd_sweep" in out else format_table(out))
     return 0

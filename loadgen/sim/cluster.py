@@ -50,8 +50,9 @@ class Sink(Protocol):
 class Cluster:
     def __init__(self, num_instances: int, engine: EngineConfig, event_delay_s: float = 0.0,
                  poll_interval_s: float = 0.1) -> None:
-        self.instances = [SimInstance(i, dataclasses.replace(engine, instance_id=f"sim-{i}", seed=engine.seed + i))
-                          for i in range(num_instances)]
+        clock = lambda: self.now  # noqa: E731
+        self.instances = [SimInstance(i, dataclasses.replace(engine, instance_id=f"sim-{i}", seed=engine.seed + i),
+                                      clock) for i in range(num_instances)]
         self.event_delay_s = event_delay_s
         self.poll_interval_s = poll_interval_s
         self.now = 0.0

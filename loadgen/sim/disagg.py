@@ -95,8 +95,9 @@ class Disagg:
         decodes = self.decodes
         loads = []
         for inst in decodes:
-            running, waiting, kv_usage = view.engine[inst.index]
-            loads.append((max(view.inflight[inst.index], running + waiting), kv_usage))
+            load = view.engine[inst.index]
+            engine_load = load.running + load.waiting if load else 0
+            loads.append((max(view.inflight[inst.index], engine_load), load.kv_usage if load else 0.0))
         best = min(loads)
         return self.rng.choice([inst.index for inst, load in zip(decodes, loads) if load == best])
 

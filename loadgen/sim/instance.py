@@ -32,6 +32,7 @@ head of the queue.
 from __future__ import annotations
 
 import collections
+from typing import Callable
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -40,6 +41,7 @@ from engine.scheduler import Scheduler, SchedulerConfig, Step
 from engine.cost_model import CostModel
 from engine.sequence import Sequence, SeqStatus
 from engine.sim import NUM_SPECIAL_TOKENS
+from router.protocol import LoadRecord
 
 QUEUE_FULL = "engine queue is full"
 NO_FIT = "prompt does not fit in the KV block pool"
@@ -68,7 +70,7 @@ def step_time(cost_model: CostModel, step: Step) -> float:
 class SimInstance:
     """An engine on the virtual clock; `busy` while a step is in flight."""
 
-    def __init__(self, index: int, config: EngineConfig) -> None:
+    def __init__(self, index: int, config: EngineConfig, clock: Callable[[], float] = lambda: 0.0) -> None:
         if config.backend != "sim":
             raise ValueError("a simulated instance needs an EngineConfig with backend='sim'")
         self.index = index
@@ -79,7 +81,8 @@ class SimInstance:
         self.config = config
         self.runner = RUNNERS["sim"](config)
         self.cost_model = self.runner.cost_model
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.clock = clock  # the virtual clock: the block manager's idle times are on it
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, clock)
         sched = SchedulerConfig(config.max_batched_tokens, config.max_running, self.runner.info.max_model_len)
         self.scheduler = Scheduler(sched, self.block_manager, frozenset())
         self.step: Step | None = None
@@ -136,10 +139,12 @@ class SimInstance:
             sched.abort(seq)
         return stuck
 
-    def load(self) -> tuple[int, int, float]:
-        """(running, waiting, kv_usage), what the engine's GET /load reports."""
-        bm = self.block_manager
-        return len(self.scheduler.running), len(self.scheduler.waiting) + len(self.remote), bm.num_used / bm.num_blocks
+    def load(self) -> LoadRecord:
+        """What the engine's GET /load reports (engine/llm_engine.py), `ts` on the virtual clock."""
+        bm, sched = self.block_manager, self.scheduler
+        kv_free, kv_evictable = bm.kv_load()
+        return LoadRecord(self.id, len(sched.running), len(sched.waiting) + len(self.remote), bm.num_used,
+                          bm.num_blocks, sched.queued_prefill_tokens, self.clock(), kv_free, kv_evictable)
 
     def prefill_backlog(self) -> tuple[int, int, int]:
         """(prompt tokens still to prefill after the step in flight, decoding sequences, their context tokens)."""

@@ -3,8 +3,9 @@
 Router-side load is what the real router's proxy tracks (router/proxy.py): on
 dispatch an instance gets +1 inflight and the request's predicted uncached tokens
 as queued prefill work, removed at its first token (or its end, if none came).
-Engine-side `running`, `waiting` and `kv_usage` are whatever the last load poll
-saw (`polled`).
+Engine-side `running`, `waiting`, `kv_usage` and the eviction profile
+(`kv_free_blocks`, `kv_evictable`) are whatever the last load poll saw (`polled`,
+a `LoadRecord` as GET /load serves it, its `ts` on the virtual clock).
 
 Each change marks the instance dirty; before a decision `flush` rebuilds the
 frozen `InstanceState` of the dirty instances only, in a list that is kept (and
@@ -29,6 +30,7 @@ from typing import Iterable, Mapping
 
 from router.index.base import PrefixMatch
 from router.policies.base import InstanceState
+from router.protocol import LoadRecord
 
 
 class RecentSenders:
@@ -63,7 +65,7 @@ class LoadView:
         self.position = {inst: i for i, inst in enumerate(ids)}
         self.inflight = [0] * n
         self.queued = [0] * n
-        self.engine: list[tuple[int, int, float]] = [(0, 0, 0.0)] * n
+        self.engine: list[LoadRecord | None] = [None] * n
         self.states = [InstanceState(inst) for inst in ids]
         self._dirty: dict[int, None] = {}
         self.fast_k = fast_k
@@ -88,10 +90,9 @@ class LoadView:
         self._move(i, self.inflight[i] - 1)
         self._dirty[i] = None
 
-    def polled(self, i: int, load: tuple[int, int, float]) -> None:
-        if self.engine[i] != load:
-            self.engine[i] = load
-            self._dirty[i] = None
+    def polled(self, i: int, load: LoadRecord) -> None:
+        self.engine[i] = load
+        self._dirty[i] = None
 
     def _move(self, i: int, level: int) -> None:
         buckets = self._buckets
@@ -108,8 +109,8 @@ class LoadView:
     def flush(self) -> None:
         states, ids, inflight, queued, engine = self.states, self.ids, self.inflight, self.queued, self.engine
         for i in self._dirty:
-            running, waiting, kv_usage = engine[i]
-            states[i] = InstanceState(ids[i], inflight[i], queued[i], running, waiting, kv_usage)
+            load = engine[i]
+            states[i] = InstanceState.of(ids[i], inflight[i], queued[i], load, load.ts if load else 0.0)
         self._dirty.clear()
 
     def all(self) -> list[InstanceState]:

@@ -109,16 +109,18 @@ class OraclePolicy(PolicyBase):
     def select(self, request: RouteRequest, candidates: Sequence[InstanceState],
                matches: Mapping[str, PrefixMatch]) -> Decision:
         ttft, uncached = self.predicted_ttft(request)
+        i = self.lowest(ttft, candidates)
+        return Decision(self.ids[i], reason=f"oracle: predicted TTFT {ttft[i]:.4f} s",
+                        uncached_tokens=int(uncached[i]))
+
+    def lowest(self, cost: np.ndarray, candidates: Sequence[InstanceState]) -> int:
+        """The position of the lowest cost among the candidates; exact ties at random."""
         if len(candidates) < len(self.ids):
             allowed = np.zeros(len(self.ids), dtype=bool)
             allowed[[self.position[c.id] for c in candidates]] = True
-            ttft[~allowed] = np.inf
-        best = ttft.min()
-        ties = np.flatnonzero(ttft == best)
-        i = int(ties[0]) if len(ties) == 1 else int(self.rng.choice(ties.tolist()))
-        return Decision(self.ids[i], reason=f"oracle: predicted TTFT {best:.4f} s",
-                        uncached_tokens=int(uncached[i]))
-
+            cost[~allowed] = np.inf
+        ties = np.flatnonzero(cost == cost.min())
+        return int(ties[0]) if len(ties) == 1 else int(self.rng.choice(ties.tolist()))
 
     def _chunks(self, inst: SimInstance) -> list[tuple[int, ...]]:
         """The prompt blocks each prefill in `inst`'s step in flight will have computed when it ends."""
@@ -187,6 +189,7 @@ class InFlightBlocks:
         return out
 
 
-def make_oracle(cluster: Cluster, rng: random.Random | None = None,
-                clock: Callable[[], float] | None = None) -> OraclePolicy:
+def make_oracle(cluster: Cluster, rng: random.Random | None = None, clock: Callable[[], float] | None = None,
+                specs: object = (), starts: object = ()) -> OraclePolicy:
+    """The oracle needs no look at the workload (`specs`, `starts`: what oracle_future reads)."""
     return OraclePolicy(cluster, rng=rng, clock=clock)

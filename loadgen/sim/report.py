@@ -68,3 +68,35 @@ def format_table(out: Mapping[str, Any]) -> str:
         for message, count in (s.get("error_kinds") or {}).items():
             lines.append(f"{name}: error x{count}: {message}")
     return "\n".join(lines)
+
+
+def format_suite(out: Mapping[str, Any]) -> str:
+    """`kvroute sim --suite`'s table: per row, the oracle's figures and every policy's relative to them."""
+    policies = [p for p in out["policies"] if p != ORACLE]
+    headers = ["case", "oracle p90 ms", "oracle cached %"]
+    for name in policies:
+        headers += [f"{name} cached/o", f"{name} p90/o"]
+    rows = []
+    for case in out["cases"]:
+        oracle, rel = case["results"].get(ORACLE, {}), case["relative_to_oracle"] or {}
+        row = [case["case"], _cell(oracle.get("ttft_p90_s"), 1e3, 1), _cell(oracle.get("cached_token_ratio"), 100, 1)]
+        for name in policies:
+            r = rel.get(name, {})
+            row += [_cell(r.get("cached_token_ratio"), 1, 3), _cell(r.get("ttft_p90"), 1, 2)]
+        rows.append(row)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    config = out["config"]
+    lines = [f"{config['instances']} instances x {config['num_blocks']} blocks, cost model {config['cost_model']}, "
+             f"request overhead {config['request_overhead_s'] * 1e3:g} ms; every policy with its defaults",
+             "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
+             *("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows),
+             *out.get("skipped", ())]
+    t = out.get("targets")
+    if t and ORACLE in out["policies"] and t["policy"] in out["policies"]:
+        lines.append(f"{t['policy']}: p90 <= {t['ttft_p90']:g}x and cached >= {t['cached_token_ratio']:g}x the "
+                     f"oracle's on {len(t['met'])} of {len(t['met']) + len(t['missed'])} rows"
+                     + (f"; missed: {', '.join(t['missed'])}" if t["missed"] else ""))
+    for name, beaten in (out.get("oracle_beaten_by") or {}).items():
+        if name in out["policies"] and ORACLE in out["policies"]:
+            lines.append(f"{name} beats the oracle on: {', '.join(beaten) or 'no row'}")
+    return "\n".join(lines)

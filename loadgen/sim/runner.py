@@ -28,6 +28,7 @@ from loadgen.sim.cluster import Cluster
 from loadgen.sim.disagg import Disagg
 from loadgen.sim.oracle import make_oracle
 from loadgen.sim.planning import SimPlanning
+from loadgen.sim.oracle_future import make_future_oracle
 from loadgen.sim.router import SimRouter
 from loadgen.summary import summarize
 from loadgen.workload_base import RequestSpec
@@ -35,7 +36,9 @@ from router.planner.decide import PlannerConfig
 from router.policies import POLICIES, make_policy
 from router.policies.base import Policy
 
-SIM_POLICIES = {"oracle": make_oracle}  # simulator-only policies: factories taking the cluster
+# Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
+# planned (send time, spec) of every request that is not a follow-up.
+SIM_POLICIES = {"oracle": make_oracle, "oracle_future": make_future_oracle}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +94,12 @@ def policy_names() -> list[str]:
     return [*POLICIES, *SIM_POLICIES]
 
 
-def build_policy(name: str, cluster: Cluster, seed: int) -> Policy:
+def build_policy(name: str, cluster: Cluster, seed: int, specs: list[RequestSpec] = (),
+                 starts: list[tuple[float, RequestSpec]] = ()) -> Policy:
     rng = random.Random(seed)
     clock = lambda: cluster.now  # noqa: E731
     if name in SIM_POLICIES:
-        return SIM_POLICIES[name](cluster, rng=rng, clock=clock)
+        return SIM_POLICIES[name](cluster, rng=rng, clock=clock, specs=specs, starts=starts)
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(policy_names())}")
     return make_policy(name, rng=rng, clock=clock)
@@ -170,7 +174,8 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
               planner: PlannerConfig | None) -> SimResult:
     started = time.perf_counter()
     cluster = Cluster(config.instances, config.engine_config(), config.event_delay_s, config.poll_interval_s)
-    policy = build_policy(policy_name, cluster, config.seed)
+    starts = list(arrivals(specs, arrival, config.seed))
+    policy = build_policy(policy_name, cluster, config.seed, specs, starts)
     followers: dict[int, list[RequestSpec]] = collections.defaultdict(list)
     for s in specs:
         if s.after is not None:
@@ -180,7 +185,7 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         router.disagg = Disagg(cluster, router.view, policy, config.prefill_instances, config.pd_min_uncached,
                                config.seed)
     planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
-    cluster.run(router, arrivals(specs, arrival, config.seed))
+    cluster.run(router, iter(starts))
     if router.flights:
         raise RuntimeError(f"simulation ended with {len(router.flights)} requests still in flight")
     records = sorted(router.records, key=lambda r: r.index)

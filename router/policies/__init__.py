@@ -5,7 +5,8 @@
     least_load     fewest inflight                          least_load.py
     power_of_two   less loaded of two sampled               power_of_two.py
     prefix_hash    consistent hashing with bounded loads    prefix_hash.py
-    kv_aware       lowest predicted TTFT, from the index    kv_aware.py (default)
+    kv_aware       lowest cost: own TTFT + prefill and      kv_aware.py (default)
+                   evictions it causes, from the index
     approx_kv      kv_aware on a self-learned index         approx_kv.py
 
 Each policy class has `config_class` (a frozen dataclass of its parameters, or None)

@@ -6,9 +6,11 @@ against the chosen instance in a `RecentBlocks` table for `learned_ttl_s`, and a
 request's credited blocks on an instance are the leading blocks of its chain that
 were routed there within that time, counted as device blocks (`device_credit`; the
 table knows no tiers, so `host_credit` and `remote_credit` go unused). After the TTL
-the policy assumes the engine has evicted them. Everything else -- predicted TTFT,
-the online prefill rate, the hot-spot guard, near-ties broken by recent load, `cache_ok=False` getting
-no credit -- is kv_aware's; see `kv_aware.py` for the formula and those parameters.
+the policy assumes the engine has evicted them. Everything else -- the cost of a
+placement (own TTFT, compute and evictions for others: engines without events still
+report load), the online prefill rate, replication, the hot-spot guard, near-ties broken
+by recent load, `cache_ok=False` getting no credit -- is kv_aware's; see `kv_aware.py`
+for the formula and those parameters.
 
 Parameters besides kv_aware's cost-model and guard parameters:
     learned_ttl_s       how long a routed block is assumed cached there (default 120 s)

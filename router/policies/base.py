@@ -13,6 +13,7 @@ import time
 from typing import Callable, Mapping, Protocol, Sequence
 
 from router.index.base import PrefixMatch
+from router.protocol import LoadRecord
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,6 +27,18 @@ class InstanceState:
     waiting: int = 0  # engine-reported waiting requests
     kv_usage: float = 0.0  # engine-reported fraction of KV blocks in use
     cache_ok: bool = True  # False when its block size / seed / tokenizer mismatch: route on load only
+    kv_free_blocks: int = -1  # engine-reported blocks holding nothing; -1: not reported
+    kv_evictable: tuple[tuple[int, float], ...] = ()  # engine-reported (blocks, idle s), next evicted first
+    kv_measured_at: float = 0.0  # when kv_evictable's idle times were measured, on the policy's clock
+
+    @classmethod
+    def of(cls, id: str, inflight: int, queued_prefill_tokens: int, load: LoadRecord | None,
+           measured_at: float = 0.0, cache_ok: bool = True) -> "InstanceState":
+        """The state from the router's own counts and the engine's last load record (None: none yet)."""
+        if load is None:
+            return cls(id, inflight, queued_prefill_tokens, cache_ok=cache_ok)
+        return cls(id, inflight, queued_prefill_tokens, load.running, load.waiting, load.kv_usage, cache_ok,
+                   load.kv_free_blocks, load.kv_evictable, measured_at)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,12 +49,16 @@ class RouteRequest:
     request_id: str = ""
 
 
+COST_TERMS = ("wait_s", "prefill_s", "compute_s", "evict_s")  # the parts of a kv_cost cost (kv_aware.py)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Decision:
     instance: str
     costs: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per candidate, for /router/explain
     reason: str = ""
     uncached_tokens: int | None = None  # predicted prompt tokens to prefill on `instance`; None: not predicted
+    terms: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # per candidate, COST_TERMS
 
 
 class Policy(Protocol):

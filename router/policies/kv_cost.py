@@ -1,6 +1,10 @@
-"""The TTFT cost model, learned prefill rate, near-tie breaking and hot-spot guard shared by
-kv_aware and approx_kv; they differ only in where a candidate's cached blocks come from
-(`credits`). The formula and every parameter are explained in kv_aware.py.
+"""The cost model shared by kv_aware and approx_kv: what a placement costs the request and the others.
+
+They differ only in where a candidate's cached blocks come from (`credits`, which a
+subclass supplies). The formula and every parameter are explained in kv_aware.py;
+the parts live in rate.py (learned prefill rate), eviction.py and reuse.py (what a
+placement evicts and how likely that was to be used again), replication.py (copying
+a hot prefix on purpose) and hot_spot.py (load balancing of last resort).
 """
 
 from __future__ import annotations
@@ -12,15 +16,19 @@ from typing import Callable, Mapping, Sequence
 
 from router.index.base import PrefixMatch
 from router.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.policies.eviction import expected_loss
+from router.policies.hot_spot import others_mean, spill_target
 from router.policies.rate import PrefillRate, RateConfig
 from router.policies.recent import RecentBlocks
+from router.policies.replication import Copy, PrefixDemand, consider
+from router.policies.reuse import ReuseHistory
 
 _MAX_DISPATCHED = 65536  # request ids whose queue-at-dispatch is remembered until first token
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KvCostConfig:
-    """The TTFT cost model and hot-spot guard shared by kv_aware and approx_kv."""
+    """The cost model, replication and hot-spot guard shared by kv_aware and approx_kv."""
 
     prefill_rate: float = 10_000.0
     rate_alpha: float = 0.2
@@ -38,21 +46,31 @@ class KvCostConfig:
     hot_tolerance_s: float = 0.5
     tie_tolerance: float = 0.05
     share_halflife_s: float = 30.0
+    evict_weight: float = 1.0
+    replicate_weight: float = 1.0
+    replicate_halflife_s: float = 10.0
+    reuse_sample: int = 8
+    reuse_window_s: float = 600.0
+    reuse_halflife_s: float = 300.0
 
     def __post_init__(self) -> None:
         self.rate_config()  # validates the rate fields
+        self.reuse_history()  # validates the reuse fields
         if not 0 <= self.tie_tolerance < 1 or self.share_halflife_s <= 0:
             raise ValueError(f"tie_tolerance must be in [0, 1) and share_halflife_s positive, "
                              f"got {self.tie_tolerance} and {self.share_halflife_s}")
         for name in ("device_credit", "host_credit", "remote_credit"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} is a fraction of a block's compute, in [0, 1]; got {getattr(self, name)}")
-        if min(self.decode_weight_s, self.compute_weight, self.hot_tolerance_s) < 0:
-            raise ValueError("decode_weight_s, compute_weight and hot_tolerance_s cannot be negative")
+        weights = ("decode_weight_s", "compute_weight", "hot_tolerance_s", "evict_weight", "replicate_weight")
+        if min(getattr(self, name) for name in weights) < 0:
+            raise ValueError(f"{', '.join(weights)} cannot be negative")
         if self.hot_factor < 1 or self.hot_min_inflight < 1:
             raise ValueError(
                 f"hot_factor must be >= 1 and hot_min_inflight >= 1, got {self.hot_factor} and {self.hot_min_inflight}"
             )
+        if self.replicate_halflife_s <= 0:
+            raise ValueError(f"replicate_halflife_s must be positive, got {self.replicate_halflife_s}")
 
     def rate_config(self) -> RateConfig:
         return RateConfig(
@@ -64,9 +82,12 @@ class KvCostConfig:
             per_instance=self.per_instance_rate,
         )
 
+    def reuse_history(self) -> ReuseHistory:
+        return ReuseHistory(self.reuse_sample, self.reuse_window_s, self.reuse_halflife_s)
+
 
 class KvCostPolicy(PolicyBase):
-    """Scores by predicted TTFT from per-candidate credited blocks; subclasses supply the credits."""
+    """Scores by the cost model from per-candidate credited blocks; subclasses supply the credits."""
 
     def __init__(
         self,
@@ -79,8 +100,10 @@ class KvCostPolicy(PolicyBase):
         self.config = config
         self.recent = recent
         self.rates = PrefillRate(config.rate_config())
+        self.reuse = config.reuse_history()
+        self.demand = PrefixDemand(config.replicate_halflife_s)
         self._tier_credit = {"device": config.device_credit, "host": config.host_credit, "remote": config.remote_credit}
-        self._last: tuple[RouteRequest, Sequence[InstanceState]] | None = None
+        self._last: tuple[RouteRequest, Sequence[InstanceState], Copy | None] | None = None
         self._dispatched: OrderedDict[str, int] = OrderedDict()
         self._routed: dict[str, tuple[float, float]] = {}  # instance -> (decayed request count, as of)
 
@@ -89,37 +112,66 @@ class KvCostPolicy(PolicyBase):
     ) -> dict[str, float]:
         raise NotImplementedError
 
+    def score(self, request: RouteRequest, candidates: Sequence[InstanceState], credits: Mapping[str, float],
+              now: float) -> tuple[dict[str, float], dict[str, tuple[float, float, float, float]]]:
+        """Per candidate, the cost and its terms (base.COST_TERMS): wait, own prefill, prefill and
+        evictions it causes the others."""
+        cfg, bs, num_tokens = self.config, request.block_size, request.num_tokens
+        decode_w, compute_w, evict_w = cfg.decode_weight_s, cfg.compute_weight, cfg.evict_weight
+        reuse = self.reuse.curve(now)
+        rate_of, fleet_rate = self.rates.get, None if cfg.per_instance_rate else self.rates.get("")
+        costs, terms = {}, {}
+        for c in candidates:
+            rate = fleet_rate or rate_of(c.id)
+            uncached = num_tokens - credits.get(c.id, 0.0) * bs
+            if uncached < 0.0:
+                uncached = 0.0
+            queued = c.queued_prefill_tokens
+            load = c.running + c.waiting
+            wait = queued / rate + decode_w * (load if load > c.inflight else c.inflight)
+            prefill = uncached / rate
+            evict = 0.0
+            if evict_w and c.kv_free_blocks >= 0:
+                lost = expected_loss(c, -int(-uncached // bs), -(-queued // bs), now, reuse)
+                evict = evict_w * lost * bs / rate
+            costs[c.id] = wait + prefill + compute_w * prefill + evict
+            terms[c.id] = (wait, prefill, compute_w * prefill, evict)
+        return costs, terms
+
     def select(
         self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
     ) -> Decision:
+        cfg, now = self.config, self.clock()
         credits = self.credits(request, candidates, matches)
-        cfg, bs, num_tokens, rate_of = self.config, request.block_size, request.num_tokens, self.rates.get
-        decode_w, compute_w = cfg.decode_weight_s, cfg.compute_weight
-        costs: dict[str, float] = {}
-        for c in candidates:
-            uncached = max(num_tokens - credits.get(c.id, 0.0) * bs, 0.0)
-            load = max(c.running + c.waiting, c.inflight)
-            costs[c.id] = ((c.queued_prefill_tokens + (1.0 + compute_w) * uncached) / rate_of(c.id)) + decode_w * load
-        best = min(costs.values())
-        chosen = self._break_tie([c for c in candidates if costs[c.id] <= best * (1.0 + cfg.tie_tolerance)])
-        reason = f"lowest cost {best:.4f} s ({credits.get(chosen.id, 0.0):g} cached blocks credited)"
-        spill = self._spill_target(chosen, candidates, costs)
+        costs, terms = self.score(request, candidates, credits, now)
+        chosen = self._cheapest(candidates, costs, credits, now)
+        reason = f"lowest cost {costs[chosen.id]:.4f} s ({credits.get(chosen.id, 0.0):g} cached blocks credited)"
+        copy = None
+        if cfg.replicate_weight and credits:
+            waits = {i: t[0] for i, t in terms.items()}
+            copy = consider(request, candidates, credits, costs, waits, chosen, self.demand, now, cfg.replicate_weight)
+            if copy is not None and copy.target is not None:
+                chosen, reason = copy.target, copy.reason
+        spill = spill_target(chosen, candidates, costs, cfg.hot_factor, cfg.hot_min_inflight, cfg.hot_tolerance_s,
+                             self.rng)
         if spill is not None:
-            others = (sum(c.inflight for c in candidates) - chosen.inflight) / (len(candidates) - 1)
-            reason = (
-                f"hot-spot guard: {chosen.id} has {chosen.inflight} inflight > {cfg.hot_factor:g} x others' mean "
-                f"{others:.2f}; spilled to {spill.id} (cost +{costs[spill.id] - best:.4f} s)"
-            )
+            reason = (f"hot-spot guard: {chosen.id} has {chosen.inflight} inflight > {cfg.hot_factor:g} x others' "
+                      f"mean {others_mean(chosen, candidates):.2f}; spilled to {spill.id} "
+                      f"(cost +{costs[spill.id] - costs[chosen.id]:.4f} s)")
             chosen = spill
-        self._last = (request, candidates)
-        uncached = round(max(request.num_tokens - credits.get(chosen.id, 0.0) * bs, 0.0))
-        return Decision(chosen.id, costs=costs, reason=reason, uncached_tokens=uncached)
+        self._last = (request, candidates, copy)
+        uncached = round(max(request.num_tokens - credits.get(chosen.id, 0.0) * request.block_size, 0.0))
+        return Decision(chosen.id, costs=costs, reason=reason, uncached_tokens=uncached, terms=terms)
 
-    def _break_tie(self, near: list[InstanceState]) -> InstanceState:
-        """Among near-equal costs, the instance that was sent the fewest requests lately."""
+    def _cheapest(self, candidates: Sequence[InstanceState], costs: Mapping[str, float],
+                  credits: Mapping[str, float], now: float) -> InstanceState:
+        """The lowest cost; near-ties (within tie_tolerance, crediting the same blocks) go to the
+        instance sent the fewest requests lately, then at random."""
+        best = min(candidates, key=lambda c: costs[c.id])
+        limit, credit = costs[best.id] * (1.0 + self.config.tie_tolerance), credits.get(best.id, 0.0)
+        near = [c for c in candidates if costs[c.id] <= limit and abs(credits.get(c.id, 0.0) - credit) < 1.0]
         if len(near) == 1:
             return near[0]
-        now = self.clock()
         shares = {c.id: self._share(c.id, now) for c in near}
         least = min(shares.values())
         return self.rng.choice([c for c in near if shares[c.id] <= least + 1e-9])
@@ -128,34 +180,20 @@ class KvCostPolicy(PolicyBase):
         value, since = self._routed.get(instance, (0.0, now))
         return value * 0.5 ** ((now - since) / self.config.share_halflife_s)
 
-    def _spill_target(
-        self, best: InstanceState, candidates: Sequence[InstanceState], costs: Mapping[str, float]
-    ) -> InstanceState | None:
-        cfg = self.config
-        if len(candidates) < 2 or best.inflight < cfg.hot_min_inflight:
-            return None
-        others_mean = (sum(c.inflight for c in candidates) - best.inflight) / (len(candidates) - 1)
-        if best.inflight <= cfg.hot_factor * others_mean:
-            return None
-        cooler = [c for c in candidates if c.inflight < best.inflight]
-        if not cooler:
-            return None
-        cheapest = min(costs[c.id] for c in cooler)
-        if cheapest - costs[best.id] > cfg.hot_tolerance_s:
-            return None
-        return self.rng.choice([c for c in cooler if costs[c.id] == cheapest])
-
     def on_routed(self, request: RouteRequest, instance: str) -> None:
         now = self.clock()
         self._routed[instance] = (self._share(instance, now) + 1.0, now)
         if request.block_hashes:
-            self.recent.record(instance, request.block_hashes, self.clock())
+            self.recent.record(instance, request.block_hashes, now)
+            self.reuse.observe(request.block_hashes, now)
         last, self._last = self._last, None
+        if last is not None and not (last[0] is request or request.request_id and last[0].request_id == request.request_id):
+            last = None  # the decision was for another request (select without on_routed)
+        if last is not None and last[2] is not None:
+            self.demand.record(last[2].key, now, last[2].delay_s)
         if not request.request_id:
             return
-        queued = 0
-        if last is not None and (last[0] is request or last[0].request_id == request.request_id):
-            queued = next((c.queued_prefill_tokens for c in last[1] if c.id == instance), 0)
+        queued = next((c.queued_prefill_tokens for c in last[1] if c.id == instance), 0) if last else 0
         self._dispatched[request.request_id] = queued
         if len(self._dispatched) > _MAX_DISPATCHED:
             self._dispatched.popitem(last=False)

@@ -5,7 +5,12 @@ router predicted uncached at dispatch plus the prefill tokens already queued ahe
 of it on that instance. Samples with fewer than `min_sample_tokens` of work are
 ignored (a tiny prefill's TTFT is dominated by fixed overheads and would read as a
 very low rate); each sample is clamped to [min_rate, max_rate] before it enters an
-exponentially weighted moving average with weight `alpha`. The rate therefore also
+exponentially weighted moving average, with weight `alpha`, of its logarithm (a
+geometric mean). Outliers come in ratios, not differences: a request predicted to
+miss that finds its prefix just computed by a sibling reads as a rate 10-20x the
+true one, and an arithmetic mean let a few of those double the estimate under KV
+pressure, where such requests are common; in log space each moves it by the same
+factor as one that slow. The rate therefore also
 absorbs whatever slows prefill down on that instance (decode interleaving, network):
 it is an effective rate, which is what a TTFT prediction wants.
 
@@ -43,7 +48,7 @@ class RateConfig:
 
 
 class PrefillRate:
-    """Per-instance EWMA of observed prefill throughput."""
+    """Per-instance EWMA (in log space) of observed prefill throughput."""
 
     def __init__(self, config: RateConfig) -> None:
         self.config = config
@@ -69,7 +74,7 @@ class PrefillRate:
             return False
         sample = min(max(work_tokens / ttft_s, cfg.min_rate), cfg.max_rate)
         old = self.get(instance)
-        self._rates[self._key(instance)] = old + cfg.alpha * (sample - old)
+        self._rates[self._key(instance)] = old * (sample / old) ** cfg.alpha
         self._fleet_mean = sum(self._rates.values()) / len(self._rates)
         return True
 

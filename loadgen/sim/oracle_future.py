@@ -1,0 +1,109 @@
+"""oracle_future: the oracle that also knows what each placement evicts and whether that is ever used again.
+
+The oracle (oracle.py) optimises each request's TTFT alone. A prefix cached nowhere
+predicts the same TTFT everywhere, so it lands at random and evicts whatever that
+instance's LRU list holds, hot or cold; where the KV pools are full, later requests
+lose their hits for it, and kv_aware, which prices evictions, beats it. This
+reference adds that price with perfect knowledge:
+
+    cost_i = oracle ttft_i + recompute_s x |{victims on i requested again within T_i}|
+
+- victims on i: the blocks i's block manager would evict for this request's uncached
+  blocks -- its free blocks first, then its LRU list from the least recently used,
+  after the blocks its waiting prompts will take -- read from the block manager itself;
+- requested again: the workload's future, every request's planned send time (open-loop
+  arrival times are fixed by the seed; a multi-turn follow-up is counted at its
+  parent's send time plus think time, the earliest it can come);
+- within T_i: how long the longest-idle evictable block on i has been unused, the time
+  blocks now survive idle there (Che's approximation of an LRU cache: a block is hit
+  when it is asked for again within the cache's characteristic time); a block needed
+  later would have been evicted anyway;
+- recompute_s = block_size x the cost model's prefill_token_s.
+
+It is a reference, not a bound: it still decides one request at a time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+import math
+import random
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from loadgen.sim.cluster import Cluster
+from loadgen.sim.oracle import OraclePolicy
+from loadgen.workload_base import RequestSpec
+from router.index.base import PrefixMatch
+from router.policies.base import Decision, InstanceState, RouteRequest
+from router.protocol import block_hashes, hash_seed
+
+
+class FutureUses:
+    """Block hash -> the planned send times of every request whose prompt holds it."""
+
+    def __init__(self, specs: Sequence[RequestSpec], starts: Sequence[tuple[float, RequestSpec]],
+                 block_size: int, seed: int) -> None:
+        planned = {spec.index: t for t, spec in starts}
+        for spec in sorted(specs, key=lambda s: s.index):
+            if spec.after is not None and spec.index not in planned:
+                planned[spec.index] = planned.get(spec.after, 0.0) + spec.think_s
+        uses: dict[int, list[float]] = collections.defaultdict(list)
+        for spec in specs:
+            t = planned.get(spec.index, 0.0)
+            for h in block_hashes(spec.prompt_ids, block_size, seed):
+                uses[h].append(t)
+        self._uses = {h: sorted(times) for h, times in uses.items()}
+
+    def next_use(self, block_hash: int, now: float) -> float:
+        """The first planned request after `now` that holds the block (inf: none)."""
+        times = self._uses.get(block_hash)
+        if not times:
+            return math.inf
+        k = bisect.bisect_right(times, now)
+        return times[k] if k < len(times) else math.inf
+
+
+class FutureOraclePolicy(OraclePolicy):
+    def __init__(self, cluster: Cluster, future: FutureUses, *, rng: random.Random | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        super().__init__(cluster, rng=rng, clock=clock)
+        self.future = future
+        self.recompute_s = self.block_size * self.cost_model.prefill_token_s
+
+    def select(self, request: RouteRequest, candidates: Sequence[InstanceState],
+               matches: Mapping[str, PrefixMatch]) -> Decision:
+        ttft, uncached = self.predicted_ttft(request)
+        now = self.clock()
+        cost = ttft + np.array([self.recompute_s * self.lost_blocks(inst, int(u), now)
+                                for inst, u in zip(self.instances, uncached)])
+        i = self.lowest(cost, candidates)
+        return Decision(self.ids[i], reason=f"oracle_future: predicted TTFT {ttft[i]:.4f} s + evictions "
+                        f"{cost[i] - ttft[i]:.4f} s", uncached_tokens=int(uncached[i]))
+
+    def lost_blocks(self, inst, uncached_tokens: int, now: float) -> int:
+        """Blocks this placement evicts on `inst` that are requested again within its LRU survival time."""
+        bm, bs = inst.block_manager, self.block_size
+        need = -(-uncached_tokens // bs)
+        ahead = sum(len(s) - s.num_computed for s in inst.scheduler.waiting) // bs
+        free = len(bm.free_plain)
+        skip, take = max(ahead - free, 0), need - max(free - ahead, 0)
+        if take <= 0 or not bm.free_cached:
+            return 0
+        survive = now - next(iter(bm.free_cached.values()))
+        lost = 0
+        for block_id in itertools.islice(bm.free_cached, skip, skip + take):
+            if self.future.next_use(bm.blocks[block_id].hash, now) - now <= survive:
+                lost += 1
+        return lost
+
+
+def make_future_oracle(cluster: Cluster, rng: random.Random | None = None, clock: Callable[[], float] | None = None,
+                       specs: Sequence[RequestSpec] = (),
+                       starts: Sequence[tuple[float, RequestSpec]] = ()) -> FutureOraclePolicy:
+    first = cluster.instances[0]
+    future = FutureUses(specs, starts, first.config.block_size, hash_seed(first.runner.info.model))
+    return FutureOraclePolicy(cluster, future, rng=rng, clock=clock)
