@@ -26,7 +26,7 @@ from aiohttp import web
 
 from router.cluster import Cluster
 from router.errors import KVRouteError, Unavailable
-from router.http import SSE_DONE, ClientGone, json_response, sse_error, sse_line, write_client
+from router.http import SSE_DONE, ClientGone, json_response, prepare_client, sse_error, sse_line, write_client
 from router.kv_auth import make_grant
 from router.instance import Instance
 from router.policies.base import Decision
@@ -182,7 +182,7 @@ class Disaggregation:
             return json_response(prefilled, headers=headers)
         reason = prefilled["choices"][0].get("finish_reason")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
-        await resp.prepare(request)
+        await prepare_client(resp, request)
         await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled, reason)) + SSE_DONE)
         await write_client(resp)
         return resp
@@ -197,7 +197,7 @@ class Disaggregation:
                                                 prepared.model, ("decode",)) if i is not decode))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **headers})
-        await resp.prepare(request)
+        await prepare_client(resp, request)
         await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled)))
         choice = Choice(decode, Decision(decode.id, uncached_tokens=0), {}, [decode], prepared.num_tokens)
         dispatch = Dispatch(self.router, prepared, choice)

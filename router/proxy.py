@@ -24,7 +24,8 @@ from aiohttp import web
 
 from router.cluster import Cluster
 from router.errors import KVRouteError, Overloaded, Unavailable
-from router.http import SSE_DONE, ClientGone, parse_json, parse_retry_after, read_body, sse_error, write_client
+from router.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, prepare_client, read_body, sse_error,
+                         write_client)
 from router.routing import Choice, Prepared, Router
 from router.steering import strip_engine_fields
 
@@ -184,7 +185,7 @@ class Proxy:
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
                      dispatch: Dispatch) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, headers=self._headers(upstream, dispatch.inst.id))
-        await resp.prepare(request)
+        await prepare_client(resp, request)
         await write_client(resp, first)
         status = await self.pump(upstream, resp, dispatch.inst)
         dispatch.end(status)

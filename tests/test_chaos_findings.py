@@ -1,0 +1,72 @@
+"""Bugs `kvroute chaos` found, each pinned by a test that failed before its fix."""
+
+import logging
+
+import orjson
+from aiohttp import web
+
+from engine.server import ENGINE, SERVICE
+from router.app import CLUSTER, PROXY
+from router.http import error_middleware
+from tests.conftest import LoopbackServer
+from tests.test_router_e2e import FAST, cluster, wait_for
+
+
+class NoCancelServer(LoopbackServer):
+    async def start(self, port: int = 0):
+        self.runner = web.AppRunner(self.app, handler_cancellation=False, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", port)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        return self
+
+
+async def _closed_first(target, kind="completion"):
+    """An app whose handler closes the client's connection, then runs `target`'s handler, not
+    cancelled: the engine or router finds a closing transport when it sends its first bytes.
+    That is the race chaos hit when a router gave up on a request just as its first token
+    came (the handler resumed before aiohttp's cancellation reached it)."""
+
+    async def handler(request):
+        request.transport.close()
+        return await target(request, kind)
+
+    app = web.Application(middlewares=[error_middleware])
+    app.router.add_post("/v1/completions", handler)
+    return await NoCancelServer(app).start()
+
+
+async def _post_and_forget(http, url, body):
+    try:
+        async with http.post(url + "/v1/completions", data=orjson.dumps(body)) as r:
+            await r.read()
+    except Exception:  # the connection is closed under us, on purpose
+        pass
+
+
+async def test_engine_stream_to_a_closed_connection_is_the_clients_fault(start_engine, http, caplog):
+    url, server = await start_engine(time_scale=FAST)
+    engine, service = server.app[ENGINE], server.app[SERVICE]
+    front = await _closed_first(service.handle)
+    try:
+        caplog.set_level(logging.WARNING)
+        await _post_and_forget(http, front.url, {"prompt": [5] * 40, "max_tokens": 4, "stream": True})
+        assert await wait_for(lambda: not engine.scheduler.running and engine.block_manager.num_used == 0)
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        await front.close()
+
+
+async def test_router_stream_to_a_closed_connection_is_the_clients_fault(start_engine, start_router, http, caplog):
+    url, server, _ = await cluster(start_engine, start_router, n=1)
+    front = await _closed_first(server.app[PROXY].handle)
+    try:
+        caplog.set_level(logging.WARNING)
+        await _post_and_forget(http, front.url, {"prompt": [5] * 40, "max_tokens": 4, "stream": True})
+        inst = server.app[CLUSTER].instances[0]
+        assert await wait_for(lambda: inst.inflight == 0)
+        assert inst.reachable and inst.request_failures == 0
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        await front.close()
