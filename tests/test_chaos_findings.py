@@ -70,3 +70,21 @@ async def test_router_stream_to_a_closed_connection_is_the_clients_fault(start_e
         assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         await front.close()
+
+
+async def test_handle_or_grant_with_a_huge_integer_is_refused_not_a_500(start_engine, http):
+    """With a --kv-secret set, a handle field of 2^64 made signing it raise TypeError (a 500)."""
+    url, _ = await start_engine(time_scale=FAST, kv_secret="s3cret")
+    handle = {"cluster_id": "c", "address": "http://127.0.0.1:9", "request_id": "r", "block_hashes": [1],
+              "num_tokens": 40, "first_token": 5, "cached_tokens": 0, "expires": 1e12, "signature": "ab"}
+    grant = {"instance": "e0", "address": "http://127.0.0.1:9", "expires": 1e12, "nonce": "n", "signature": "ab"}
+    bodies = [orjson.dumps({"prompt": [5] * 40, "kv_transfer_params": {"do_remote_prefill": True,
+                                                                       "handle": {**handle, key: "@"}}})
+              for key in ("num_tokens", "first_token", "cached_tokens")]
+    bodies.append(orjson.dumps({"prompt": [5] * 40, "kv_transfer_params": {"do_remote_decode": True,
+                                                                           "grant": {**grant, "expires": "@"}}}))
+    for body in bodies:
+        body = body.replace(b'"@"', str(1 << 64).encode())
+        async with http.post(url + "/v1/completions", data=body) as r:
+            assert r.status == 403, await r.text()
+            assert (await r.json())["error"]["code"] == "kv_transfer_refused"
