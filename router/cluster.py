@@ -19,6 +19,8 @@ from router.protocol import LoadRecord, hash_seed
 
 log = logging.getLogger(__name__)
 
+MAX_OUT_SHARE = 0.5  # the most of a model's engines (per role) that failed requests may take out of routing
+
 
 class Cluster:
     def __init__(self, config: RouterConfig, index: BlockIndex, tokenizer_fingerprint: str,
@@ -154,7 +156,14 @@ class Cluster:
 
     def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True) -> None:
         """A failed probe, or (`request=True`) a failed request: excluded from routing at once
-        (unless `exclude=False`), ejected after `eject_after` in a row."""
+        (unless `exclude=False`), ejected after `eject_after` in a row. Failed requests never
+        take more than MAX_OUT_SHARE of a model's engines out of routing (as Envoy's outlier
+        detection caps ejections): when most engines time out at once the load is at fault,
+        and taking them all out would turn slow answers into 503s for everyone. Probes are
+        not capped: an engine that does not answer its health check is out."""
+        if request and inst.routable and not self._may_take_out(inst):
+            log.debug("instance %s failed a request (%s); most of its peers are out already, it stays", inst.id, why)
+            return
         was_reachable = inst.reachable
         if inst.mark_failure(self.config.eject_after, request, self.config.ejection_s, exclude):
             count = inst.request_failures if request else inst.failures
@@ -163,6 +172,11 @@ class Cluster:
             self.metrics.ejections.inc()
         elif was_reachable and exclude:
             log.warning("instance %s unreachable, excluded from routing: %s", inst.id, why)
+
+    def _may_take_out(self, inst: Instance) -> bool:
+        peers = [i for i in self.instances if i.info is not None and inst.info is not None
+                 and (i.info.model, i.info.role) == (inst.info.model, inst.info.role)]
+        return sum(not i.routable for i in peers) + 1 <= MAX_OUT_SHARE * len(peers)
 
     def _forget_if_gone(self, inst: Instance) -> None:
         """This replica's own view of an instance down longer than the index TTL: it will be

@@ -1,5 +1,6 @@
 """Bugs `kvroute chaos` found, each pinned by a test that failed before its fix."""
 
+import asyncio
 import logging
 
 import orjson
@@ -88,3 +89,36 @@ async def test_handle_or_grant_with_a_huge_integer_is_refused_not_a_500(start_en
         async with http.post(url + "/v1/completions", data=body) as r:
             assert r.status == 403, await r.text()
             assert (await r.json())["error"]["code"] == "kv_transfer_refused"
+
+
+async def test_a_burst_slower_than_the_first_byte_timeout_does_not_take_every_engine_out(start_router, http):
+    """1,000 streams at once with a 1 s first-byte timeout timed out on every engine, so every
+    engine was excluded and ejected and all other traffic got 503 'no healthy instance'.
+    Failed requests now take at most half of a model's engines out of routing."""
+    from tests.test_router_blame import stub_router
+
+    async def slow_for_some(request):
+        body = await request.json()
+        if body.get("prompt") == "slow":
+            await asyncio.sleep(0.5)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\ndata: [DONE]\n\n')
+        await resp.write_eof()
+        return resp
+
+    url, server, stubs = await stub_router(start_router, slow_for_some, slow_for_some, slow_for_some,
+                                           first_byte_timeout_s=0.1, eject_after=1, health_interval_s=30.0)
+    try:
+        async def post(text):
+            async with http.post(url + "/v1/completions", json={"prompt": text, "stream": True}) as r:
+                return r.status, await r.read()
+
+        results = await asyncio.gather(*(post("slow") for _ in range(6)))
+        assert all(status in (200, 503) for status, _ in results)
+        instances = server.app[CLUSTER].instances
+        assert sum(i.routable for i in instances) >= 2, [i.to_dict() for i in instances]
+        assert (await post("fast"))[0] == 200
+    finally:
+        for s in stubs:
+            await s.close()
