@@ -15,6 +15,7 @@ import time
 import aiohttp
 import orjson
 
+from router.cancellation import raise_if_cancelled
 from router.cluster import Cluster
 from router.index.base import IndexUnavailable
 from router.instance import Instance
@@ -153,6 +154,7 @@ class RedisFollower:
                     await self.sync.step(inst, _noop)
             try:
                 reply = await self.client.xread({self.stream: last_id}, count=1000, block=500)
+                raise_if_cancelled()
             except (RedisError, OSError) as e:
                 log.warning("redis event stream unavailable: %s", e)
                 self.sync.metrics.errors.labels("redis_stream").inc()
