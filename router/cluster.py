@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 MAX_OUT_SHARE = 0.5  # the most of a model's engines (per role) that failed requests may take out of routing
 
 
+def answered_late(exc: BaseException) -> bool:
+    """A timeout after the connection was made (busy or hung), not one while connecting (gone)."""
+    return isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
+
+
 class Cluster:
     def __init__(self, config: RouterConfig, index: BlockIndex, tokenizer_fingerprint: str,
                  metrics: RouterMetrics) -> None:
@@ -145,7 +150,7 @@ class Cluster:
                 return
             await self._get_json(inst, "/health")
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, f"health check failed: {e!r}")
+            self.report_failure(inst, f"health check failed: {e!r}", slow=answered_late(e))
         else:
             if inst.mark_success(self.config.readmit_after):
                 log.warning("instance %s re-admitted; resyncing its cache index", inst.id)
@@ -154,15 +159,18 @@ class Cluster:
             self._forget_if_gone(inst)
             self.metrics.healthy.labels(inst.id).set(1 if inst.routable else 0)
 
-    def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True) -> None:
+    def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True,
+                       slow: bool = False) -> None:
         """A failed probe, or (`request=True`) a failed request: excluded from routing at once
-        (unless `exclude=False`), ejected after `eject_after` in a row. Failed requests never
-        take more than MAX_OUT_SHARE of a model's engines out of routing (as Envoy's outlier
-        detection caps ejections): when most engines time out at once the load is at fault,
-        and taking them all out would turn slow answers into 503s for everyone. Probes are
-        not capped: an engine that does not answer its health check is out."""
-        if request and inst.routable and not self._may_take_out(inst):
-            log.debug("instance %s failed a request (%s); most of its peers are out already, it stays", inst.id, why)
+        (unless `exclude=False`), ejected after `eject_after` in a row.
+
+        Failed requests and probes that timed out (`slow=True`: the engine took the connection
+        but did not answer in time: busy, or hung) never take more than MAX_OUT_SHARE of a
+        model's engines out of routing, as Envoy caps outlier ejection: when most engines are
+        slow at once the load is at fault, and taking them all out would turn slow answers into
+        503s for everyone. A probe that cannot connect (a dead engine) is never capped."""
+        if (request or slow) and inst.routable and not self._may_take_out(inst):
+            log.debug("instance %s failed (%s) but most of its peers are out already: it stays", inst.id, why)
             return
         was_reachable = inst.reachable
         if inst.mark_failure(self.config.eject_after, request, self.config.ejection_s, exclude):
@@ -211,7 +219,7 @@ class Cluster:
         try:
             inst.load = LoadRecord.from_dict(await self._get_json(inst, "/load"))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, f"load poll failed: {e!r}")
+            self.report_failure(inst, f"load poll failed: {e!r}", slow=answered_late(e))
 
     async def _get_json(self, inst: Instance, path: str, **params) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + params.pop("extra_s", 0.0))

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 
 from router.cancellation import raise_if_cancelled
-from router.cluster import Cluster
+from router.cluster import Cluster, answered_late
 from router.index.base import IndexUnavailable
 from router.instance import Instance
 from router.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
@@ -96,7 +96,7 @@ class EventSync:
             inst.needs_resync = True  # events were lost: reload once the index is back
             await asyncio.sleep(1.0)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
-            self.cluster.report_failure(inst, f"event feed failed: {e!r}")
+            self.cluster.report_failure(inst, f"event feed failed: {e!r}", slow=answered_late(e))
             await asyncio.sleep(0.5)
 
 

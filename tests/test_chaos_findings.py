@@ -185,3 +185,36 @@ async def test_router_event_follower_and_engine_publisher_end_when_cancelled(red
         await asyncio.gather(feeding, return_exceptions=True)
         await follower.close()
         await writer.aclose()
+
+
+async def test_busy_engines_slow_to_answer_health_checks_are_not_all_taken_out(start_router, http):
+    """Under the same burst the engines answered /health later than its timeout: every one was
+    excluded by its health check and the fleet answered 503 to everything. A probe that times
+    out (busy, or hung) is capped like a failed request; a refused one (dead) is not."""
+    from tests.test_router_faults import stub_engine
+
+    slow = asyncio.Event()
+
+    async def health(_):
+        if slow.is_set():
+            await asyncio.sleep(0.5)
+        return web.json_response({"status": "ok"})
+
+    async def answer(request):
+        return web.json_response({"choices": [{"index": 0, "text": "x"}]})
+
+    stubs = [await LoopbackServer(stub_engine(f"s{i}", answer, health)).start() for i in range(3)]
+    try:
+        url, server = await start_router([s.url for s in stubs], connect_timeout_s=0.2, health_interval_s=0.05)
+        instances = server.app[CLUSTER].instances
+        assert await wait_for(lambda: all(i.routable for i in instances))
+        slow.set()
+        await asyncio.sleep(1.0)  # many health checks time out
+        assert sum(i.routable for i in instances) >= 2, [i.to_dict() for i in instances]
+        async with http.post(url + "/v1/completions", json={"prompt": "hi"}) as r:
+            assert r.status == 200
+        await stubs[0].close()  # dead (refused) engines are taken out whatever the cap
+        assert await wait_for(lambda: not instances[0].routable)
+    finally:
+        for s in stubs:
+            await s.close()
