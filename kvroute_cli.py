@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "bench": ("loadgen.bench", "Start a local cluster and compare routing policies."),
     "demo": ("loadgen.demo", "Quick policy comparison on real torch engines."),
     "sim": ("loadgen.sim", "Discrete-event simulation of a large cluster."),
+    "chaos": ("loadgen.chaos.cli", "Faults and fuzz against a local fleet under load; one table, invariants checked."),
 }
 
 
