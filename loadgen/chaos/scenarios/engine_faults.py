@@ -9,6 +9,8 @@ resync  the engine answers again -> routable on every router, the index at or pa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Callable
 
 from loadgen.chaos.procs import Proc
 from loadgen.chaos.scenario_base import Context, Outcome
@@ -55,25 +57,23 @@ async def fault_and_recover(ctx: Context, name: str, what: str, fault, recover) 
     return out
 
 
-class EngineKill:
-    name = "engine-kill"
-    summary = "kill -9 an engine under load, restart it on the same port (new epoch)"
+@dataclasses.dataclass(frozen=True)
+class EngineFault:
+    name: str
+    summary: str
+    what: str
+    fault: Callable[[Proc], object]  # done to the victim (in a thread: kill -9 waits to reap it)
+    resume: Callable[[Proc], object]  # then, after hold_s: start it again, or continue it
 
     async def run(self, ctx: Context) -> Outcome:
-        async def restart(victim: Proc) -> None:
-            victim.start()
+        async def recover(victim: Proc) -> None:
+            self.resume(victim)
             await ctx.fleet.wait_http(ctx.session, victim, "/health", ctx.config.wait_s)
 
-        return await fault_and_recover(ctx, self.name, "kill -9", Proc.kill, restart)
+        return await fault_and_recover(ctx, self.name, self.what, self.fault, recover)
 
 
-class EngineHang:
-    name = "engine-hang"
-    summary = "SIGSTOP an engine under load (a hung engine: connects, never answers), then SIGCONT"
-
-    async def run(self, ctx: Context) -> Outcome:
-        async def resume(victim: Proc) -> None:
-            victim.thaw()
-            await ctx.fleet.wait_http(ctx.session, victim, "/health", ctx.config.wait_s)
-
-        return await fault_and_recover(ctx, self.name, "SIGSTOP", Proc.freeze, resume)
+ENGINE_KILL = EngineFault("engine-kill", "kill -9 an engine under load, restart it on the same port (new epoch)",
+                          "kill -9", Proc.kill, Proc.start)
+ENGINE_HANG = EngineFault("engine-hang", "SIGSTOP an engine under load (a hung engine: connects, never answers), "
+                          "then SIGCONT", "SIGSTOP", Proc.freeze, Proc.thaw)
