@@ -19,7 +19,7 @@ from router.protocol import LoadRecord, hash_seed
 
 log = logging.getLogger(__name__)
 
-MAX_OUT_SHARE = 0.5  # the most of a model's engines (per role) that failed requests may take out of routing
+MAX_OUT_SHARE = 0.5  # the most of a model's engines (per role) that slow answers may take out of routing
 
 
 def answered_late(exc: BaseException) -> bool:

@@ -7,6 +7,10 @@
     fuzz-memory                 a fuzzed process's peak RSS grew at most --rss-growth-mb
     no-traceback                no process logged a traceback or an ERROR line
     no-crash                    no process exited that the run did not stop itself
+
+Scenarios check their own: ejected, resynced (the faulted part left routing and came back
+within --wait-s), fuzz-answers, fuzz-bounded-time, no-ssrf, streams-complete,
+clean-shutdown; the runner adds scenario-finished (a restarted part never answered).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ class Tally:
     inflight: int = 0
     streaming: int = 0  # streams between their first byte and their end
     peak_streaming: int = 0
+    skipped: int = 0  # not sent: the client already had max_inflight requests open (its own limit)
 
     def end(self, outcome: str, status: str, why: str = "") -> None:
         setattr(self, outcome, getattr(self, outcome) + 1)
@@ -58,7 +59,8 @@ class Tally:
         return Row(self.scenario, self.traffic, self.sent, self.ok, self.lost, self.broken, dict(self.statuses),
                    five_xx=sum(v for k, v in self.statuses.items() if k[:1] == "5"), failovers=self.failovers,
                    p50_ms=self.ttft_ms(0.5), p99_ms=self.ttft_ms(0.99),
-                   detail={"examples": self.examples, "peak_streaming": self.peak_streaming})
+                   detail={"examples": self.examples, "peak_streaming": self.peak_streaming,
+                           "skipped_by_client": self.skipped})
 
     def ttft_ms(self, q: float) -> float | None:
         if not self.ttfts:
@@ -100,7 +102,6 @@ class LoadClient:
         self.rate, self.max_tokens, self.timeout_s = rate, max_tokens, timeout_s
         self.max_inflight, self.down_s = max_inflight, down_s
         self.tally = Tally("warm-up")
-        self.skipped = 0  # not sent because max_inflight requests were already open (client-side limit)
         self._next = 0
         self._down_until: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -118,12 +119,12 @@ class LoadClient:
             if len(self._tasks) < self.max_inflight:
                 self.spawn(self.tally, stream=self.prompts.count % 2 == 0)
             else:
-                self.skipped += 1
+                self.tally.skipped += 1
             await asyncio.sleep(max(0.0, due - time.monotonic()))
 
-    def spawn(self, tally: Tally, stream: bool, max_tokens: int | None = None, routers: list[str] | None = None):
-        path, body = self.prompts.body(stream, max_tokens or self.max_tokens)
-        task = asyncio.ensure_future(self.send(tally, path, body, stream, routers))
+    def spawn(self, tally: Tally, stream: bool) -> asyncio.Task:
+        path, body = self.prompts.body(stream, self.max_tokens)
+        task = asyncio.ensure_future(self.send(tally, path, body, stream))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

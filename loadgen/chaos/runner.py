@@ -20,7 +20,7 @@ from loadgen.chaos.invariants import LogWatch, check_rows
 from loadgen.chaos.load import LoadClient, Prompts
 from loadgen.chaos.rows import Row
 from loadgen.chaos.rss import RssWatch
-from loadgen.chaos.scenario_base import Context, Violation
+from loadgen.chaos.scenario_base import Context, Outcome, Violation
 from loadgen.chaos.scenarios import SCENARIOS
 from loadgen.chaos.watch import Views
 
@@ -74,36 +74,14 @@ async def _scenarios(config: ChaosConfig, fleet: Fleet, session: aiohttp.ClientS
     prompts = Prompts(config.seed)
     load = LoadClient(session, [r.url for r in fleet.routers], prompts, config.rate)
     ctx = Context(config, fleet, session, load, prompts, Views(session, fleet), say)
-    logs, rss = LogWatch(fleet.procs), RssWatch(fleet.pids)
-    rows, violations, summary = [], [], {}
+    run = _Run(ctx, LogWatch(fleet.procs), RssWatch(fleet.pids))
     tasks = [asyncio.ensure_future(load.run()), asyncio.ensure_future(_tick(load, say))]
     try:
         say(f"background load: {config.rate:g} requests/s through {len(fleet.routers)} router(s); warming up")
         await asyncio.sleep(WARMUP_S)
         for name in config.chosen:
-            tally = load.begin(name)
-            rss.begin()
-            counters = await ctx.views.counters()
-            outcome = await SCENARIOS[name].run(ctx)
-            await asyncio.sleep(config.settle_s)
-            load.begin(f"after {name}")
-            await load.drain(tally, DRAIN_S)
-            memory = await rss.end()
-            moved = _delta(counters, await ctx.views.counters())
-            outcome.notes.update(router_ejections=int(moved["ejections"]))
-            row = dataclasses.replace(tally.to_row(), eject_s=outcome.eject_s, resync_s=outcome.resync_s,
-                                      retries=int(moved["retries"]))
-            scenario_rows = [row, *outcome.rows]
-            for r in scenario_rows:
-                r.memory = memory
-            found = outcome.violations + check_rows(scenario_rows, config.rss_growth_mb) + logs.check(name)
-            for v in found:
-                say(v.line())
-            rows += scenario_rows
-            violations += found
-            summary[name] = {"eject_s": outcome.eject_s, "resync_s": outcome.resync_s, **outcome.notes}
-            say(f"{name}: done ({row.sent:,} requests, {row.lost} lost, {row.broken} broken, "
-                f"{len(found)} invariant(s) broken)")
+            if not await run.scenario(name):
+                break  # the fleet is not whole any more: later scenarios would measure the wreck
     finally:
         for task in tasks:
             task.cancel()
@@ -111,7 +89,49 @@ async def _scenarios(config: ChaosConfig, fleet: Fleet, session: aiohttp.ClientS
         await load.close()
     settings = {"engine_args": [*ENGINE_ARGS, *config.engine_args], "router_args": [*ROUTER_ARGS, *config.router_args],
                 **{k: v for k, v in dataclasses.asdict(config).items() if k not in ("engine_args", "router_args")}}
-    return ChaosResult(rows, violations, summary, settings, fleet.log_dir, time.monotonic() - t0)
+    return ChaosResult(run.rows, run.violations, run.summary, settings, fleet.log_dir, time.monotonic() - t0)
+
+
+class _Run:
+    """The rows, violations and per-scenario summary of one chaos run."""
+
+    def __init__(self, ctx: Context, logs: LogWatch, rss: RssWatch) -> None:
+        self.ctx, self.logs, self.rss = ctx, logs, rss
+        self.rows: list[Row] = []
+        self.violations: list[Violation] = []
+        self.summary: dict = {}
+
+    async def scenario(self, name: str) -> bool:
+        """Run one scenario and check it; False if it could not finish."""
+        ctx, load = self.ctx, self.ctx.load
+        tally = load.begin(name)
+        self.rss.begin()
+        counters = await ctx.views.counters()
+        try:
+            outcome = await SCENARIOS[name].run(ctx)
+        except RuntimeError as e:  # a part did not come back (fleet.py says which, and its log)
+            outcome = Outcome()
+            outcome.require(False, "scenario-finished", name, str(e))
+        await asyncio.sleep(ctx.config.settle_s)
+        load.begin(f"after {name}")
+        await load.drain(tally, DRAIN_S)
+        memory = await self.rss.end()
+        moved = _delta(counters, await ctx.views.counters())
+        outcome.notes.update(router_ejections=int(moved["ejections"]))
+        row = dataclasses.replace(tally.to_row(), eject_s=outcome.eject_s, resync_s=outcome.resync_s,
+                                  retries=int(moved["retries"]))
+        rows = [row, *outcome.rows]
+        for r in rows:
+            r.memory = memory
+        found = outcome.violations + check_rows(rows, ctx.config.rss_growth_mb) + self.logs.check(name)
+        for v in found:
+            ctx.say(v.line())
+        ctx.say(f"{name}: done ({row.sent:,} requests, {row.lost} lost, {row.broken} broken, "
+                f"{len(found)} invariant(s) broken)")
+        self.rows += rows
+        self.violations += found
+        self.summary[name] = {"eject_s": outcome.eject_s, "resync_s": outcome.resync_s, **outcome.notes}
+        return not any(v.invariant == "scenario-finished" for v in found)
 
 
 def _delta(before: dict, after: dict) -> dict[str, float]:
