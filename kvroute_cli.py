@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "demo": ("loadgen.demo", "Quick policy comparison on real torch engines."),
     "sim": ("loadgen.sim", "Discrete-event simulation of a large cluster."),
     "planner": ("router.planner.cli", "Switch engines' prefill/decode roles online to keep goodput high."),
+    "chaos": ("loadgen.chaos.cli", "Faults and fuzz against a local fleet under load; one table, invariants checked."),
 }
 
 

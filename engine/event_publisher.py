@@ -15,6 +15,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from router.cancellation import raise_if_cancelled
 from router.protocol import REDIS_EVENT_STREAM, KVEvent
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class RedisEventPublisher:
             try:
                 await self.client.xadd(self.stream, {"data": orjson.dumps(entry)}, maxlen=STREAM_MAXLEN,
                                        approximate=True)
+                raise_if_cancelled()  # redis-py on Python 3.11 may have swallowed it
                 backoff = 0.1
             except (RedisError, OSError) as e:
                 log.warning("redis event publish failed (%s); retrying in %.1fs", e, backoff)

@@ -16,7 +16,8 @@ from engine.output import OutputProcessor
 from engine.unsupported import refuse_unsupported
 from engine.work import SamplingParams
 from router.errors import BadRequest, ContextTooLong, Forbidden, KVRouteError, NotFound, Overloaded
-from router.http import SSE_DONE, json_response, parse_json, read_body, sse_error, sse_line, write_client
+from router.http import (SSE_DONE, json_response, parse_json, prepare_client, read_body, sse_error, sse_line,
+                         write_client)
 from router.limits import Limits, check_prompt_chars, check_token_ids
 from router.openai_request import CompletionRequest, parse_request
 from router.protocol import hash_seed
@@ -209,7 +210,7 @@ class CompletionService:
         try:
             async for delta, reason, lps in self._outputs(handle, processor):
                 if not resp.prepared:
-                    await resp.prepare(request)
+                    await prepare_client(resp, request)
                 live = self._usage(handle, processor) if continuous_usage else None
                 if first:
                     await write_client(resp, sse_line(fmt.chunk("", first=True, usage_=live)))
@@ -224,7 +225,7 @@ class CompletionService:
                 raise
             await write_client(resp, sse_error(e))
         if not resp.prepared:
-            await resp.prepare(request)
+            await prepare_client(resp, request)
         await write_client(resp, SSE_DONE)
         await write_client(resp)
         return resp

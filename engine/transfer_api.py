@@ -8,7 +8,7 @@ from aiohttp import web
 
 from engine.kv_transfer import encode_frames
 from router.errors import BadRequest, Forbidden, NotFound
-from router.http import read_json, write_client
+from router.http import prepare_client, read_json, write_client
 
 
 async def read_pinned(engine, request_id: str, from_block: int) -> list[tuple[int, int, bytes]] | None:
@@ -47,7 +47,7 @@ async def handle_transfer(request: web.Request) -> web.StreamResponse:
         raise NotFound(f"no pinned KV for request {request_id!r}: it was pulled already or its TTL expired",
                        code="kv_handle_not_found")
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-    await resp.prepare(request)
+    await prepare_client(resp, request)
     for frame in encode_frames(frames):
         await write_client(resp, frame)
     await write_client(resp)

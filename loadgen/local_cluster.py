@@ -26,16 +26,27 @@ _live: set[subprocess.Popen] = set()
 
 def _kill_all() -> None:
     for proc in list(_live):
-        _stop(proc)
+        stop_process(proc)
 
 
 atexit.register(_kill_all)
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+def spawn(argv: list[str], log_path: str, env: dict | None = None) -> subprocess.Popen:
+    """Start `argv` in its own session, output appended to `log_path`; killed at exit at the latest."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    _live.add(proc)
+    return proc
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group (woken first if it was SIGSTOPped), SIGKILL after `grace_s`."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGCONT)
             proc.wait(grace_s)
         except (ProcessLookupError, PermissionError):
             pass
@@ -74,13 +85,9 @@ class LocalCluster:
         self.kv_secret = os.environ.get(SECRET_ENV) or secrets.token_hex(16)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **{SECRET_ENV: self.kv_secret})
-        proc = subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        log.close()
+        proc = spawn([sys.executable, "-m", *args], os.path.join(self.log_dir, f"{name}.log"), env)
         self.procs.append(proc)
-        _live.add(proc)
         return proc
 
     async def start(self, timeout_s: float = 120.0) -> "LocalCluster":
@@ -127,7 +134,7 @@ class LocalCluster:
 
     def close(self) -> None:
         for proc in reversed(self.procs):
-            _stop(proc)
+            stop_process(proc)
         self.procs.clear()
 
     async def __aenter__(self) -> "LocalCluster":

@@ -22,6 +22,13 @@ from router.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
 
+MAX_OUT_SHARE = 0.5  # the most of a model's engines (per role) that slow answers may take out of routing
+
+
+def answered_late(exc: BaseException) -> bool:
+    """A timeout after the connection was made (busy or hung), not one while connecting (gone)."""
+    return isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
+
 
 class Cluster:
     def __init__(self, config: RouterConfig, index: BlockIndex, tokenizer_fingerprint: str,
@@ -173,7 +180,7 @@ class Cluster:
                 return
             await self._check_health(inst)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, describe_failure(e))
+            self.report_failure(inst, describe_failure(e), slow=answered_late(e))
         else:
             self._recovered(inst)
             if inst.mark_success(self.config.readmit_after):
@@ -196,11 +203,21 @@ class Cluster:
                         else "takes requests again")
         inst.draining = draining
 
-    def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True) -> None:
+    def report_failure(self, inst: Instance, why: str, request: bool = False, exclude: bool = True,
+                       slow: bool = False) -> None:
         """A failed probe, or (`request=True`) a failed request: excluded from routing at once
         (unless `exclude=False`), ejected after `eject_after` in a row. `why` is short
         (router/upstream_errors.describe_failure). Logged when the instance starts failing or the
-        reason changes, not on every retry; kept as `last_error`."""
+        reason changes, not on every retry; kept as `last_error`.
+
+        Failed requests and probes that timed out (`slow=True`: the engine took the connection
+        but did not answer in time: busy, or hung) never take more than MAX_OUT_SHARE of a
+        model's engines out of routing, as Envoy caps outlier ejection: when most engines are
+        slow at once the load is at fault, and taking them all out would turn slow answers into
+        503s for everyone. A probe that cannot connect (a dead engine) is never capped."""
+        if (request or slow) and inst.routable and not self._may_take_out(inst):
+            log.debug("instance %s failed (%s) but most of its peers are out already: it stays", inst.id, why)
+            return
         was_reachable, changed = inst.reachable, why != inst.last_error
         inst.last_error = why
         if inst.mark_failure(self.config.eject_after, request, self.config.ejection_s, exclude):
@@ -218,6 +235,11 @@ class Cluster:
         if inst.last_error is not None:
             log.warning("engine %s (%s) reachable again; it was: %s", inst.url, inst.id, inst.last_error)
             inst.last_error = None
+
+    def _may_take_out(self, inst: Instance) -> bool:
+        peers = [i for i in self.instances if i.info is not None and inst.info is not None
+                 and (i.info.model, i.info.role) == (inst.info.model, inst.info.role)]
+        return sum(not i.routable for i in peers) + 1 <= MAX_OUT_SHARE * len(peers)
 
     def _forget_if_gone(self, inst: Instance) -> None:
         """This replica's own view of an instance down longer than the index TTL: it will be
@@ -253,7 +275,7 @@ class Cluster:
         try:
             self.observe_load(inst, await poll_load(self, inst))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            self.report_failure(inst, describe_failure(e))
+            self.report_failure(inst, describe_failure(e), slow=answered_late(e))
 
     def observe_load(self, inst: Instance, load: LoadRecord) -> None:
         was_draining = inst.draining

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from router.cluster import Cluster
 from router.errors import KVRouteError, Unavailable
-from router.http import SSE_DONE, ClientGone, json_response, sse_error, sse_line, write_client
+from router.http import SSE_DONE, ClientGone, json_response, prepare_client, sse_error, sse_line, write_client
 from router.kv_auth import make_grant
 from router.steering import with_token_ids
 from router.upstream_errors import describe_failure
@@ -197,7 +197,7 @@ class Disaggregation:
         prepared.trace.first(inst.id)
         reason = prefilled["choices"][0].get("finish_reason")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
-        await resp.prepare(request)
+        await prepare_client(resp, request)
         kind = prepared.request.kind
         tail = sse_line(usage_chunk(kind, prefilled)) if prepared.request.include_usage else b""
         await write_client(resp, sse_line(first_chunk(kind, prefilled, reason)) + tail + SSE_DONE)
@@ -214,7 +214,7 @@ class Disaggregation:
                                                 prepared.model, DECODE_ROLES) if i is not decode))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **headers})
-        await resp.prepare(request)
+        await prepare_client(resp, request)
         prepared.trace.first(prefill.id)
         await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled)))
         prepared.trace.first(decode.id)  # the tokens after the first come from the decode engine

@@ -15,7 +15,8 @@ import time
 import aiohttp
 import orjson
 
-from router.cluster import Cluster
+from router.cancellation import raise_if_cancelled
+from router.cluster import Cluster, answered_late
 from router.index.base import IndexUnavailable
 from router.instance import Instance
 from router.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
@@ -95,7 +96,7 @@ class EventSync:
             inst.needs_resync = True  # events were lost: reload once the index is back
             await asyncio.sleep(1.0)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
-            self.cluster.report_failure(inst, f"event feed failed: {e!r}")
+            self.cluster.report_failure(inst, f"event feed failed: {e!r}", slow=answered_late(e))
             await asyncio.sleep(0.5)
 
 
@@ -166,6 +167,7 @@ class RedisFollower:
                     await self.sync.step(inst, _noop)
             try:
                 reply = await self.client.xread({self.stream: last_id}, count=1000, block=500)
+                raise_if_cancelled()
             except (RedisError, OSError) as e:
                 log.warning("redis event stream unavailable: %s", e)
                 self.sync.metrics.errors.labels("redis_stream").inc()

@@ -50,6 +50,15 @@ class ClientGone(Exception):
         self.response = response
 
 
+async def prepare_client(resp: web.StreamResponse, request: web.Request) -> None:
+    """Send a streamed response's headers; ClientGone if the client has left (its connection
+    may be closing before aiohttp has cancelled the handler)."""
+    try:
+        await resp.prepare(request)
+    except ConnectionResetError:
+        raise ClientGone(resp) from None
+
+
 async def write_client(resp: web.StreamResponse, data: bytes | None = None) -> None:
     """Write to the client (`None`: end the response); ClientGone if it has left."""
     try:

@@ -23,6 +23,9 @@ from router.errors import BadRequest, ContextTooLong
 from router.openai_request import CompletionRequest
 
 CHARS_PER_TOKEN = 8
+# A chat template wraps every message in text of its own (ChatML: 24 characters plus the role),
+# so a prompt of many empty messages is counted by what it will tokenize, not by its content alone.
+MESSAGE_TEMPLATE_CHARS = 16
 BYTES_PER_CHAR = 4
 MIN_BODY_BYTES = 1 << 20
 FALLBACK_MAX_MODEL_LEN = 32_768  # before any engine has told us its context
@@ -49,6 +52,7 @@ def prompt_chars(req: CompletionRequest) -> int:
         total = 0
         for m in req.messages:
             content = m.get("content")
+            total += MESSAGE_TEMPLATE_CHARS + len(m["role"])
             if isinstance(content, str):
                 total += len(content)
             else:

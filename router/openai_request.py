@@ -15,6 +15,7 @@ from router.openai_sampling import sampling_fields
 KINDS = ("completion", "chat")
 MAX_TOKEN_ID = 0xFFFFFFFF  # ids are hashed as little-endian uint32 (router/protocol.py)
 FORWARDED_IDS = "kvroute_prompt_token_ids"
+INT64 = 1 << 63  # `seed` is a signed 64-bit integer, as in vLLM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +58,26 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     return float(value)
 
 
-def _optional_int(body: dict, name: str) -> int | None:
+def _optional_int(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(f"'{name}' must be an integer", param=name)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise BadRequest(f"'{name}' must be between {lo} and {hi}, got {value}", param=name)
     return value
+
+
+def _stream_options(body: dict) -> dict:
+    options = body.get("stream_options")
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", param="stream_options")
+    if not isinstance(options.get("include_usage", False), (bool, type(None))):
+        raise BadRequest("'stream_options.include_usage' must be a boolean", param="stream_options")
+    return options
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -131,13 +145,13 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", param="stream")
-    n = body.get("n", 1)
-    if n != 1:
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
         raise BadRequest("only n=1 is supported", param="n")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("'stream_options' must be an object", param="stream_options")
-    max_tokens = _optional_int(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
+    options = _stream_options(body)
+    max_tokens = _optional_int(body, "max_tokens")
+    if "max_completion_tokens" in body:
+        max_tokens = _optional_int(body, "max_completion_tokens")
     if max_tokens is not None and max_tokens <= 0:
         raise BadRequest(f"'max_tokens' must be at least 1, got {max_tokens}", param="max_tokens")
     ignore_eos = body.get("ignore_eos", False)
@@ -166,7 +180,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-        seed=_optional_int(body, "seed"),
+        seed=_optional_int(body, "seed", -INT64, INT64 - 1),
         stop=_stop(body),
         ignore_eos=ignore_eos,
         cache_salt=salt or None,

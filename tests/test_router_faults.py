@@ -13,8 +13,9 @@ from tests.conftest import LoopbackServer
 from tests.test_router_e2e import FAST, prompt, wait_for
 
 
-def stub_engine(instance_id: str, completions) -> web.Application:
-    """An engine that speaks the kvroute control API and answers completions with `completions`."""
+def stub_engine(instance_id: str, completions, health=None) -> web.Application:
+    """An engine that speaks the kvroute control API and answers completions with `completions`
+    (and GET /health with `health`, if given)."""
     info = {"instance_id": instance_id, "model": "kvroute-tiny", "block_size": 16,
             "hash_seed": hash_seed("kvroute-tiny"), "tokenizer": load_tokenizer().fingerprint, "role": "both"}
     load = {"instance": instance_id, "running": 0, "waiting": 0, "kv_used_blocks": 0, "kv_total_blocks": 64,
@@ -23,7 +24,7 @@ def stub_engine(instance_id: str, completions) -> web.Application:
     async def kv_info(_):
         return web.json_response(info)
 
-    async def health(_):
+    async def healthy(_):
         return web.json_response({"status": "ok"})
 
     async def get_load(_):
@@ -38,7 +39,7 @@ def stub_engine(instance_id: str, completions) -> web.Application:
 
     app = web.Application()
     app.router.add_get("/kv/info", kv_info)
-    app.router.add_get("/health", health)
+    app.router.add_get("/health", health or healthy)
     app.router.add_get("/load", get_load)
     app.router.add_get("/kv/snapshot", snapshot)
     app.router.add_get("/kv/events", events)

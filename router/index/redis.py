@@ -40,6 +40,7 @@ from typing import Iterable, Mapping, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from router.cancellation import raise_if_cancelled
 from router.index import redis_scripts as lua
 from router.index.base import Applied, IndexUnavailable, PrefixMatch
 from router.index.memory import tier_bit, to_match
@@ -69,9 +70,11 @@ class RedisIndex:
 
     async def _call(self, script: str, *args):
         try:
-            return await self._scripts[script](args=(self.prefix, *args))
+            result = await self._scripts[script](args=(self.prefix, *args))
         except RedisError as e:
             raise IndexUnavailable(f"redis index unavailable: {type(e).__name__}: {e}") from e
+        raise_if_cancelled()  # redis-py on Python 3.11 may have swallowed it (router/cancellation.py)
+        return result
 
     # -- ordered writes (what the router uses) ------------------------------------
 

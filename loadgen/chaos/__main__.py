@@ -1,0 +1,5 @@
+import sys
+
+from loadgen.chaos.cli import main
+
+sys.exit(main())
