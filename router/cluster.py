@@ -75,11 +75,7 @@ class Cluster:
             self.instances.remove(inst)
         inst.removed = True
         log.warning("engine %s (%s) removed from the fleet", inst.id, inst.url)
-        for gauge in (self.metrics.healthy, self.metrics.mismatch):
-            try:
-                gauge.remove(inst.id)
-            except KeyError:
-                pass
+        self.metrics.forget_instance(inst.id)
         self.check_compatibility()
         if forget:
             try:
@@ -146,11 +142,7 @@ class Cluster:
         hostname): the old id's entries go now, for every router sharing the index."""
         log.warning("instance at %s changed id %s -> %s: forgetting %s", inst.url, old, new, old)
         inst.epoch, inst.seq, inst.blocks_indexed, inst.needs_resync = None, 0, 0, True
-        for gauge in (self.metrics.healthy, self.metrics.mismatch, self.metrics.inflight):
-            try:
-                gauge.remove(old)
-            except KeyError:
-                pass
+        self.metrics.forget_instance(old)
         try:
             await self.index.clear(old)
         except IndexUnavailable as e:
@@ -188,7 +180,7 @@ class Cluster:
                 await self.discover(inst)
         finally:
             self._forget_if_gone(inst)
-            self.metrics.healthy.labels(inst.id).set(1 if inst.routable else 0)
+            self.metrics.bound(self.metrics.healthy, inst.id).set(1 if inst.routable else 0)
 
     async def _check_health(self, inst: Instance) -> None:
         """GET /health: 200, or 503 from a draining engine (reachable, but takes no new requests)."""

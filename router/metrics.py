@@ -32,6 +32,7 @@ RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
+        self._children: dict[tuple, object] = {}
         self.requests = Counter("kvroute_router_requests", "Requests routed, by instance, policy and outcome.",
                                 ["instance", "policy", "status"], registry=r)
         self.decision_seconds = Histogram("kvroute_router_decision_seconds",
@@ -86,23 +87,41 @@ class RouterMetrics:
                                 "Requests the router answered itself with an error, by HTTP status.", ["status"],
                                 registry=r)
 
+    def bound(self, metric, *labels):
+        """metric.labels(*labels), looked up once: the hot path pays a dict lookup, not the
+        client library's validation and lock."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def forget_instance(self, instance: str) -> None:
+        """An instance left: drop its series and the children bound for it."""
+        for gauge in (self.healthy, self.mismatch, self.inflight):
+            try:
+                gauge.remove(instance)
+            except KeyError:
+                pass
+        self._children = {k: v for k, v in self._children.items() if instance not in k[1]}
+
     def observe_first_token(self, model: str, instance: str, seconds: float) -> None:
-        self.time_to_first_token.labels(model, instance).observe(seconds)
+        self.bound(self.time_to_first_token, model, instance).observe(seconds)
 
     def observe_finished(self, model: str, instance: str, duration_s: float, usage: Usage | None,
                          first_token_s: float | None = None, end_s: float | None = None) -> None:
         """One request relayed to its end. `first_token_s` and `end_s` (monotonic times of the first
         and last byte) give its TPOT when the engine reported more than one completion token."""
-        self.request_duration.labels(model, instance).observe(duration_s)
+        self.bound(self.request_duration, model, instance).observe(duration_s)
         if usage is None:
             return
-        self.output_tokens.labels(model, instance).inc(usage.completion_tokens)
+        self.bound(self.output_tokens, model, instance).inc(usage.completion_tokens)
         if usage.cached_tokens is not None:
-            self.usage_prompt_tokens.labels(model, instance).inc(usage.prompt_tokens)
-            self.actual_cached_tokens.labels(model, instance).inc(usage.cached_tokens)
+            self.bound(self.usage_prompt_tokens, model, instance).inc(usage.prompt_tokens)
+            self.bound(self.actual_cached_tokens, model, instance).inc(usage.cached_tokens)
         if first_token_s is not None and end_s is not None and usage.completion_tokens > 1:
             tpot = (end_s - first_token_s) / (usage.completion_tokens - 1)
-            self.time_per_output_token.labels(model, instance).observe(max(0.0, tpot))
+            self.bound(self.time_per_output_token, model, instance).observe(max(0.0, tpot))
 
     def observe_rejected(self, status: int) -> None:
         self.rejected.labels(str(status)).inc()

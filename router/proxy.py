@@ -48,7 +48,7 @@ class Dispatch:
         self.ended = False
         self.inst.inflight += 1
         self.inst.queued_prefill_tokens += self.uncached
-        router.metrics.inflight.labels(self.inst.id).set(self.inst.inflight)
+        router.metrics.bound(router.metrics.inflight, self.inst.id).set(self.inst.inflight)
 
     def first_byte(self, is_ttft: bool = True) -> None:
         """The prefill is done. `is_ttft=False` for whole (non-streamed) bodies, whose arrival
@@ -70,8 +70,8 @@ class Dispatch:
             self.inst.queued_prefill_tokens -= self.uncached
         self.inst.inflight -= 1
         m = self.router.metrics
-        m.inflight.labels(self.inst.id).set(self.inst.inflight)
-        m.requests.labels(self.inst.id, self.router.policy_name, status).inc()
+        m.bound(m.inflight, self.inst.id).set(self.inst.inflight)
+        m.bound(m.requests, self.inst.id, self.router.policy_name, status).inc()
         self.router.policy.on_finished(self.prepared.route, self.inst.id)
 
 
@@ -138,6 +138,7 @@ class Proxy:
             if isinstance(result, web.StreamResponse):
                 return result
             dispatch.end("retried")
+            self.router.policy.on_failed(prepared.route, choice.instance.id)
             tried.append(choice.instance.id)
             last_error = result
         self.metrics.errors.labels("upstream").inc()

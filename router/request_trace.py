@@ -29,6 +29,7 @@ class RequestTrace:
     started: float = dataclasses.field(default_factory=time.perf_counter)
     max_tokens: int = -1  # as asked (-1: not given)
     predicted_cached: int = 0  # the router's prediction, when the engine reports no usage
+    decided: bool = False  # its routing decision time was recorded
     instance: str = ""  # where the tokens came from (the decode engine, disaggregated)
     first_token: float | None = None
     last_byte: float | None = None

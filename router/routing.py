@@ -137,7 +137,9 @@ class Router:
         chosen = next(i for i in candidates if i.id == decision.instance)
         if record:
             self.policy.on_routed(prepared.route, chosen.id)
-            self.metrics.decision_seconds.observe(time.perf_counter() - prepared.started)
+            if not prepared.trace.decided:  # once per request, not per retry
+                prepared.trace.decided = True
+                self.metrics.decision_seconds.observe(time.perf_counter() - prepared.started)
         return Choice(chosen, decision, matches, candidates, prepared_tokens=prepared.num_tokens)
 
     async def _lookup(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
@@ -176,7 +178,7 @@ class Router:
             "blocks": len(prepared.route.block_hashes),
             "block_size": prepared.route.block_size,
             "choice": choice.instance.id,
-            "reason": choice.decision.reason,
+            "reason": choice.decision.explained(),
             "predicted_cached_tokens": choice.cached_tokens,
             "instances": rows,
         }

@@ -108,9 +108,9 @@ def test_a_prefix_whose_holder_stays_loaded_is_copied_on_purpose():
     clock = FakeClock()
     p = make_policy("kv_aware", rng=random.Random(0), clock=clock)
     decisions = stream(p, clock, holder_running=10, others_running=5, seconds=10)
-    copies = [k for k, d in enumerate(decisions) if "replicated a hot prefix" in d.reason]
+    copies = [k for k, d in enumerate(decisions) if "replicated a hot prefix" in d.explained()]
     assert copies and copies[0] > 20  # not at once: the wait must last, then it repays the copy
-    assert all("guard" not in d.reason for d in decisions)  # 10 inflight is not 2x the others' 5
+    assert all("guard" not in d.explained() for d in decisions)  # 10 inflight is not 2x the others' 5
     first = decisions[copies[0]]
     assert first.instance != "a" and min(first.costs, key=first.costs.get) == "a"  # cost alone would stay
     assert decisions[copies[0] + 1].instance == first.instance  # the copy is credited at once (pending blocks)
@@ -128,9 +128,9 @@ def test_no_copy_without_load_or_for_a_burst():
         r = req(prefix + chain(0, 0, k, 1), request_id=f"b{k}")
         d = p.select(r, cands, {"a": PrefixMatch({"device": 64})})
         p.on_routed(r, d.instance)
-        assert "replicated" not in d.reason
+        assert "replicated" not in d.explained()
     off = make_policy("kv_aware", rng=random.Random(0), clock=FakeClock(), replicate_weight=0)
-    assert all("replicated" not in d.reason for d in stream(off, off.clock, 10, 5, seconds=10))
+    assert all("replicated" not in d.explained() for d in stream(off, off.clock, 10, 5, seconds=10))
 
 
 def test_a_near_tie_never_turns_a_hit_into_a_copy():

@@ -163,19 +163,19 @@ def test_prefix_hash_bounded_load_under_a_flood():
     for n in range(100):
         d = p.select(req(chain(9, 6, n, 1)), cands, {})
         if n == 0:
-            assert d.instance == owner and "ring owner of the prefix" in d.reason
+            assert d.instance == owner and "ring owner of the prefix" in d.explained()
         cands = bump(cands, d)
     loads = {c.id: c.inflight for c in cands}
     assert max(loads.values()) <= math.ceil(1.25 * 100 / 8)
     assert loads[owner] == max(loads.values())
-    assert "walked on to" in d.reason
+    assert "walked on to" in d.explained()
 
 
 def test_prefix_hash_without_a_full_block_goes_to_least_load():
     p = make_policy("prefix_hash", rng=random.Random(0))
     cands = [InstanceState("a", inflight=4), InstanceState("b", inflight=0), InstanceState("c", inflight=2)]
     d = p.select(RouteRequest(7, (), BS), cands, {})
-    assert d.instance == "b" and "least load" in d.reason
+    assert d.instance == "b" and "least load" in d.explained()
 
 
 # kv_aware
@@ -236,7 +236,7 @@ def test_kv_aware_hot_spot_guard_spills_and_spill_target_gets_pending_hits():
     first = req(prefix + chain(0, 0, 1, 1))
     d = p.select(first, hot_fleet(), m)
     assert min(d.costs, key=d.costs.get) == "a"
-    assert d.instance == "b" and "hot-spot guard" in d.reason
+    assert d.instance == "b" and "hot-spot guard" in d.explained()
     p.on_routed(first, d.instance)
     sibling = req(prefix + chain(0, 0, 2, 1))
     d2 = p.select(sibling, hot_fleet(), m)
@@ -248,9 +248,9 @@ def test_kv_aware_guard_quiet_when_not_hot_or_spill_too_costly():
     m = {"a": PrefixMatch({"device": 64})}
     cool = [InstanceState("a", inflight=3, running=3), InstanceState("b"), InstanceState("c")]
     d = kv().select(req(chain(7, 64)), cool, m)
-    assert d.instance == "a" and "guard" not in d.reason
+    assert d.instance == "a" and "guard" not in d.explained()
     d = kv(hot_tolerance_s=0.05).select(req(chain(7, 64)), hot_fleet(), m)
-    assert d.instance == "a" and "guard" not in d.reason
+    assert d.instance == "a" and "guard" not in d.explained()
 
 
 def test_kv_aware_pending_blocks_keep_a_burst_together():
@@ -266,7 +266,7 @@ def test_kv_aware_pending_blocks_keep_a_burst_together():
     assert len(set(chosen)) == 1
     d = p.select(req(prefix + chain(0, 0, 9, 2)), cands, {})
     assert min(d.costs, key=d.costs.get) == chosen[0]  # still the cheapest, through pending blocks
-    assert d.instance != chosen[0] and "hot-spot guard" in d.reason
+    assert d.instance != chosen[0] and "hot-spot guard" in d.explained()
 
     clock.now += 10  # pending expired: nothing ties siblings together any more
     p2 = make_policy("kv_aware", rng=random.Random(1), clock=clock, pending_ttl_s=0.001)
@@ -317,7 +317,7 @@ def test_kv_aware_select_64_candidates_512_blocks():
         p.on_routed(req(blocks[: 64 * (k + 1)]), f"e{k}")
     d = p.select(req(blocks), cands, m)
     assert len(d.costs) == 64 and d.instance in d.costs
-    assert d.costs[d.instance] == min(d.costs.values()) or "guard" in d.reason
+    assert d.costs[d.instance] == min(d.costs.values()) or "guard" in d.explained()
 
 
 # approx_kv
@@ -406,3 +406,16 @@ def test_kv_aware_near_ties_go_to_the_least_recently_loaded():
         p.on_routed(r, d.instance)
         seen.append(d.instance)
     assert sorted(seen) == ["a", "a", "b", "b", "c", "c"]
+
+
+def test_a_failed_attempt_withdraws_its_pending_credit():
+    p = kv(tie_tolerance=0.0)
+    cands = insts("a", "b")
+    r = req(chain(7, 20), request_id="r1")
+    first = route(p, r, cands)
+    p.on_failed(r, first.instance)  # the engine never took it: no blocks are coming there
+    again = req(chain(7, 20), request_id="r2")
+    assert p.credits(again, cands, {}).get(first.instance, 0.0) == 0.0
+    other = req(chain(8, 20), request_id="r3")
+    routed = route(p, other, cands)
+    assert p.credits(req(chain(8, 20), request_id="r4"), cands, {}).get(routed.instance, 0.0) == 20.0

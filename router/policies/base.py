@@ -59,6 +59,11 @@ class Decision:
     reason: str = ""
     uncached_tokens: int | None = None  # predicted prompt tokens to prefill on `instance`; None: not predicted
     terms: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # per candidate, COST_TERMS
+    # The reason, formatted only when asked (/router/explain): routing itself never builds the text.
+    reason_fn: Callable[[], str] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def explained(self) -> str:
+        return self.reason or (self.reason_fn() if self.reason_fn is not None else "")
 
 
 class Policy(Protocol):
@@ -79,6 +84,8 @@ class Policy(Protocol):
 
     def on_finished(self, request: RouteRequest, instance: str) -> None: ...
 
+    def on_failed(self, request: RouteRequest, instance: str) -> None: ...
+
 
 class PolicyBase:
     """Default no-op hooks and the `rng` / `clock` injections; policies implement `select`."""
@@ -98,3 +105,6 @@ class PolicyBase:
 
     def on_finished(self, request: RouteRequest, instance: str) -> None:
         pass
+
+    def on_failed(self, request: RouteRequest, instance: str) -> None:
+        """The attempt on `instance` failed before the engine took the request (it is retried)."""

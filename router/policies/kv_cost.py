@@ -145,23 +145,24 @@ class KvCostPolicy(PolicyBase):
         credits = self.credits(request, candidates, matches)
         costs, terms = self.score(request, candidates, credits, now)
         chosen = self._cheapest(candidates, costs, credits, now)
-        reason = f"lowest cost {costs[chosen.id]:.4f} s ({credits.get(chosen.id, 0.0):g} cached blocks credited)"
+        why = lambda c=chosen: f"lowest cost {costs[c.id]:.4f} s ({credits.get(c.id, 0.0):g} cached blocks credited)"  # noqa: E731
         copy = None
         if cfg.replicate_weight and credits:
             waits = {i: t[0] for i, t in terms.items()}
             copy = consider(request, candidates, credits, costs, waits, chosen, self.demand, now, cfg.replicate_weight)
             if copy is not None and copy.target is not None:
-                chosen, reason = copy.target, copy.reason
+                chosen, why = copy.target, lambda reason=copy.reason: reason
         spill = spill_target(chosen, candidates, costs, cfg.hot_factor, cfg.hot_min_inflight, cfg.hot_tolerance_s,
                              self.rng)
         if spill is not None:
-            reason = (f"hot-spot guard: {chosen.id} has {chosen.inflight} inflight > {cfg.hot_factor:g} x others' "
-                      f"mean {others_mean(chosen, candidates):.2f}; spilled to {spill.id} "
-                      f"(cost +{costs[spill.id] - costs[chosen.id]:.4f} s)")
+            why = lambda hot=chosen, spill=spill: (  # noqa: E731
+                f"hot-spot guard: {hot.id} has {hot.inflight} inflight > {cfg.hot_factor:g} x others' "
+                f"mean {others_mean(hot, candidates):.2f}; spilled to {spill.id} "
+                f"(cost +{costs[spill.id] - costs[hot.id]:.4f} s)")
             chosen = spill
         self._last = (request, candidates, copy)
         uncached = round(max(request.num_tokens - credits.get(chosen.id, 0.0) * request.block_size, 0.0))
-        return Decision(chosen.id, costs=costs, reason=reason, uncached_tokens=uncached, terms=terms)
+        return Decision(chosen.id, costs=costs, uncached_tokens=uncached, terms=terms, reason_fn=why)
 
     def _cheapest(self, candidates: Sequence[InstanceState], costs: Mapping[str, float],
                   credits: Mapping[str, float], now: float) -> InstanceState:
@@ -197,6 +198,11 @@ class KvCostPolicy(PolicyBase):
         self._dispatched[request.request_id] = queued
         if len(self._dispatched) > _MAX_DISPATCHED:
             self._dispatched.popitem(last=False)
+
+    def on_failed(self, request: RouteRequest, instance: str) -> None:
+        """The blocks credited as pending there will not come: withdraw them."""
+        if request.block_hashes:
+            self.recent.withdraw(instance, request.block_hashes)
 
     def on_first_token(self, request: RouteRequest, instance: str, ttft_s: float, uncached_tokens: int) -> None:
         queued = self._dispatched.pop(request.request_id, 0) if request.request_id else 0

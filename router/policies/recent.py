@@ -78,6 +78,14 @@ class RecentBlocks:
             out[inst] = lo
         return out
 
+    def withdraw(self, instance: str, blocks: Sequence[int]) -> None:
+        """`blocks` will not reach `instance` after all (the attempt failed): no pending credit."""
+        table = self._table
+        for h in blocks:
+            entry = table.get(h)
+            if entry is not None and entry.pop(instance, None) is not None and not entry:
+                del table[h]
+
     def forget(self, instance: str) -> None:
         """Drop everything recorded for `instance` (O(table); for rare events like a restart)."""
         table = self._table
