@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "and `kvroute planner` use for engines' /admin/* (default: $KVROUTE_ADMIN_KEY)")
     p.add_argument("--max-inflight", type=int, default=d["max_inflight"].default,
                    help="per instance; beyond it requests get 429 (0 = unlimited)")
+    p.add_argument("--fast-candidates", type=int, default=d["fast_candidates"].default,
+                   help="K > 0: a decision scores the first block's holders, recent senders of it and the K least "
+                        "loaded instances only (0: every instance)")
+    p.add_argument("--recent-ttl-s", type=float, default=d["recent_ttl_s"].default,
+                   help="with --fast-candidates: how long an instance sent a prefix stays its candidate")
     p.add_argument("--max-retries", type=int, default=d["max_retries"].default,
                    help="retries on another instance before the first byte")
     p.add_argument("--health-interval-s", type=float, default=d["health_interval_s"].default,

@@ -15,6 +15,7 @@ from router.index.base import BlockIndex, IndexUnavailable
 from router.instance import EngineInfo, Instance
 from router.kinds import assign_kinds, discover_info, poll_load
 from router.fleet_shape import FleetShape
+from router.groups import Group, Groups
 from router.limits import Limits
 from router.metrics import RouterMetrics
 from router.protocol import LoadRecord
@@ -41,6 +42,7 @@ class Cluster:
         assign_kinds(self.instances, config)
         self.session: aiohttp.ClientSession | None = None
         self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
+        self.groups = Groups(self.instances)  # routable instances by (model, roles), without per-request scans
 
     # -- views ----------------------------------------------------------------------
 
@@ -61,6 +63,7 @@ class Cluster:
             return inst, False
         inst = Instance(url, source)
         self.instances.append(inst)
+        Instance.generation += 1
         log.info("engine %s added (%s)", inst.url, source)
         return inst, True
 
@@ -74,6 +77,7 @@ class Cluster:
         if inst in self.instances:
             self.instances.remove(inst)
         inst.removed = True
+        Instance.generation += 1
         log.warning("engine %s (%s) removed from the fleet", inst.id, inst.url)
         self.metrics.forget_instance(inst.id)
         self.check_compatibility()
@@ -88,8 +92,10 @@ class Cluster:
 
     def routable(self, model: str | None, roles: Sequence[str] | None = None) -> list[Instance]:
         """Healthy instances (of `model` and `roles`, if given) that take new requests."""
-        return [i for i in self.instances if i.routable and (model is None or i.info.model == model)
-                and (roles is None or i.info.role in roles)]
+        return self.groups.get(model, roles).members
+
+    def group(self, model: str | None, roles: Sequence[str] | None = None) -> Group:
+        return self.groups.get(model, roles)
 
     def colocated_roles(self, model: str) -> tuple[str, ...] | None:
         """Roles that serve whole requests: "both" engines when there are any, else every engine."""

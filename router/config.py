@@ -21,6 +21,10 @@ class RouterConfig:
     api_key: str | None = None
     admin_key: str | None = None
     max_inflight: int = 0  # per instance; 0 = unlimited
+    # Candidates per decision (router/candidates.py): index holders of the first block, recent
+    # senders of it (for recent_ttl_s) and the K least loaded; 0 = every routable instance.
+    fast_candidates: int = 16
+    recent_ttl_s: float = 2.0
     max_retries: int = 2
     health_interval_s: float = 2.0
     eject_after: int = 3
@@ -76,6 +80,8 @@ class RouterConfig:
             raise ValueError("--index redis and --events redis need --redis URL")
         if self.pd_min_uncached < 0:
             raise ValueError("--pd-min-uncached must be >= 0")
+        if self.fast_candidates < 0 or self.recent_ttl_s <= 0:
+            raise ValueError("--fast-candidates must be >= 0 and --recent-ttl-s positive")
         if self.max_inflight < 0 or self.max_retries < 0:
             raise ValueError("--max-inflight and --max-retries must be >= 0")
         if min(self.health_interval_s, self.load_interval_s, self.events_timeout_s, self.connect_timeout_s,

@@ -33,8 +33,18 @@ class EngineInfo:
             raise ValueError(f"malformed /kv/info: {e}") from None
 
 
+_ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed"})
+_UNSET = object()
+
+
 class Instance:
+    # Bumped whenever anything that decides routability changes on any instance (health,
+    # reachability, draining, its info: role, model), so router/groups.py knows when to rebuild.
+    generation = 0
+
     def __init__(self, url: str, source: str = "static") -> None:
+        self.groups: list = []  # the router/groups.py groups it is in (in-flight counts follow it)
+        self._inflight = 0
         self.url = url.rstrip("/")
         self.sources = {source}  # "static" (--engine), "registry", "admin": removed when none is left
         self.draining = False  # the engine said so (/load, /health, registry): no new requests
@@ -49,7 +59,6 @@ class Instance:
         self.successes = 0
         self.down_since: float | None = None
         self.mismatch: list[str] = []
-        self.inflight = 0
         self.queued_prefill_tokens = 0
         self.load: LoadRecord | None = None
         self.epoch: int | None = None
@@ -63,6 +72,21 @@ class Instance:
         self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
         self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _ROUTING_FIELDS and self.__dict__.get(name, _UNSET) != value:
+            Instance.generation += 1
+        object.__setattr__(self, name, value)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._inflight = value
+        for group in self.groups:
+            group.load.set(self, value)
 
     @property
     def follows_engine_feed(self) -> bool:

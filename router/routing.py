@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Mapping, Sequence
 
+from router.candidates import RecentSenders, pick
 from router.cluster import Cluster
 from router.errors import BadRequest, NotFound, Overloaded, Unavailable
 from router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
@@ -72,6 +73,7 @@ class Router:
         self.metrics = metrics
         self.pool = pool or TokenizePool()
         self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
+        self.recent_senders = RecentSenders(cluster.config.recent_ttl_s) if cluster.config.fast_candidates else None
 
     def resolve_model(self, requested: str | None) -> str:
         models = self.cluster.models()
@@ -121,26 +123,47 @@ class Router:
 
     async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
                      roles: Sequence[str] | None = None) -> Choice:
-        """Pick among routable instances (of `roles`, if given) not in `exclude`."""
-        candidates = [i for i in self.cluster.routable(prepared.model, roles) if i.id not in exclude]
-        if not candidates:
+        """Pick among routable instances (of `roles`, if given) not in `exclude`.
+
+        With `fast_candidates` K > 0 (and an index policy) the policy sees only the index holders
+        of the prompt's first block, this router's recent senders of it and the K least loaded
+        (router/candidates.py): the work follows the request, not the fleet. `record=False`
+        (POST /router/explain) always shows every instance."""
+        group = self.cluster.group(prepared.model, roles)
+        if not group.members:
             what = f" in role {'/'.join(roles)}" if roles else ""
             raise Unavailable(f"no healthy instance{what} serves {prepared.model!r}")
+        matches = await self._lookup(prepared) if self.policy.uses_index else {}
         limit = self.cluster.config.max_inflight
-        if limit:
-            candidates = [i for i in candidates if i.inflight < limit]
-            if not candidates:
+        candidates = self._candidates(group, prepared, matches, record)
+        if exclude or limit:
+            usable = lambda i: i.id not in exclude and (not limit or i.inflight < limit)  # noqa: E731
+            candidates = [i for i in candidates if usable(i)] or [i for i in group.members if usable(i)]
+        if not candidates:
+            if limit and not exclude:
                 self.metrics.errors.labels("overloaded").inc()
                 raise Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
-        matches = await self._lookup(prepared) if self.policy.uses_index else {}
+            raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already")
         decision = self.policy.select(prepared.route, [i.state() for i in candidates], matches)
-        chosen = next(i for i in candidates if i.id == decision.instance)
+        chosen = group.by_id[decision.instance]
         if record:
             self.policy.on_routed(prepared.route, chosen.id)
+            hashes = prepared.route.block_hashes
+            if self.recent_senders is not None and hashes:
+                self.recent_senders.record(hashes[0], chosen.id, time.monotonic())
             if not prepared.trace.decided:  # once per request, not per retry
                 prepared.trace.decided = True
                 self.metrics.decision_seconds.observe(time.perf_counter() - prepared.started)
         return Choice(chosen, decision, matches, candidates, prepared_tokens=prepared.num_tokens)
+
+    def _candidates(self, group, prepared: Prepared, matches: Mapping[str, PrefixMatch], record: bool) -> list:
+        k, members = self.cluster.config.fast_candidates, group.members
+        if not k or not record or not self.policy.uses_index or len(members) <= k:
+            return members
+        by_id, hashes = group.by_id, prepared.route.block_hashes
+        recent = self.recent_senders.match(hashes[0], time.monotonic()) if hashes else ()
+        return pick((by_id[i] for i in matches if i in by_id), (by_id[i] for i in recent if i in by_id),
+                    group.load, k)
 
     async def _lookup(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
         if not prepared.route.block_hashes:

@@ -284,3 +284,15 @@ async def test_router_metrics_follow_what_engines_report(start_engine, start_rou
     assert stats["ttft_s"]["p50"] is not None and stats["tpot_s"]["p50"] is not None
     async with http.get(url + "/router/stats", params={"window": "-1"}) as r:
         assert r.status == 400
+
+
+async def test_fast_candidates_keep_holders_and_the_least_loaded(start_engine, start_router, http):
+    url, server, _ = await cluster(start_engine, start_router, n=4, fast_candidates=1)
+    for q in range(3):  # one group: it sticks to its holder although only 1 least-loaded extra is scored
+        status, inst, body = await complete(http, url, prompt(50, q))
+        assert status == 200
+        if q == 0:
+            holder = inst
+        assert inst == holder
+    group = server.app[CLUSTER].group("kvroute-tiny")
+    assert len(group.members) == 4 and {i.inflight for i in group.members} == {0}

@@ -12,50 +12,21 @@ frozen `InstanceState` of the dirty instances only, in a list that is kept (and
 handed to the policy) instead of rebuilt: O(changed instances) per decision, not
 O(instances).
 
-Fast path (`fast_k > 0`, policies that use the index only): instead of every
-instance, the policy sees the instances the index says hold the prompt's first
-block, those this router sent a request with the same first block within
-`recent_ttl_s` (their blocks may not be reported yet; kv_aware credits them as
-pending), and the `fast_k` instances with the fewest requests in flight (the
-best cold choices: Dynamo-style). Instances are bucketed by inflight, each
-bucket in order of arrival there, so the K least loaded cost O(K + levels
-skipped), not a sort. A policy's view of "the others" shrinks with it: kv_aware's
-hot-spot guard compares against the mean inflight of these candidates only.
+Fast path (`fast_k > 0`, policies that use the index only): the router's own
+candidate choice (router/candidates.py `pick`): index holders of the prompt's first
+block, recent senders of it, and the `fast_k` least loaded. A policy's view of "the
+others" shrinks with it: kv_aware's hot-spot guard compares against the mean inflight
+of these candidates only.
 """
 
 from __future__ import annotations
 
-import collections
 from typing import Iterable, Mapping
 
+from router.candidates import LeastLoaded, RecentSenders, pick
 from router.index.base import PrefixMatch
 from router.policies.base import InstanceState
 from router.protocol import LoadRecord
-
-
-class RecentSenders:
-    """First block -> {instance index: expiry}, for `ttl_s`; expired entries purged in send order."""
-
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
-        self._table: dict[int, dict[int, float]] = {}
-        self._order: collections.deque[tuple[float, int, int]] = collections.deque()
-
-    def record(self, first_block: int, i: int, now: float) -> None:
-        expiry = now + self.ttl_s
-        self._table.setdefault(first_block, {})[i] = expiry
-        self._order.append((expiry, first_block, i))
-
-    def match(self, first_block: int, now: float) -> Iterable[int]:
-        order, table = self._order, self._table
-        while order and order[0][0] <= now:
-            expiry, block, i = order.popleft()
-            entry = table.get(block)
-            if entry is not None and entry.get(i) == expiry:  # not renewed since
-                del entry[i]
-                if not entry:
-                    del table[block]
-        return table.get(first_block, ())
 
 
 class LoadView:
@@ -69,8 +40,7 @@ class LoadView:
         self.states = [InstanceState(inst) for inst in ids]
         self._dirty: dict[int, None] = {}
         self.fast_k = fast_k
-        self._buckets: list[dict[int, None]] = [dict.fromkeys(range(n))]  # inflight level -> instances
-        self._low = 0  # no instance has fewer requests in flight than this
+        self.load_levels = LeastLoaded(range(n))  # by requests in flight
         self.recent = RecentSenders(recent_ttl_s) if fast_k else None
 
     # -- changes ----------------------------------------------------------------------
@@ -95,14 +65,8 @@ class LoadView:
         self._dirty[i] = None
 
     def _move(self, i: int, level: int) -> None:
-        buckets = self._buckets
-        del buckets[self.inflight[i]][i]
-        if level == len(buckets):
-            buckets.append({})
-        buckets[level][i] = None
         self.inflight[i] = level
-        if level < self._low:
-            self._low = level
+        self.load_levels.set(i, level)
 
     # -- candidates -----------------------------------------------------------------
 
@@ -122,24 +86,8 @@ class LoadView:
         """Index holders + recent senders of this first block + the fast_k least loaded."""
         self.flush()
         states, position = self.states, self.position
-        chosen: dict[int, None] = {position[inst]: None for inst in matches}
-        if first_block is not None:
-            chosen.update(dict.fromkeys(self.recent.match(first_block, now)))
-        chosen.update((i, None) for i in self.least_loaded(self.fast_k, skip=chosen))
-        return [states[i] for i in chosen]
+        recent = self.recent.match(first_block, now) if first_block is not None else ()
+        return [states[i] for i in pick((position[inst] for inst in matches), recent, self.load_levels, self.fast_k)]
 
     def least_loaded(self, k: int, skip: Mapping[int, None] | frozenset = frozenset()) -> Iterable[int]:
-        out: list[int] = []
-        buckets = self._buckets
-        level = self._low
-        while level < len(buckets) and not buckets[level]:
-            level += 1
-        self._low = level
-        while level < len(buckets) and len(out) < k:
-            for i in buckets[level]:
-                if i not in skip:
-                    out.append(i)
-                    if len(out) == k:
-                        break
-            level += 1
-        return out
+        return self.load_levels.least(k, skip)
