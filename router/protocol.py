@@ -21,8 +21,10 @@ takes the free ones first, then the first n - kv_free_blocks of those.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import struct
+import sys
 import time
 from typing import Iterable, Literal, Sequence
 
@@ -59,16 +61,30 @@ def block_hashes(
     n_full = len(tokens) // block_size
     if n_full == 0:
         return []
-    data = np.asarray(tokens[: n_full * block_size], dtype="<u4").tobytes()
+    data = _u32le(tokens[: n_full * block_size])
     step = block_size * 4
-    prev = _U64.pack(seed if parent is None else parent)
-    out = []
-    digest = xxhash.xxh3_64_intdigest
+    pack, digest = _U64.pack, xxhash.xxh3_64_intdigest
+    prev = pack(seed if parent is None else parent)
+    out = [0] * n_full
+    offset = 0
     for i in range(n_full):
-        h = digest(prev + data[i * step : (i + 1) * step])
-        out.append(h)
-        prev = _U64.pack(h)
+        h = digest(prev + data[offset : offset + step])
+        out[i] = h
+        prev = pack(h)
+        offset += step
     return out
+
+
+def _u32le(tokens) -> bytes:
+    """Token ids as little-endian uint32 bytes (array('I') is 3x faster than numpy from a list)."""
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype("<u4", copy=False).tobytes()
+    ids = array.array("I", tokens)
+    if ids.itemsize != 4:
+        return np.asarray(tokens, dtype="<u4").tobytes()
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return ids.tobytes()
 
 
 def _u64s(values) -> tuple[int, ...]:

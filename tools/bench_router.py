@@ -3,9 +3,10 @@
     python tools/bench_router.py decision --out decision.json
     python tools/bench_router.py latency --out latency.json [--requests 2000] [--concurrency 16]
 
-decision: tokenize + hash + index lookup + kv_aware scoring, in process, for ~1k and
-~8k-token text prompts with 4 and 64 instances that each hold part of the prompt's
-prefix, memory and Redis index (a real redis-server is started).
+decision: the router's own prepare (limits, tokenize, hash) and decide (index lookup, candidates,
+kv_aware scoring, on_routed), in process: 8k- and 32k-token chats whose system prompt was seen
+before, never-seen 8k-token completions (against the tokenizer alone), memory and Redis index at
+64 instances; token-id prompts at 64 and 1,024 instances.
 latency: 4 sim engines (near-zero model time) behind a router process; the same closed
 loop of short non-streamed completions sent to the router and straight to an engine;
 router added latency = the difference of the medians (and p99s); with and without uvloop.
@@ -48,53 +49,107 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def decision(args) -> dict:
+def make_router(tok, index, n_inst: int, max_model_len: int = 131072):
     from router.cluster import Cluster
     from router.config import RouterConfig
-    from router.index import make_index
     from router.instance import EngineInfo
     from router.metrics import RouterMetrics
     from router.policies import make_policy
-    from router.protocol import block_hashes, hash_seed
+    from router.protocol import hash_seed
     from router.routing import Router
-    from router.tokenizer import load_tokenizer
 
-    tok = load_tokenizer()
     model = "kvroute-tiny"
+    urls = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(n_inst))
+    cluster = Cluster(RouterConfig(engines=urls), index, tok.fingerprint, RouterMetrics())
+    for i, inst in enumerate(cluster.instances):
+        inst.info = EngineInfo(f"e{i}", model, 16, hash_seed(model), tok.fingerprint, max_model_len=max_model_len,
+                               vocab_size=tok.vocab_size)
+        inst.healthy = inst.reachable = True
+    cluster.check_compatibility()
+    return Router(cluster, make_policy("kv_aware"), tok, RouterMetrics(), "kv_aware")
+
+
+async def hold_prefixes(index, tok, n_inst: int, ids: list[int], holders: int) -> None:
+    """`holders` instances hold growing shares of the prompt's prefix; the rest hold nothing."""
+    from router.protocol import block_hashes, hash_seed
+
+    hashes = block_hashes(ids, 16, hash_seed("kvroute-tiny"))
+    for i in range(holders):
+        await index.add(f"e{i}", "device", hashes[: len(hashes) * (i + 1) // holders])
+
+
+async def time_decisions(router, bodies, kind: str) -> tuple[list[float], list[float]]:
+    """Per body: (prepare = limits + tokenize + hash, decide = lookup + candidates + score), seconds."""
+    prep, dec = [], []
+    for body in bodies:
+        t0 = time.perf_counter()
+        prepared = await router.prepare(body, kind)
+        t1 = time.perf_counter()
+        choice = await router.decide(prepared, record=True)
+        dec.append(time.perf_counter() - t1)
+        prep.append(t1 - t0)
+        router.policy.on_finished(prepared.route, choice.instance.id)
+    return prep, dec
+
+
+def scenario(name, index_name, n_inst, tokens, prep, dec, alone=None) -> dict:
+    total = [a + b for a, b in zip(prep, dec)]
+    row = {"scenario": name, "index": index_name, "instances": n_inst, "prompt_tokens": tokens,
+           "median_ms": statistics.median(total) * 1e3, "p99_ms": pct(total, 0.99) * 1e3,
+           "prepare_median_ms": statistics.median(prep) * 1e3, "decide_median_ms": statistics.median(dec) * 1e3}
+    if alone is not None:
+        row["tokenizer_alone_median_ms"] = statistics.median(alone) * 1e3
+    print(f"{name:<34} {index_name:<6} {n_inst:>5} inst {tokens:>6} tok: median {row['median_ms']:.3f} ms "
+          f"(prepare {row['prepare_median_ms']:.3f} + decide {row['decide_median_ms']:.3f}), "
+          f"p99 {row['p99_ms']:.3f}" + (f", tokenizer alone {row['tokenizer_alone_median_ms']:.3f} ms"
+                                         if alone else ""), flush=True)
+    return row
+
+
+async def decision(args) -> dict:
+    from router.index import make_index
+    from router.tokenizer import DATA_DIR, load_tokenizer
+
     redis = RedisServer()
     rows = []
     try:
         for index_name in ("memory", "redis"):
-            for n_inst in (4, 64):
-                for n_tokens in (1024, 8192):
-                    index = make_index(index_name, url=redis.url)
-                    urls = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(n_inst))
-                    config = RouterConfig(engines=urls)
-                    cluster = Cluster(config, index, tok.fingerprint, RouterMetrics())
-                    for i, inst in enumerate(cluster.instances):
-                        inst.info = EngineInfo(f"e{i}", model, 16, hash_seed(model), tok.fingerprint)
-                        inst.healthy = inst.reachable = True
-                    cluster.check_compatibility()
-                    text = text_of(n_tokens, tok)
-                    hashes = block_hashes(tok.encode(text), 16, hash_seed(model))
-                    for i in range(n_inst):  # instance i holds a prefix of (i+1)/n of the prompt
-                        await index.add(f"e{i}", "device", hashes[: len(hashes) * (i + 1) // n_inst])
-                    router = Router(cluster, make_policy("kv_aware"), tok, RouterMetrics(), "kv_aware")
-                    times = []
-                    for _ in range(args.reps):
-                        t0 = time.perf_counter()
-                        prepared = await router.prepare({"prompt": text, "max_tokens": 1}, "completion")
-                        choice = await router.decide(prepared, record=False)
-                        times.append(time.perf_counter() - t0)
-                    assert choice.instance.id == f"e{n_inst - 1}"
-                    rows.append({"index": index_name, "instances": n_inst, "prompt_tokens": prepared.num_tokens,
-                                 "blocks": len(hashes), "median_ms": statistics.median(times) * 1e3,
-                                 "p99_ms": pct(times, 0.99) * 1e3})
-                    print(f"{index_name:<7} {n_inst:>3} instances {prepared.num_tokens:>5} tokens: "
-                          f"median {rows[-1]['median_ms']:.2f} ms  p99 {rows[-1]['p99_ms']:.2f} ms", flush=True)
-                    for i in range(n_inst):
-                        await index.clear(f"e{i}")
-                    await index.close()
+            for n_tokens in (8192, 32768):  # a chat whose long system prompt was seen before
+                tok = load_tokenizer(DATA_DIR)  # fresh cache
+                index = make_index(index_name, url=redis.url)
+                router = make_router(tok, index, 64)
+                system = {"role": "system", "content": text_of(n_tokens, tok)}
+                first = [system, {"role": "user", "content": "question 0"}]
+                await hold_prefixes(index, tok, 64, tok.encode_chat(first), 8)
+                await router.prepare({"messages": first, "max_tokens": 1}, "chat")  # the system prompt is seen
+                bodies = [{"messages": [system, {"role": "user", "content": f"question {i} about caches"}],
+                           "max_tokens": 1} for i in range(args.reps)]
+                prep, dec = await time_decisions(router, bodies, "chat")
+                rows.append(scenario("chat, system prompt seen before", index_name, 64,
+                                     len(tok.encode_chat(bodies[0]["messages"])), prep, dec))
+                await index.close()
+            tok = load_tokenizer(DATA_DIR)
+            index = make_index(index_name, url=redis.url)
+            router = make_router(tok, index, 64)
+            texts = [f"fresh prompt {i}: " + text_of(8192, tok) for i in range(args.reps)]
+            alone = []
+            for t in texts:
+                t0 = time.perf_counter()
+                tok.backend.encode(t)
+                alone.append(time.perf_counter() - t0)
+            prep, dec = await time_decisions(router, [{"prompt": t, "max_tokens": 1} for t in texts], "completion")
+            rows.append(scenario("completion, never seen", index_name, 64, len(tok.encode(texts[0])), prep, dec,
+                                 alone))
+            await index.close()
+        for n_inst in (64, 1024):  # a 1k-token prompt, holders among many instances (memory index)
+            tok = load_tokenizer(DATA_DIR)
+            index = make_index("memory")
+            router = make_router(tok, index, n_inst)
+            base = text_of(1024, tok)
+            await hold_prefixes(index, tok, n_inst, tok.encode(base), 8)
+            bodies = [{"prompt": [*tok.encode(base), 5 + i % 50, 6, 7], "max_tokens": 1} for i in range(args.reps)]
+            prep, dec = await time_decisions(router, bodies, "completion")
+            rows.append(scenario("token ids, 8 holders", "memory", n_inst, len(bodies[0]["prompt"]), prep, dec))
     finally:
         redis.stop()
     return {"decision": rows}
