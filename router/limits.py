@@ -73,9 +73,18 @@ def check_prompt_chars(req: CompletionRequest, limits: Limits) -> int:
     return chars
 
 
-def check_token_ids(ids: Sequence[int], limits: Limits) -> None:
-    if len(ids) >= limits.max_model_len:
-        raise ContextTooLong(f"prompt has {len(ids)} tokens; this model's context is {limits.max_model_len} tokens",
+def check_token_count(n: int, limits: Limits) -> None:
+    if n >= limits.max_model_len:
+        raise ContextTooLong(f"prompt has {n} tokens; this model's context is {limits.max_model_len} tokens",
                              param="prompt")
+
+
+def check_vocabulary(ids: Sequence[int], limits: Limits) -> None:
+    """A client's token ids must be in the model's vocabulary."""
     if limits.vocab_size and ids and max(ids) >= limits.vocab_size:
         raise BadRequest(f"token id {max(ids)} is out of the vocabulary (size {limits.vocab_size})", param="prompt")
+
+
+def check_token_ids(ids: Sequence[int], limits: Limits) -> None:
+    check_token_count(len(ids), limits)
+    check_vocabulary(ids, limits)

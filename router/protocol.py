@@ -61,8 +61,13 @@ def block_hashes(
     n_full = len(tokens) // block_size
     if n_full == 0:
         return []
-    data = _u32le(tokens[: n_full * block_size])
+    return block_hashes_of_bytes(u32le(tokens[: n_full * block_size]), block_size, seed, parent)
+
+
+def block_hashes_of_bytes(data: bytes, block_size: int, seed: int, parent: int | None = None) -> list[int]:
+    """`block_hashes` of token ids already encoded as little-endian uint32 bytes."""
     step = block_size * 4
+    n_full = len(data) // step
     pack, digest = _U64.pack, xxhash.xxh3_64_intdigest
     prev = pack(seed if parent is None else parent)
     out = [0] * n_full
@@ -75,7 +80,7 @@ def block_hashes(
     return out
 
 
-def _u32le(tokens) -> bytes:
+def u32le(tokens) -> bytes:
     """Token ids as little-endian uint32 bytes (array('I') is 3x faster than numpy from a list)."""
     if isinstance(tokens, np.ndarray):
         return tokens.astype("<u4", copy=False).tobytes()

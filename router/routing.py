@@ -18,11 +18,13 @@ from router.cluster import Cluster
 from router.errors import BadRequest, NotFound, Overloaded, Unavailable
 from router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
 from router.instance import Instance
-from router.limits import check_prompt_chars, check_token_ids
+from router.encoding import Encoding
+from router.limits import check_prompt_chars, check_token_count, check_vocabulary
 from router.metrics import RouterMetrics
 from router.openai_request import CompletionRequest, parse_request
 from router.policies.base import COST_TERMS, Decision, Policy, RouteRequest
-from router.protocol import block_hashes, hash_seed
+from router.prefix_hashes import PrefixHashes
+from router.protocol import hash_seed
 from router.request_trace import RecentRequests, RequestTrace
 from router.tokenize_pool import TokenizePool
 from router.tokenizer import Tokenizer
@@ -72,6 +74,7 @@ class Router:
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.pool = pool or TokenizePool()
+        self.hashes = PrefixHashes()  # block hashes of cached prompt prefixes, reused
         self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
         self.recent_senders = RecentSenders(cluster.config.recent_ttl_s) if cluster.config.fast_candidates else None
 
@@ -87,17 +90,20 @@ class Router:
         return models[0]
 
     async def prepare(self, body: dict, kind: str) -> Prepared:
-        """Validate, check limits, tokenize (off the loop when long), hash: in that order, so no
-        work is done for a request that a cheaper check can refuse."""
+        """Validate, check limits, tokenize (off the loop when much is left to encode), hash: in
+        that order, so no work is done for a request that a cheaper check can refuse."""
         started = time.perf_counter()
         req = parse_request(body, kind)
         model = self.resolve_model(req.model)
         limits = self.cluster.limits_for(model)
         chars = check_prompt_chars(req, limits)
-        ids = await self._tokenize(req, chars)
-        check_token_ids(ids, limits)
+        enc = await self._tokenize(req, chars)
+        ids = enc.ids
+        check_token_count(len(ids), limits)
+        if req.prompt_ids is not None:  # ids from this router's tokenizer are in its vocabulary
+            check_vocabulary(ids, limits)
         block_size = self.cluster.block_size(model)
-        hashes = block_hashes(ids, block_size, hash_seed(model, req.cache_salt))
+        hashes = self.hashes.of(enc, block_size, hash_seed(model, req.cache_salt))
         route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
         asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
         trace = RequestTrace(model, req.stream, len(ids), started, max_tokens=asked)
@@ -111,15 +117,18 @@ class Router:
                                       trace.first_token, trace.last_byte)
         self.recent.add(trace)
 
-    async def _tokenize(self, req: CompletionRequest, chars: int) -> list[int]:
+    async def _tokenize(self, req: CompletionRequest, chars: int) -> Encoding:
+        """Look the prompt's pieces up here; encode what is missing inline or in the pool, by its size."""
         if req.prompt_ids is not None:
-            return list(req.prompt_ids)
+            return Encoding.of(req.prompt_ids)
         try:
             if req.messages is not None:
-                return await self.pool.run(self.tokenizer.encode_chat, list(req.messages), chars=chars)
-            return await self.pool.run(self.tokenizer.encode, req.prompt, chars=chars)
+                plan = self.tokenizer.plan_chat(list(req.messages))
+            else:
+                plan = self.tokenizer.plan(req.prompt)
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
+        return await self.pool.run(plan.finish, chars=plan.missing_chars)
 
     async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
                      roles: Sequence[str] | None = None) -> Choice:

@@ -35,6 +35,7 @@ import jinja2.sandbox
 import tokenizers
 import xxhash
 
+from router.encoding import EncodePlan, FullPlan
 from router.segment_cache import SegmentCache
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
@@ -119,19 +120,21 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a completion prompt; releases the GIL while the Rust encoder runs."""
+        return self.plan(text, add_special_tokens).finish().ids
+
+    def plan(self, text: str, add_special_tokens: bool = True) -> EncodePlan:
+        """`encode` in two steps (router/encoding.py): the lookups now, the encoding on `finish()`."""
         rules = add_special_tokens and self.add_bos_token is None and self.add_eos_token is None
-        if self.segments is not None and (not rules or self.post_prefix is not None):
-            ids = self.segments.encode(text)
-            if rules:
-                ids[:0] = self.post_prefix
-        else:
-            ids = self.backend.encode_batch_fast([text], add_special_tokens=rules)[0].ids
+        lead: tuple[int, ...] = ()
+        tail: tuple[int, ...] = ()
         if add_special_tokens and not rules:
             if self.add_bos_token and self.bos_token_id is not None:
-                ids.insert(0, self.bos_token_id)
+                lead = (self.bos_token_id,)
             if self.add_eos_token and self.eos_token_id is not None:
-                ids.append(self.eos_token_id)
-        return ids
+                tail = (self.eos_token_id,)
+        if self.segments is not None and (not rules or self.post_prefix is not None):
+            return self.segments.plan(text, self.post_prefix if rules else lead, tail)
+        return FullPlan(self.backend, text, rules, lead, tail)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -153,7 +156,10 @@ class Tokenizer:
             raise ValueError(f"the chat template rejected the messages: {exc}") from None
 
     def encode_chat(self, messages: Any) -> list[int]:
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.plan_chat(messages).finish().ids
+
+    def plan_chat(self, messages: Any) -> EncodePlan:
+        return self.plan(self.apply_chat_template(messages), add_special_tokens=False)
 
 
 def load_tokenizer(path: str | pathlib.Path | None = None) -> Tokenizer:

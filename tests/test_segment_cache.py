@@ -72,3 +72,38 @@ def test_tokenizers_where_pieces_interact_get_no_cache(tmp_path):
     (tmp_path / "bl").mkdir()
     byte_level.save(str(tmp_path / "bl" / "tokenizer.json"))
     assert load_tokenizer(tmp_path / "bl").segments is None
+
+
+def test_encodings_carry_their_bytes_and_a_key_that_names_their_leading_ids():
+    from router.protocol import u32le
+
+    tok = load_tokenizer(DATA_DIR)
+    rng = random.Random(2)
+    systems = ["Shared rules for every turn. " * 30, "Other shared rules. " * 40]
+    by_key: dict = {}
+    for _ in range(300):
+        messages = [{"role": "system", "content": rng.choice(systems)},
+                    {"role": "user", "content": text(rng, rng.randint(0, 30))}]
+        enc = tok.plan_chat(messages).finish()
+        assert enc.ids == full_ids(tok, tok.apply_chat_template(messages))
+        assert enc.data == u32le(enc.ids)
+        lead = tuple(enc.ids[: enc.prefix_tokens])
+        assert by_key.setdefault(enc.prefix_key, lead) == lead  # equal keys: equal leading ids
+    assert len({k for k in by_key if len(k) > 3}) >= 2  # the system prompts were named
+
+
+def test_prefix_hashes_equal_full_hashing():
+    from router.prefix_hashes import PrefixHashes
+    from router.protocol import block_hashes
+
+    tok = load_tokenizer(DATA_DIR)
+    memo = PrefixHashes(max_hashes=400)
+    rng = random.Random(3)
+    system = "A system prompt long enough to span blocks. " * 25
+    for i in range(200):
+        messages = [{"role": "system", "content": system if i % 3 else text(rng, 40)},
+                    {"role": "user", "content": text(rng, rng.randint(0, 50))}]
+        enc = tok.plan_chat(messages).finish()
+        for block_size, seed in ((16, 7), (4, 7), (16, 8)):
+            assert memo.of(enc, block_size, seed) == block_hashes(enc.ids, block_size, seed)
+    assert memo.hits > 100 and memo.held <= 400
