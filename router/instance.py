@@ -34,6 +34,7 @@ class EngineInfo:
 
 
 _ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed"})
+_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info"})  # what state() reads
 _UNSET = object()
 
 
@@ -72,10 +73,13 @@ class Instance:
         self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
         self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+        self._state: InstanceState | None = None
 
     def __setattr__(self, name: str, value) -> None:
         if name in _ROUTING_FIELDS and self.__dict__.get(name, _UNSET) != value:
             Instance.generation += 1
+        if name in _STATE_FIELDS:
+            self.__dict__["_state"] = None
         object.__setattr__(self, name, value)
 
     @property
@@ -85,6 +89,7 @@ class Instance:
     @inflight.setter
     def inflight(self, value: int) -> None:
         self._inflight = value
+        self.__dict__["_state"] = None
         for group in self.groups:
             group.load.set(self, value)
 
@@ -161,10 +166,16 @@ class Instance:
         self.ejections = 0
 
     def state(self) -> InstanceState:
-        """For the policy, whose clock is time.monotonic: the load record's age is taken off it."""
-        load = self.load
-        measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
-        return InstanceState.of(self.id, self.inflight, self.queued_prefill_tokens, load, measured_at, self.cache_ok)
+        """For the policy; kept until something it is made of changes (a request sent or done, a load
+        record, a compatibility check), so a decision does not rebuild every candidate's."""
+        state = self._state
+        if state is None:  # the policy's clock is time.monotonic: the load record's age is taken off it
+            load = self.load
+            measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
+            state = InstanceState.of(self.id, self._inflight, self.queued_prefill_tokens, load, measured_at,
+                                     not self.mismatch)
+            self.__dict__["_state"] = state
+        return state
 
     def to_dict(self) -> dict:
         return {
