@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 import tests.redis_server
 from router.index import (INDEXES, BreakerIndex, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex,
                           make_index)
-from router.index.redis import WRITE_CHUNK
+from router.index.redis import GC_CHUNK, WRITE_CHUNK, pack
 from router.protocol import TIERS, KVEvent
 from tests.redis_server import RedisServer, free_port
 
@@ -279,7 +279,8 @@ async def test_two_redis_clients_share_one_index(redis_url):
 async def test_redis_lookup_is_one_round_trip_and_stops_early(redis_url):
     idx = RedisIndex(redis_url)
     chain = [(h * 7) % 2**64 for h in range(1, 513)]
-    await idx.add("a", "device", chain[:10])
+    await idx.add("a", "device", chain[:200])
+    await idx.add("a", "host", chain[150:200])
     await idx.add("b", "host", chain[:5])
     await idx.lookup(chain)  # loads the script
     with redis.Redis.from_url(redis_url) as r:
@@ -287,11 +288,25 @@ async def test_redis_lookup_is_one_round_trip_and_stops_early(redis_url):
         result = await idx.lookup(chain)
         calls = delta(before, commandstats(r))
     await idx.close()
-    assert by_tier(result) == {"a": {"device": 10}, "b": {"host": 5}}
+    assert by_tier(result) == {"a": {"device": 200}, "b": {"host": 5}}
     assert calls.pop("evalsha") == 1 and calls.pop("info") == 1
-    # inside the script: one HGETALL per block, stopping at block 10 that nobody holds, and one
-    # generation check per instance holding the first block
-    assert calls == {"hgetall": 11, "hget": 2}
+    # inside the script: the first block's holders, one generation check per holder, then each
+    # holder's chain in growing chunks (32, 128, 512 blocks) up to its first missing block: a's
+    # 200 blocks take three reads, b's 5 one, whatever the chain's length
+    assert calls == {"hgetall": 1, "hget": 2, "hmget": 4}
+
+
+async def test_redis_generation_hashes_stay_hashtables_and_size_counts_blocks_only(redis_url):
+    """A small hash would be a ziplist, where each HMGET field costs a scan of the hash."""
+    idx = RedisIndex(redis_url)
+    await idx.add("a", "device", CHAIN[:5])
+    with redis.Redis.from_url(redis_url) as r:
+        (key,) = r.keys(idx.prefix + "i:*")
+        assert r.object("encoding", key) == b"hashtable"
+    assert await idx.size() == 5
+    await idx.remove("a", "device", CHAIN[:5])
+    assert await idx.size() == 0 and by_tier(await idx.lookup(CHAIN[:5])) == {}
+    await idx.close()
 
 
 async def test_redis_lookup_survives_a_script_flush(redis_url):
@@ -316,8 +331,9 @@ async def test_redis_clear_costs_own_blocks_and_never_scans(redis_url):
         await idx.maintain(["b"], ttl_s=60)
         calls = delta(before, commandstats(r))
         assert not {"scan", "keys"} & set(calls)
-        assert calls["hdel"] == len(many)
-        # 10 block hashes, b's set and state, the generation counter, live: a's keys are gone
+        # one per block hash, and one per GC chunk on a's generation hash (its blocks and '~')
+        assert calls["hdel"] == len(many) + -(-(len(many) + 1) // GC_CHUNK)
+        # 10 block hashes, b's generation hash and state, the generation counter, live: a's keys are gone
         assert r.dbsize() == 14, r.keys()
     assert await idx.size() == 10
     assert by_tier(await idx.lookup(many[:20])) == {"b": {"device": 10}}
@@ -329,9 +345,9 @@ async def test_redis_resync_is_invisible_until_its_swap(redis_url):
     idx = RedisIndex(redis_url)
     await idx.replace("a", 1, 0, {"device": CHAIN[:4]})
     gen = int(await idx._call("STAGE_BEGIN", "a", 1, 9, 0))
-    await idx._call("STAGE_ADD", "a", gen, 1, *CHAIN[:1])  # half-written snapshot
+    await idx._call("STAGE_ADD", "a", gen, 1, pack(CHAIN[:1]))  # half-written snapshot
     assert by_tier(await idx.lookup(CHAIN[:8])) == {"a": {"device": 4}}
-    await idx._call("STAGE_ADD", "a", gen, 1, *CHAIN[1:8])
+    await idx._call("STAGE_ADD", "a", gen, 1, pack(CHAIN[1:8]))
     assert by_tier(await idx.lookup(CHAIN[:8])) == {"a": {"device": 4}}
     assert int(await idx._call("STAGE_COMMIT", "a", gen, 1, 9, 0)) == 1
     assert by_tier(await idx.lookup(CHAIN[:8])) == {"a": {"device": 8}}

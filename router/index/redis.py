@@ -1,9 +1,10 @@
 """The Redis block index: plain data types, shared by every router pointed at one Redis.
 
-Keys (hashes are decimal strings of the unsigned 64-bit block hash; `inst@gen` names one
+Keys (a block hash is its 8 bytes, big-endian, in key names and fields; `inst@gen` names one
 generation of an instance's entries):
     {prefix}b:{hash}          HASH  inst@gen -> tier bitmask (decimal; bit i set: held in TIERS[i])
-    {prefix}i:{inst}@{gen}    SET   the block hashes of that generation (clear and GC cost its own blocks)
+    {prefix}i:{inst}@{gen}    HASH  hash -> the same bitmask: what that generation holds (lookups
+                                    walk it; clear and GC cost its own blocks)
     {prefix}g:{inst}          HASH  gen (the current generation), epoch, seq, part, done: the watermark
     {prefix}gen               STRING  generation counter (generations are never reused)
     {prefix}live              ZSET  inst -> last time a router saw it alive
@@ -26,14 +27,17 @@ Lifetime. Every router refreshes the last-seen time of the instances it can reac
 an instance that no router has seen for `ttl_s` is forgotten by whichever router
 notices first. One replica losing sight of an engine never clears it for the others.
 
-`lookup` of a whole chain is one EVALSHA round trip (one HGETALL per block). Scripts
-build key names from the prefix server-side, so this targets a standalone Redis (or
-one shard), not Redis Cluster. Any `redis.exceptions.RedisError` is raised as
+`lookup` of a whole chain is one EVALSHA round trip: the first block's holders, then
+each current holder's blocks by HMGET on its generation hash, in growing chunks up to its
+first missing block. Block hashes go to Redis packed in one argument, 8 bytes each (no
+per-hash encoding in Python). Scripts build key names from the prefix server-side, so
+this targets a standalone Redis >= 6.2 (HRANDFIELD) or one shard, not Redis Cluster. Any `redis.exceptions.RedisError` is raised as
 `router.index.base.IndexUnavailable`; the client reconnects on the next call.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Iterable, Mapping, Sequence
 
@@ -49,6 +53,11 @@ from router.protocol import TIERS, KVEvent
 WRITE_CHUNK = 4096  # blocks per write script: bounds how long one script blocks Redis
 GC_CHUNK = 4096
 _RESULT = {1: "applied", 0: "duplicate", -1: "gap", -2: "gap"}
+
+
+def pack(blocks: Sequence[int]) -> bytes:
+    """Block hashes as the scripts take them: 8 bytes each, big-endian, in one argument."""
+    return struct.pack(f">{len(blocks)}Q", *blocks)
 
 
 class RedisIndex:
@@ -86,7 +95,7 @@ class RedisIndex:
         for part, chunk in enumerate(chunks):
             last = "1" if part == len(chunks) - 1 else "0"
             code = await self._call("APPLY", event.instance, event.epoch, event.seq, part, last, "1", event.type,
-                                    bit, time.time(), *chunk)
+                                    bit, time.time(), pack(chunk))
             results.append(_RESULT[int(code)])
             if results[-1] == "gap":
                 return "gap"
@@ -99,7 +108,7 @@ class RedisIndex:
         for tier, blocks in tiers.items():
             bit = tier_bit(tier)
             for i in range(0, len(blocks), WRITE_CHUNK):
-                await self._call("STAGE_ADD", instance, gen, bit, *blocks[i : i + WRITE_CHUNK])
+                await self._call("STAGE_ADD", instance, gen, bit, pack(blocks[i : i + WRITE_CHUNK]))
         return bool(int(await self._call("STAGE_COMMIT", instance, gen, epoch, seq, time.time())))
 
     async def clear(self, instance: str) -> None:
@@ -124,14 +133,15 @@ class RedisIndex:
     async def _unordered(self, instance: str, kind: str, tier: str, blocks: Sequence[int]) -> None:
         bit = tier_bit(tier)
         for i in range(0, len(blocks), WRITE_CHUNK):
-            await self._call("APPLY", instance, 0, 0, 0, "1", "0", kind, bit, time.time(), *blocks[i : i + WRITE_CHUNK])
+            await self._call("APPLY", instance, 0, 0, 0, "1", "0", kind, bit, time.time(),
+                             pack(blocks[i : i + WRITE_CHUNK]))
 
     # -- reads --------------------------------------------------------------------
 
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         if not blocks:
             return {}
-        flat = await self._call("LOOKUP", *blocks)
+        flat = await self._call("LOOKUP", pack(blocks))
         width = 1 + len(TIERS)
         return {flat[i]: to_match(flat[i + 1 : i + width]) for i in range(0, len(flat), width)}
 

@@ -21,34 +21,44 @@ local function order(st, epoch, seq, part)
 end
 """
 
-# ARGV: prefix, instance, gen field, tier bit, hashes...  (from index 5); returns nothing.
+# Block hashes travel as one argument: 8 bytes each, big-endian (`pack` in redis.py). A
+# block's entry is written twice: in the block's hash (who holds it) and in the generation's
+# hash (what it holds), with the same tier bitmask. The generation's hash also holds one
+# field '~' with a 72-byte value: longer than hash-max-ziplist-value (64 by default), it keeps
+# the hash in hashtable encoding at any size, so LOOKUP's HMGET costs O(1) per block (a small
+# ziplist hash would cost a scan per field).
 _WRITE = """
-local function write_blocks(p, field, kind, tb, first)
-  local set = p .. 'i:' .. field
-  for i = first, #ARGV do
-    local key = p .. 'b:' .. ARGV[i]
+local function write_blocks(p, field, kind, tb, blob)
+  local mine = p .. 'i:' .. field
+  if kind == 'stored' and #blob > 0 then redis.call('HSETNX', mine, '~', string.rep('.', 72)) end
+  for a = 1, #blob, 8 do
+    local h = string.sub(blob, a, a + 7)
+    local key = p .. 'b:' .. h
     local m = redis.call('HGET', key, field)
     if kind == 'stored' then
       if not m then
         redis.call('HSET', key, field, tb)
-        redis.call('SADD', set, ARGV[i])
+        redis.call('HSET', mine, h, tb)
       elseif bit.band(tonumber(m), tb) == 0 then
-        redis.call('HSET', key, field, bit.bor(tonumber(m), tb))
+        local v = bit.bor(tonumber(m), tb)
+        redis.call('HSET', key, field, v)
+        redis.call('HSET', mine, h, v)
       end
     elseif m and bit.band(tonumber(m), tb) ~= 0 then
       local rest = bit.band(tonumber(m), bit.bnot(tb))
       if rest == 0 then
         redis.call('HDEL', key, field)
-        redis.call('SREM', set, ARGV[i])
+        redis.call('HDEL', mine, h)
       else
         redis.call('HSET', key, field, rest)
+        redis.call('HSET', mine, h, rest)
       end
     end
   end
 end
 """
 
-# ARGV: prefix, instance, epoch, seq, part, last (0/1), ordered (0/1), kind, tier bit, now, hashes...
+# ARGV: prefix, instance, epoch, seq, part, last (0/1), ordered (0/1), kind, tier bit, now, packed hashes
 APPLY = _ORDER + _WRITE + """
 local p, inst = ARGV[1], ARGV[2]
 local epoch, seq, part, last = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
@@ -71,7 +81,7 @@ if kind == 'cleared' then
   redis.call('HSET', gk, 'gen', g)
   redis.call('SADD', p .. 'dead', field)
 else
-  write_blocks(p, field, kind, tb, 11)
+  write_blocks(p, field, kind, tb, ARGV[11])
 end
 return 1
 """
@@ -90,9 +100,9 @@ redis.call('ZADD', p .. 'staging', ARGV[5], inst .. '@' .. g)
 return g
 """
 
-# ARGV: prefix, instance, gen, tier bit, hashes...
+# ARGV: prefix, instance, gen, tier bit, packed hashes
 STAGE_ADD = _WRITE + """
-write_blocks(ARGV[1], ARGV[2] .. '@' .. ARGV[3], 'stored', tonumber(ARGV[4]), 5)
+write_blocks(ARGV[1], ARGV[2] .. '@' .. ARGV[3], 'stored', tonumber(ARGV[4]), ARGV[5])
 return 1
 """
 
@@ -151,72 +161,63 @@ GC = """
 local p = ARGV[1]
 local field = redis.call('SRANDMEMBER', p .. 'dead')
 if not field then return 0 end
-local set = p .. 'i:' .. field
-local popped = redis.call('SPOP', set, tonumber(ARGV[2]))
-for _, h in ipairs(popped) do redis.call('HDEL', p .. 'b:' .. h, field) end
-if redis.call('SCARD', set) == 0 then redis.call('SREM', p .. 'dead', field) end
-return #popped + 1
+local mine = p .. 'i:' .. field
+local some = redis.call('HRANDFIELD', mine, tonumber(ARGV[2]))
+for _, h in ipairs(some) do
+  if h ~= '~' then redis.call('HDEL', p .. 'b:' .. h, field) end
+end
+if #some > 0 then redis.call('HDEL', mine, unpack(some)) end
+if redis.call('HLEN', mine) == 0 then redis.call('SREM', p .. 'dead', field) end
+return #some + 1
 """
 
-# ARGV: prefix. Entries of every live instance's current generation.
+# ARGV: prefix. Entries of every live instance's current generation ('~' is not one).
 SIZE = """
 local p, total = ARGV[1], 0
 for _, inst in ipairs(redis.call('ZRANGE', p .. 'live', 0, -1)) do
   local gen = redis.call('HGET', p .. 'g:' .. inst, 'gen')
-  if gen then total = total + redis.call('SCARD', p .. 'i:' .. inst .. '@' .. gen) end
+  if gen then
+    local mine = p .. 'i:' .. inst .. '@' .. gen
+    total = total + redis.call('HLEN', mine) - redis.call('HEXISTS', mine, '~')
+  end
 end
 return total
 """
 
-# ARGV: prefix, hashes... Returns a flat array: instance, blocks in TIERS[0], TIERS[1], TIERS[2], ...
-# Fields of the first block are checked against their instance's current generation once; later
-# blocks look surviving fields up by name, so the walk costs one HGETALL per block.
+# ARGV: prefix, packed hashes. Returns a flat array: instance, blocks in TIERS[0], TIERS[1], TIERS[2], ...
+# The first block's hash names the candidates (fields of current generations only); each one's
+# chain is then read from its own generation hash with HMGET, in growing chunks, until its first
+# missing block: the work is the matched blocks, one command per chunk, not one per block.
 LOOKUP = """
-local call, p = redis.call, ARGV[1]
+local call, p, blob = redis.call, ARGV[1], ARGV[2]
 local best = {['1'] = 1, ['2'] = 2, ['3'] = 1, ['4'] = 3, ['5'] = 1, ['6'] = 2, ['7'] = 1}
-local first = call('HGETALL', p .. 'b:' .. ARGV[2])
+local first = call('HGETALL', p .. 'b:' .. string.sub(blob, 1, 8))
 if #first == 0 then return {} end
-local names, alive, counts, mark, nalive = {}, {}, {}, {}, 0
+local n, ids, split = #blob / 8, {}, 1  -- ids[1..split]: the hashes cut out of the blob so far
+local out = {}
 for i = 1, #first, 2 do
   local inst, gen = string.match(first[i], '^(.*)@(%d+)$')
   if inst and call('HGET', p .. 'g:' .. inst, 'gen') == gen then
-    nalive = nalive + 1
-    names[nalive], alive[first[i]], mark[nalive] = inst, nalive, 2
-    local base = (nalive - 1) * 3
-    counts[base + 1], counts[base + 2], counts[base + 3] = 0, 0, 0
-    local k = base + best[first[i + 1]]
-    counts[k] = 1
-  end
-end
-if nalive == 0 then return {} end
-local total = nalive
-for a = 3, #ARGV do
-  local flat = call('HGETALL', p .. 'b:' .. ARGV[a])
-  local seen = 0
-  for i = 1, #flat, 2 do
-    local j = alive[flat[i]]
-    if j then
-      local k = (j - 1) * 3 + best[flat[i + 1]]
-      counts[k] = counts[k] + 1
-      mark[j] = a
-      seen = seen + 1
+    local c = {0, 0, 0}
+    c[best[first[i + 1]]] = 1
+    local mine, a, step, open = p .. 'i:' .. first[i], 2, 32, true
+    while open and a <= n do
+      local last = math.min(n, a + step - 1)
+      for k = split + 1, last do ids[k] = string.sub(blob, 8 * k - 7, 8 * k) end
+      if last > split then split = last end
+      local masks = call('HMGET', mine, unpack(ids, a, last))
+      for k = 1, last - a + 1 do
+        local t = best[masks[k]]
+        if not t then open = false break end
+        c[t] = c[t] + 1
+      end
+      a, step = last + 1, math.min(step * 4, 4096)
     end
+    out[#out + 1] = inst
+    out[#out + 1] = c[1]
+    out[#out + 1] = c[2]
+    out[#out + 1] = c[3]
   end
-  if seen < nalive then
-    if seen == 0 then break end
-    for name, j in pairs(alive) do
-      if mark[j] ~= a then alive[name] = nil end
-    end
-    nalive = seen
-  end
-end
-local out = {}
-for j = 1, total do
-  local base = (j - 1) * 3
-  out[#out + 1] = names[j]
-  out[#out + 1] = counts[base + 1]
-  out[#out + 1] = counts[base + 2]
-  out[#out + 1] = counts[base + 3]
 end
 return out
 """
