@@ -35,6 +35,15 @@ class EngineConfig:
     kv_pin_ttl_s: float = 30.0  # prefill role: how long pinned blocks wait for their pull
     kv_admit_timeout_s: float = 10.0  # decode role: how long a remote-prefilled request waits for blocks
     kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/sim.py LINKS)
+    # KV tiers (DESIGN.md section 6; engine/tiers.py). 0 host blocks and no store: device pool only.
+    host_blocks: int = 0  # second block pool in host memory (pinned on CUDA); 0 = off
+    kv_store: str | None = None  # shared store: redis://host:port/db or file:///dir
+    kv_store_id: str = ""  # instances with the same id share the store; default: the URL without credentials
+    kv_store_write: str = "through"  # "through": a prompt's blocks after its prefill; "evict": leaving the last local tier
+    kv_store_timeout_s: float = 0.1  # a store read (lookup or fetch) waits at most this long, then recomputes
+    kv_load_budget_bytes: int = 0  # loads copied into the device per step; 0 = what the H2D link moves in 20 ms
+    kv_host_link: str = ""  # prior (sim backend: the modelled) host link figures, engine/sim.py LINKS; "" = by device
+    kv_store_link: str = ""  # prior (sim: modelled) store link figures; "" = by store scheme
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -57,6 +66,29 @@ class EngineConfig:
             raise ValueError("--kv-pin-ttl-s and --kv-admit-timeout-s must be positive")
         if self.time_scale <= 0:
             raise ValueError("--time-scale must be positive")
+        self._check_tiers()
+
+    def _check_tiers(self) -> None:
+        from engine.kvstore import check_url
+        from engine.sim import LINKS
+        from engine.tiers import STORE_WRITE_MODES
+
+        if self.host_blocks < 0:
+            raise ValueError(f"--host-blocks cannot be negative, got {self.host_blocks}")
+        if self.kv_store is not None:
+            check_url(self.kv_store)
+        if self.kv_store_write not in STORE_WRITE_MODES:
+            raise ValueError(f"--kv-store-write must be one of {', '.join(STORE_WRITE_MODES)}, "
+                             f"got {self.kv_store_write!r}")
+        if self.kv_store_timeout_s <= 0 or self.kv_load_budget_bytes < 0:
+            raise ValueError("--kv-store-timeout-s must be positive and --kv-load-budget-bytes >= 0")
+        for flag, link in (("--kv-host-link", self.kv_host_link), ("--kv-store-link", self.kv_store_link)):
+            if link and link not in LINKS:
+                raise ValueError(f"{flag} must be one of {', '.join(LINKS)}, got {link!r}")
+
+    @property
+    def has_tiers(self) -> bool:
+        return self.host_blocks > 0 or self.kv_store is not None
 
     @property
     def instance(self) -> str:

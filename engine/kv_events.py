@@ -33,9 +33,10 @@ class KVEventLog:
         self._changed = asyncio.Event()
         self.listeners: list[Callable[[KVEvent], None]] = []
 
-    def append(self, type_: str, blocks: list[int], parent: int | None = None, tier: str = "device") -> KVEvent:
+    def append(self, type_: str, blocks: list[int], parent: int | None = None, tier: str = "device",
+               store: str | None = None) -> KVEvent:
         self.seq += 1
-        event = KVEvent(self.instance, self.epoch, self.seq, type_, tier, tuple(blocks), parent)
+        event = KVEvent(self.instance, self.epoch, self.seq, type_, tier, tuple(blocks), parent, store)
         self._buffer.append(event)
         self._changed.set()
         for listener in self.listeners:

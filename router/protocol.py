@@ -73,6 +73,7 @@ class KVEvent:
     tier: Tier = "device"
     blocks: tuple[int, ...] = ()
     parent: int | None = None
+    store: str | None = None  # tier "remote": the store key (router/tier_costs.py); shared by its instances
 
     def __post_init__(self) -> None:
         if self.type not in EVENT_TYPES:
@@ -81,7 +82,7 @@ class KVEvent:
             raise ValueError(f"event tier must be one of {TIERS}, got {self.tier!r}")
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "instance": self.instance,
             "epoch": self.epoch,
             "seq": self.seq,
@@ -90,6 +91,9 @@ class KVEvent:
             "blocks": list(self.blocks),
             "parent": self.parent,
         }
+        if self.store is not None:
+            d["store"] = self.store
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "KVEvent":
@@ -102,6 +106,7 @@ class KVEvent:
                 tier=d.get("tier", "device"),
                 blocks=tuple(int(b) for b in d.get("blocks") or ()),
                 parent=None if d.get("parent") is None else int(d["parent"]),
+                store=None if d.get("store") is None else str(d["store"]),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed KV event {d!r}: {e}") from None
@@ -118,6 +123,7 @@ class LoadRecord:
     kv_total_blocks: int
     queued_prefill_tokens: int
     ts: float = dataclasses.field(default_factory=time.time)
+    kv_tiers: dict = dataclasses.field(default_factory=dict)  # measured tier links, router/tier_costs.py
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

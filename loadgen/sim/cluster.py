@@ -25,6 +25,7 @@ import itertools
 import math
 from typing import Callable, Iterator, Protocol
 
+from engine.block_manager import KVChange
 from engine.config import EngineConfig
 from engine.sequence import Sequence
 from loadgen.sim.instance import SimInstance
@@ -32,7 +33,7 @@ from loadgen.workload_base import RequestSpec
 
 STEP, DELIVER, POLL, ARRIVE, CALL = 0, 1, 2, 3, 4  # CALL: payload() (a KV transfer's end, disagg.py)
 
-KVEvents = list[tuple[str, list[int], int | None]]
+KVEvents = list[KVChange]
 
 
 class Sink(Protocol):

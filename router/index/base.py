@@ -9,6 +9,7 @@ import dataclasses
 from typing import Mapping, Protocol, Sequence
 
 from router.protocol import TIERS, KVEvent
+from router.tier_costs import store_owner
 
 TIER_RANK = {tier: i for i, tier in enumerate(TIERS)}  # lower is better: device < host < remote
 
@@ -57,10 +58,21 @@ class BlockIndex(Protocol):
         """Number of (block, instance) entries."""
 
 
+def event_owner(instance: str, tier: str, store: str | None) -> str:
+    """Whose blocks an event changes: a shared store's (tier "remote" with a store key), else the instance's.
+
+    A store's blocks are indexed once, under `router.tier_costs.store_owner(key)`, and count
+    for every instance advertising that store key (router/policies/tier_credit.py); an
+    instance's "cleared" (a restart) never clears the store.
+    """
+    return store_owner(store) if tier == "remote" and store else instance
+
+
 async def apply_event(index: BlockIndex, event: KVEvent) -> None:
+    owner = event_owner(event.instance, event.tier, event.store)
     if event.type == "stored":
-        await index.add(event.instance, event.tier, event.blocks)
+        await index.add(owner, event.tier, event.blocks)
     elif event.type == "removed":
-        await index.remove(event.instance, event.tier, event.blocks)
+        await index.remove(owner, event.tier, event.blocks)
     else:
         await index.clear(event.instance)

@@ -1,0 +1,83 @@
+"""`GuardedStore`: a store that can be down or slow without failing a request.
+
+Every call is bounded (reads by the engine's short `--kv-store-timeout-s`, writes
+by a longer limit); any failure or timeout raises `StoreUnavailable`, which the
+engine turns into "recompute" (reads) or "drop" (writes). The first failure of an
+outage logs one warning and later ones stay quiet; for `retry_s` after a failure,
+calls fail at once instead of waiting out the timeout again, so requests do not
+queue behind a dead store; the first success after an outage logs that the store
+is back. `observe(op, bytes, seconds)` is told about every successful call (the
+engine's link estimates and metrics), `on_error(op)` about every failed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Sequence
+
+from engine.kvstore.base import KVStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class GuardedStore:
+    def __init__(self, store: KVStore, read_timeout_s: float, write_timeout_s: float = 5.0, retry_s: float = 1.0,
+                 observe: Callable[[str, float, float], None] | None = None,
+                 on_error: Callable[[str], None] | None = None,
+                 on_state: Callable[[bool], None] | None = None) -> None:
+        self.store = store
+        self.store_id = store.store_id
+        self.read_timeout_s = read_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.retry_s = retry_s
+        self.observe = observe or (lambda op, nbytes, seconds: None)
+        self.on_error = on_error or (lambda op: None)
+        self.on_state = on_state or (lambda up: None)
+        self.down_since: float | None = None
+        self.skip_until = 0.0
+        self.outages = 0
+
+    @property
+    def up(self) -> bool:
+        return self.down_since is None
+
+    async def _call(self, op: str, call, timeout_s: float):
+        now = time.monotonic()
+        if self.down_since is not None and now < self.skip_until:
+            self.on_error(op)
+            raise StoreUnavailable(f"store {self.store_id} is down (since {now - self.down_since:.1f}s)")
+        try:
+            result = await asyncio.wait_for(call(), timeout_s)
+        except Exception as e:  # transport errors of any backend, and timeouts
+            self.on_error(op)
+            self.skip_until = time.monotonic() + self.retry_s
+            if self.down_since is None:
+                self.down_since, self.outages = now, self.outages + 1
+                self.on_state(False)
+                log.warning("kv store %s unavailable (%s: %s): recomputing instead of loading and dropping "
+                            "writes until it answers again", self.store_id, type(e).__name__, e or "timed out")
+            raise StoreUnavailable(f"store {self.store_id}: {type(e).__name__}: {e}") from None
+        if self.down_since is not None:
+            log.warning("kv store %s is back after %.1fs", self.store_id, time.monotonic() - self.down_since)
+            self.down_since = None
+            self.on_state(True)
+        return result
+
+    async def get_many(self, hashes: Sequence[int]) -> list[bytes | None]:
+        t0 = time.perf_counter()
+        values = await self._call("read", lambda: self.store.get_many(hashes), self.read_timeout_s)
+        self.observe("store_read", sum(len(v) for v in values if v), time.perf_counter() - t0)
+        return values
+
+    async def contains_many(self, hashes: Sequence[int]) -> list[bool]:
+        return await self._call("lookup", lambda: self.store.contains_many(hashes), self.read_timeout_s)
+
+    async def put_many(self, items: Sequence[tuple[int, bytes]]) -> None:
+        t0 = time.perf_counter()
+        await self._call("write", lambda: self.store.put_many(items), self.write_timeout_s)
+        self.observe("store_write", sum(len(v) for _, v in items), time.perf_counter() - t0)
+
+    async def close(self) -> None:
+        await self.store.close()

@@ -1,0 +1,226 @@
+"""The engine's I/O for its KV tiers: copy batches, store lookups, fetches and writes, tier events.
+
+- `admit(seq, enqueue)`: when the device and host pools lack part of a prompt and
+  a store is configured, one `contains_many` asks the store for the rest before
+  the request is queued (`Sequence.store_hits`); a store that is down or slow
+  answers "none" at once (engine/kvstore/guard.py) and the request recomputes.
+- `run_copies()`, after every schedule: hands the block manager's copy batch to
+  the runner (same thread as the steps, so in order with them), records bytes and
+  seconds per direction, feeds the link estimates, and queues the blocks read out
+  for the store. Then it starts fetching the store loads just admitted: one
+  `get_many` per chunk (at most `FETCH_CHUNK_BYTES`) for all requests together,
+  each entry checked (engine/kvstore/entry.py) before its bytes are used.
+- The writer task drains the write queue into `put_many` calls off the TTFT path
+  and publishes `stored` events with tier "remote" and the store key; a write
+  that fails is dropped (counted) and forgotten, the queue is bounded in bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Callable
+
+from engine.kv_copies import CopyPlan, StoredBlock
+from engine.kvstore.base import StoreUnavailable
+from engine.kvstore.entry import BadEntry, decode, encode
+from engine.kvstore.guard import GuardedStore
+from engine.load_queue import Load
+from engine.sequence import Sequence
+from engine.tier_metrics import TierMetrics
+from engine.tiers import CacheTiers
+from router.protocol import block_hashes
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+FETCH_CHUNK_BYTES = 8 << 20  # bytes per store read call
+WRITE_CHUNK_BYTES = 8 << 20  # bytes per store write call
+MAX_QUEUED_WRITE_BYTES = 256 << 20  # beyond this, blocks are not written (counted as dropped)
+MAX_FETCHES = 2  # store read calls in flight
+
+
+class TierService:
+    def __init__(self, engine: "LLMEngine", tiers: CacheTiers, store: GuardedStore | None, namespace: str,
+                 metrics: TierMetrics, wake: Callable[[], None]) -> None:
+        self.engine, self.tiers, self.store, self.namespace = engine, tiers, store, namespace
+        self.bm, self.runner, self.metrics, self.wake = engine.block_manager, engine.runner, metrics, wake
+        self.payload_bytes = engine.runner.payload_bytes_per_block
+        self.tasks: set[asyncio.Task] = set()
+        self.writes: list[tuple[StoredBlock, bytes]] = []
+        self.write_bytes = 0
+        self._write_ready = asyncio.Event()
+        self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
+        if store is not None:
+            metrics.store_up.set(1)
+
+    async def start(self) -> None:
+        if self.store is not None:
+            self._spawn(self._writer(), "kv-store-writer")
+
+    async def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.store is not None:
+            await self.store.close()
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -- store lookups before queueing --------------------------------------------------
+
+    def admit(self, seq: Sequence, enqueue: Callable[[Sequence], None]) -> None:
+        hashes = self._missing_hashes(seq) if self.store is not None else []
+        if not hashes:
+            enqueue(seq)
+            return
+        self._spawn(self._lookup(seq, hashes, enqueue), f"kv-lookup-{seq.request_id}")
+
+    def _missing_hashes(self, seq: Sequence) -> list[int]:
+        """The prompt's usable block hashes after the prefix the device and host pools hold."""
+        bs = self.bm.block_size
+        usable = (len(seq.token_ids) - 1) // bs
+        hashes = block_hashes(seq.token_ids[:usable * bs], bs, seq.hash_seed)
+        host = self.tiers.host.entries if self.tiers.host is not None else {}
+        local = 0
+        while local < len(hashes) and (hashes[local] in self.bm.hash_to_block or hashes[local] in host):
+            local += 1
+        return hashes[local:]
+
+    async def _lookup(self, seq: Sequence, hashes: list[int], enqueue: Callable[[Sequence], None]) -> None:
+        try:
+            present = await self.store.contains_many(hashes)
+        except StoreUnavailable:
+            present = [False] * len(hashes)
+        hits = [h for h, p in zip(hashes, present) if p]
+        self.metrics.store_lookups.labels(self.metrics._model, "hit").inc(len(hits))
+        self.metrics.store_lookups.labels(self.metrics._model, "miss").inc(len(hashes) - len(hits))
+        for h in hits:
+            self.tiers.known.add(h)
+        seq.store_hits = frozenset(hits)
+        if not seq.is_finished:
+            enqueue(seq)
+
+    # -- copy batches and store fetches ---------------------------------------------------
+
+    async def run_copies(self) -> None:
+        plan = self.bm.take_copy_plan()
+        if plan:
+            await self._run(plan)
+        self.metrics.observe_recovery(self.tiers.recovery.runs, self.tiers.recovery.blocks)
+        loads = self.tiers.loads.fetches()
+        if loads:
+            self._spawn(self._fetch(loads), "kv-store-fetch")
+
+    async def _run(self, plan: CopyPlan) -> None:
+        times = await self.runner.run_copies(plan)
+        bpb, recovery, m = self.tiers.recovery.bytes_per_block, self.tiers.recovery, self.metrics
+        for direction, blocks, seconds in (("d2h", len(plan.reads) + len(plan.d2h), times.read_s + times.d2h_s),
+                                           ("h2d", plan.num_loaded, times.h2d_s)):
+            if blocks:
+                m.transfer(direction, blocks * bpb, seconds)
+                recovery.observe(direction, blocks * bpb, seconds)
+        for block, payload in zip(plan.reads, times.payloads):
+            self._queue_write(block, payload)
+
+    async def _fetch(self, loads: list[Load]) -> None:
+        per_call = max(1, FETCH_CHUNK_BYTES // max(self.tiers.recovery.bytes_per_block, 1))
+        async with self._fetch_slots:
+            for i in range(0, len(loads), per_call):
+                chunk = [ld for ld in loads[i:i + per_call] if not ld.done]
+                if chunk:
+                    await self._fetch_chunk(chunk)
+
+    async def _fetch_chunk(self, loads: list[Load]) -> None:
+        try:
+            values = await self.store.get_many([ld.block.hash for ld in loads])
+        except StoreUnavailable:
+            values = [None] * len(loads)
+        delay = self.runner.store_delay(len(loads))
+        if delay:
+            await asyncio.sleep(delay)
+        bad = []
+        for load, value in zip(loads, values):
+            payload = None
+            if value is not None:
+                try:
+                    payload = decode(value, self.namespace, load.block, self.payload_bytes)
+                except BadEntry as e:
+                    log.warning("store entry for block %d refused (%s); recomputing it", load.block.hash, e)
+            if payload is None:
+                self.metrics.store_rejected.inc()
+                self.tiers.known.discard(load.block.hash)
+                bad.append(load.block.hash)
+            self.tiers.loads.arrived(load, payload)
+        if bad and self.store.up:
+            self._emit_remote("removed", bad)
+        self.wake()
+
+    # -- store writes --------------------------------------------------------------------
+
+    def _queue_write(self, block: StoredBlock, payload: bytes) -> None:
+        if self.store is None or not self.store.up or self.write_bytes + len(payload) > MAX_QUEUED_WRITE_BYTES:
+            self.metrics.store_dropped.inc()
+            self.tiers.write_failed([block])
+            return
+        self.writes.append((block, payload))
+        self.write_bytes += len(payload)
+        self._write_ready.set()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._write_ready.wait()
+            self._write_ready.clear()
+            while self.writes:
+                batch, size = [], 0
+                while self.writes and (not batch or size + len(self.writes[0][1]) <= WRITE_CHUNK_BYTES):
+                    block, payload = self.writes.pop(0)
+                    batch.append((block, payload))
+                    size += len(payload)
+                self.write_bytes -= size
+                await self._put(batch)
+
+    async def _put(self, batch: list[tuple[StoredBlock, bytes]]) -> None:
+        items = [(b.hash, encode(self.namespace, b, p)) for b, p in batch]
+        try:
+            await self.store.put_many(items)
+        except StoreUnavailable:
+            self.metrics.store_dropped.inc(len(batch))
+            self.tiers.write_failed([b for b, _ in batch])
+            return
+        self._emit_remote("stored", [b.hash for b, _ in batch])
+
+    def _emit_remote(self, kind: str, hashes: list[int]) -> None:
+        self.engine.events.append(kind, hashes, None, tier="remote", store=self.tiers.store_key)
+        self.engine.metrics.kv_events.labels(kind).inc()
+
+    # -- measurements and reports ---------------------------------------------------------
+
+    def observe_step(self, prefill_tokens: int, seconds: float) -> None:
+        self.tiers.recovery.prefill.observe(prefill_tokens, seconds)
+        host = self.tiers.host
+        if host is not None:
+            self.metrics.host_used.set(host.num_used)
+            self.metrics.host_usage.set(host.num_used / host.num_slots)
+        self.metrics.load_queue.set(len(self.tiers.loads))
+
+    def observe_store(self, op: str, nbytes: float, seconds: float) -> None:
+        self.metrics.transfer(op, nbytes, seconds)
+        self.tiers.recovery.observe(op, nbytes, seconds)
+
+    def kv_tiers(self) -> dict:
+        host = self.tiers.host
+        return self.tiers.recovery.to_wire({"blocks": host.num_slots, "used": host.num_used} if host else None)
+
+    def snapshot(self) -> dict[str, list[int]]:
+        out = {}
+        if self.tiers.host is not None:
+            out["host"] = self.tiers.host.hashes()
+        if self.store is not None:
+            out["remote"] = self.tiers.known.hashes()
+        return out
