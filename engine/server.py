@@ -80,6 +80,7 @@ def kv_info(app: web.Application) -> dict:
         "num_kv_heads": info.num_kv_heads,
         "head_dim": info.head_dim,
         "epoch": engine.events.epoch,
+        **({"kv_tiers": engine.kv.kv_tiers()} if engine.kv is not None else {}),
     }
 
 
@@ -122,7 +123,8 @@ async def handle_kv_snapshot(request: web.Request) -> web.Response:
         "instance": engine.config.instance,
         "epoch": engine.events.epoch,
         "seq": engine.events.seq,
-        "tiers": {"device": engine.block_manager.cached_hashes()},
+        "tiers": {"device": engine.block_manager.cached_hashes(), **(engine.kv.snapshot() if engine.kv else {})},
+        "store": (engine.block_manager.tiers.store_key or None) if engine.kv is not None else None,
         "load": engine.load().to_dict(),
     })
 

@@ -57,7 +57,11 @@ class TierService:
             metrics.store_up.set(1)
 
     async def start(self) -> None:
+        """Refuses to start (ValueError naming the store) when the store cannot be reached now."""
         if self.store is not None:
+            from engine.kvstore import check_reachable
+
+            await asyncio.to_thread(check_reachable, self.engine.config.kv_store)
             self._spawn(self._writer(), "kv-store-writer")
 
     async def stop(self) -> None:

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 
 from router.cluster import Cluster
-from router.index.base import IndexUnavailable, apply_event
+from router.index.base import IndexUnavailable, apply_event, event_owner
 from router.instance import Instance
 from router.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
 
@@ -34,8 +34,8 @@ class EventSync:
         await self.index.clear(inst.id)
         total = 0
         for tier, blocks in (snap.get("tiers") or {}).items():
-            if tier in TIERS and blocks:
-                await self.index.add(inst.id, tier, [int(b) for b in blocks])
+            if tier in TIERS and blocks:  # a shared store's blocks go to its owner (index/base.py)
+                await self.index.add(event_owner(inst.id, tier, snap.get("store")), tier, [int(b) for b in blocks])
                 total += len(blocks)
         inst.epoch, inst.seq = int(snap["epoch"]), int(snap["seq"])
         inst.blocks_indexed = total

@@ -7,6 +7,7 @@ import time
 
 from router.policies.base import InstanceState
 from router.protocol import LoadRecord
+from router.tier_costs import TierCosts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -20,12 +21,14 @@ class EngineInfo:
     tokenizer: str
     role: str = "both"
     cluster_id: str = ""
+    tier_costs: TierCosts | None = None  # advertised at start; /load refreshes the measured figures
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineInfo":
         try:
             return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
-                       str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")))
+                       str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),
+                       TierCosts.from_wire(d.get("kv_tiers")))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed /kv/info: {e}") from None
 
@@ -49,6 +52,8 @@ class Instance:
         self.blocks_indexed = 0
         self.last_event_time: float | None = None
         self.resyncs = 0
+        self._costs_of: LoadRecord | None = None  # the load record `_costs` was parsed from
+        self._costs: TierCosts | None = None
 
     @property
     def id(self) -> str:
@@ -96,7 +101,18 @@ class Instance:
             waiting=load.waiting if load else 0,
             kv_usage=load.kv_usage if load else 0.0,
             cache_ok=self.cache_ok,
+            tier_costs=self.tier_costs,
         )
+
+    @property
+    def tier_costs(self) -> TierCosts | None:
+        """The latest advertised tier figures: from the last load record, else from /kv/info."""
+        load = self.load
+        if load is not None and load.kv_tiers:
+            if load is not self._costs_of:
+                self._costs_of, self._costs = load, TierCosts.from_wire(load.kv_tiers)
+            return self._costs
+        return self.info.tier_costs if self.info else None
 
     def to_dict(self) -> dict:
         return {

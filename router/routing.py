@@ -21,6 +21,7 @@ from router.instance import Instance
 from router.metrics import RouterMetrics
 from router.openai_request import CompletionRequest, parse_request
 from router.policies.base import Decision, Policy, RouteRequest
+from router.policies.tier_credit import with_store
 from router.protocol import block_hashes, hash_seed
 from router.tokenizer import Tokenizer
 
@@ -139,11 +140,14 @@ class Router:
         rows = []
         for inst in choice.candidates:
             match = choice.matches.get(inst.id, NO_MATCH)
+            by_tier = with_store(match, choice.matches, inst.tier_costs) if inst.cache_ok else {}
             rows.append({
                 "instance": inst.id,
                 "url": inst.url,
                 "cached_tokens": match.tokens(inst.info.block_size) if inst.cache_ok else 0,
                 "cached_blocks_by_tier": dict(match.by_tier),
+                "cached_tokens_by_tier": {t: n * inst.info.block_size for t, n in by_tier.items()},
+                **self.policy.credit_detail(inst.id),
                 "cache_ok": inst.cache_ok,
                 "cost": choice.decision.costs.get(inst.id),
                 "inflight": inst.inflight,

@@ -121,7 +121,7 @@ class LoadView:
         """Index holders + recent senders of this first block + the fast_k least loaded."""
         self.flush()
         states, position = self.states, self.position
-        chosen: dict[int, None] = {position[inst]: None for inst in matches}
+        chosen: dict[int, None] = {position[inst]: None for inst in matches if inst in position}  # not stores
         if first_block is not None:
             chosen.update(dict.fromkeys(self.recent.match(first_block, now)))
         chosen.update((i, None) for i in self.least_loaded(self.fast_k, skip=chosen))

@@ -13,6 +13,7 @@ import time
 from typing import Callable, Mapping, Protocol, Sequence
 
 from router.index.base import PrefixMatch
+from router.tier_costs import TierCosts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class InstanceState:
     waiting: int = 0  # engine-reported waiting requests
     kv_usage: float = 0.0  # engine-reported fraction of KV blocks in use
     cache_ok: bool = True  # False when its block size / seed / tokenizer mismatch: route on load only
+    tier_costs: TierCosts | None = None  # advertised tier links and store key (router/tier_costs.py); None: none
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class Policy(Protocol):
 
     def on_finished(self, request: RouteRequest, instance: str) -> None: ...
 
+    def credit_detail(self, instance: str) -> dict: ...
+
 
 class PolicyBase:
     """Default no-op hooks and the `rng` / `clock` injections; policies implement `select`."""
@@ -81,3 +85,7 @@ class PolicyBase:
 
     def on_finished(self, request: RouteRequest, instance: str) -> None:
         pass
+
+    def credit_detail(self, instance: str) -> dict:
+        """For /router/explain: how the last `select` credited `instance`'s cache (nothing by default)."""
+        return {}
