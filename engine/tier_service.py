@@ -29,7 +29,6 @@ from engine.load_queue import Load
 from engine.sequence import Sequence
 from engine.tier_metrics import TierMetrics
 from engine.tiers import CacheTiers
-from router.protocol import block_hashes
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -79,22 +78,11 @@ class TierService:
     # -- store lookups before queueing --------------------------------------------------
 
     def admit(self, seq: Sequence, enqueue: Callable[[Sequence], None]) -> None:
-        hashes = self._missing_hashes(seq) if self.store is not None else []
+        hashes = self.tiers.missing_hashes(seq) if self.store is not None else []
         if not hashes:
             enqueue(seq)
             return
         self._spawn(self._lookup(seq, hashes, enqueue), f"kv-lookup-{seq.request_id}")
-
-    def _missing_hashes(self, seq: Sequence) -> list[int]:
-        """The prompt's usable block hashes after the prefix the device and host pools hold."""
-        bs = self.bm.block_size
-        usable = (len(seq.token_ids) - 1) // bs
-        hashes = block_hashes(seq.token_ids[:usable * bs], bs, seq.hash_seed)
-        host = self.tiers.host.entries if self.tiers.host is not None else {}
-        local = 0
-        while local < len(hashes) and (hashes[local] in self.bm.hash_to_block or hashes[local] in host):
-            local += 1
-        return hashes[local:]
 
     async def _lookup(self, seq: Sequence, hashes: list[int], enqueue: Callable[[Sequence], None]) -> None:
         try:

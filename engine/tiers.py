@@ -29,6 +29,7 @@ from engine.kv_copies import CopyPlan, StoredBlock
 from engine.load_queue import Load, LoadQueue
 from engine.recovery import Recovery
 from engine.sequence import Sequence
+from router.protocol import block_hashes
 
 if TYPE_CHECKING:
     from engine.block_manager import Block, BlockManager
@@ -132,6 +133,17 @@ class CacheTiers:
             (hit.host if tier == "host" else hit.remote).append(item)
             hit.order.append(tier)
         return hit
+
+    def missing_hashes(self, seq: Sequence) -> list[int]:
+        """The prompt's usable block hashes after the prefix the device and host pools hold (ask the store)."""
+        bs = self.bm.block_size
+        usable = (len(seq.token_ids) - 1) // bs
+        hashes = block_hashes(seq.token_ids[:usable * bs], bs, seq.hash_seed)
+        device, host = self.bm.hash_to_block, self.host.entries if self.host is not None else {}
+        local = 0
+        while local < len(hashes) and (hashes[local] in device or hashes[local] in host):
+            local += 1
+        return hashes[local:]
 
     # -- eviction, commits ----------------------------------------------------------
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from engine.cost_model import COST_MODELS
 from loadgen.arrivals import ArrivalConfig
 from engine.sim import LINKS
+from engine.tiers import STORE_WRITE_MODES
 from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.report import format_table, relative_to_oracle
 from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
@@ -78,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewer predicted uncached prompt tokens: run whole on a decode instance (no prefill stage)")
     p.add_argument("--pd-sweep", action="store_true",
                    help="run colocated and every P:D split of --instances (one policy); table of goodput per split")
+    p.add_argument("--host-blocks", type=int, default=d["host_blocks"], help="per engine, as kvroute engine")
+    p.add_argument("--kv-store", default=d["kv_store"],
+                   help="model one shared store for all instances (a redis:// or file:/// URL; never contacted)")
+    p.add_argument("--kv-store-write", default=d["kv_store_write"], choices=STORE_WRITE_MODES)
+    p.add_argument("--kv-load-budget-bytes", type=int, default=d["kv_load_budget_bytes"])
+    p.add_argument("--kv-host-link", default=d["kv_host_link"], help=f"modelled host link: {', '.join(LINKS)}")
+    p.add_argument("--kv-store-link", default=d["kv_store_link"], help="modelled store link (as --kv-host-link)")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="policy parameter (e.g. tier_credit=fixed), given to every policy that takes it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
@@ -102,6 +112,21 @@ def _workload(args: argparse.Namespace):
     return make_workload(args.workload, seed=args.seed, **knobs)
 
 
+def parse_policy_args(items: list[str]) -> tuple[tuple[str, object], ...]:
+    """NAME=VALUE pairs; values that parse as JSON (numbers, true/false) are taken as such, else strings."""
+    out = []
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--policy-arg must be NAME=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        out.append((name, value))
+    return tuple(out)
+
+
 def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfig]:
     config = SimConfig(
         instances=args.instances, cost_model=args.cost_model, event_delay_s=args.event_delay,
@@ -109,7 +134,10 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         block_size=args.block_size, num_blocks=args.num_blocks, max_batched_tokens=args.max_batched_tokens,
         max_running=args.max_running, max_waiting=args.max_waiting, seed=args.seed,
         request_overhead_s=args.request_overhead, prefill_instances=args.prefill_instances,
-        kv_link=args.kv_link, pd_min_uncached=args.pd_min_uncached)
+        kv_link=args.kv_link, pd_min_uncached=args.pd_min_uncached, host_blocks=args.host_blocks,
+        kv_store=args.kv_store, kv_store_write=args.kv_store_write, kv_load_budget_bytes=args.kv_load_budget_bytes,
+        kv_host_link=args.kv_host_link, kv_store_link=args.kv_store_link,
+        policy_args=parse_policy_args(args.policy_arg))
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     valid = policy_names()
     for name in policies or [""]:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import collections
 
 from engine.block_manager import BlockManager
+from engine.tier_setup import build_tiers
 from engine.config import EngineConfig
 from engine.runners import RUNNERS
 from engine.scheduler import Scheduler, SchedulerConfig, Step
 from engine.cost_model import CostModel
 from engine.sequence import Sequence, SeqStatus
 from engine.sim import NUM_SPECIAL_TOKENS
+from loadgen.sim.tiers import SimTierIO
 
 QUEUE_FULL = "engine queue is full"
 NO_FIT = "prompt does not fit in the KV block pool"
@@ -79,7 +81,10 @@ class SimInstance:
         self.config = config
         self.runner = RUNNERS["sim"](config)
         self.cost_model = self.runner.cost_model
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.tiers = build_tiers(config, self.runner.info, self.runner.kv_bytes_per_block,
+                                 self.runner.prefill_rate_hint)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, self.tiers)
+        self.io: SimTierIO | None = None  # set by the cluster when tiers exist (loadgen/sim/tiers.py)
         sched = SchedulerConfig(config.max_batched_tokens, config.max_running, self.runner.info.max_model_len)
         self.scheduler = Scheduler(sched, self.block_manager, frozenset())
         self.step: Step | None = None
@@ -105,12 +110,19 @@ class SimInstance:
         step = sched.schedule()
         failed = [(seq, DROPPED) for seq in sched.dropped]
         sched.dropped = []
-        if not step.seqs:
-            if self.num_held:
-                return None, failed  # blocks held for a transfer free up when it completes
+        copy_s = 0.0
+        if self.io is not None:
+            copy_s = self.io.copies(now, self.block_manager.take_copy_plan())
+            self.io.fetch(now)
+        if not step.seqs and not copy_s:
+            if self.num_held or self.block_manager.has_pending_loads:
+                return None, failed  # blocks held for a transfer, or loads waiting for store bytes
             failed.extend((seq, NO_FIT) for seq in self._unschedulable())
             return None, failed
         duration = step_time(self.cost_model, step) * self.runner.time_scale
+        if self.tiers is not None:
+            self.tiers.recovery.prefill.observe(sum(n for n in step.num_tokens if n > 1), duration)
+        duration += copy_s  # the batch runs before the step, on the same thread
         self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq) else None
                        for seq, n in zip(step.seqs, step.num_tokens)]
         self.step = step
@@ -135,6 +147,10 @@ class SimInstance:
         for seq in stuck:
             sched.abort(seq)
         return stuck
+
+    def tier_costs(self):
+        """What this instance advertises about its tiers (None without tiers)."""
+        return self.tiers.recovery.costs() if self.tiers is not None else None
 
     def load(self) -> tuple[int, int, float]:
         """(running, waiting, kv_usage), what the engine's GET /load reports."""

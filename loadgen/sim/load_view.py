@@ -64,6 +64,7 @@ class LoadView:
         self.inflight = [0] * n
         self.queued = [0] * n
         self.engine: list[tuple[int, int, float]] = [(0, 0, 0.0)] * n
+        self.tier_costs: list = [None] * n  # what each instance advertises about its tiers (polled)
         self.states = [InstanceState(inst) for inst in ids]
         self._dirty: dict[int, None] = {}
         self.fast_k = fast_k
@@ -88,9 +89,10 @@ class LoadView:
         self._move(i, self.inflight[i] - 1)
         self._dirty[i] = None
 
-    def polled(self, i: int, load: tuple[int, int, float]) -> None:
-        if self.engine[i] != load:
+    def polled(self, i: int, load: tuple[int, int, float], tier_costs=None) -> None:
+        if self.engine[i] != load or self.tier_costs[i] != tier_costs:
             self.engine[i] = load
+            self.tier_costs[i] = tier_costs
             self._dirty[i] = None
 
     def _move(self, i: int, level: int) -> None:
@@ -109,7 +111,8 @@ class LoadView:
         states, ids, inflight, queued, engine = self.states, self.ids, self.inflight, self.queued, self.engine
         for i in self._dirty:
             running, waiting, kv_usage = engine[i]
-            states[i] = InstanceState(ids[i], inflight[i], queued[i], running, waiting, kv_usage)
+            states[i] = InstanceState(ids[i], inflight[i], queued[i], running, waiting, kv_usage,
+                                      tier_costs=self.tier_costs[i])
         self._dirty.clear()
 
     def all(self) -> list[InstanceState]:

@@ -160,6 +160,7 @@ class SimRouter:
         record.status, record.error = status, error
         record.output_tokens = seq.num_generated
         record.cached_tokens = seq.num_cached
+        record.cached_tokens_by_tier = dict(seq.cached_by_tier) if seq.cached_by_tier else None
         if not flight.first:
             self.view.first_token(flight.instance, flight.uncached)
         self.view.finished(flight.instance)
@@ -175,4 +176,4 @@ class SimRouter:
             self.index.apply_sync(event_owner(inst, ev.tier, ev.store), ev.kind, ev.blocks, ev.tier)
 
     def on_load(self, inst: SimInstance) -> None:
-        self.view.polled(inst.index, inst.load())
+        self.view.polled(inst.index, inst.load(), inst.tier_costs())
