@@ -18,6 +18,7 @@ from loadgen.workload_base import Workload
 from loadgen.workloads.doc_qa import DocQAConfig, DocQAWorkload
 from loadgen.workloads.multi_turn import MultiTurnConfig, MultiTurnWorkload
 from loadgen.workloads.no_sharing import RandomConfig, RandomWorkload
+from loadgen.workloads.session_storm import SessionStormConfig, SessionStormWorkload
 from loadgen.workloads.shared_prefix import SharedPrefixConfig, SharedPrefixWorkload
 from loadgen.workloads.trace import TraceConfig, TraceWorkload
 
@@ -26,6 +27,7 @@ WORKLOADS: dict[str, Any] = {
     "multi-turn": MultiTurnWorkload,
     "doc-qa": DocQAWorkload,
     "random": RandomWorkload,
+    "session-storm": SessionStormWorkload,
     "trace": TraceWorkload,
 }
 CONFIGS: dict[str, type] = {
@@ -33,6 +35,7 @@ CONFIGS: dict[str, type] = {
     "multi-turn": MultiTurnConfig,
     "doc-qa": DocQAConfig,
     "random": RandomConfig,
+    "session-storm": SessionStormConfig,
     "trace": TraceConfig,
 }
 TRACE_PREFIX = "trace:"
