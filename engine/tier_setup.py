@@ -74,14 +74,11 @@ def build_service(engine) -> "TierService | None":
     if tiers is None:
         return None
     metrics = TierMetrics(engine.metrics.registry, model_name(config, engine.runner.info))
-    service: TierService | None = None
     store = None
     if config.kv_store:
         raw = make_store(config.kv_store, namespace(config, engine.runner.info), config.kv_store_id,
                          config.kv_store_timeout_s)
         store = GuardedStore(raw, config.kv_store_timeout_s,
-                             observe=lambda op, nbytes, seconds: service.observe_store(op, nbytes, seconds),
                              on_error=lambda op: metrics.store_errors.labels(metrics._model, op).inc(),
                              on_state=lambda up: metrics.store_up.set(1 if up else 0))
-    service = TierService(engine, tiers, store, namespace(config, engine.runner.info), metrics, engine.wake)
-    return service
+    return TierService(engine, tiers, store, namespace(config, engine.runner.info), metrics, engine.wake)

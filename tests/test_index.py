@@ -6,7 +6,6 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-import tests.redis_server
 from router.index import INDEXES, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex, make_index
 from router.index.base import apply_event
 from router.index.redis import WRITE_CHUNK
@@ -273,10 +272,9 @@ async def test_redis_clear_costs_own_blocks_and_never_scans(redis_url):
     await idx.close()
 
 
-async def test_redis_down_raises_index_unavailable_then_recovers(monkeypatch):
+async def test_redis_down_raises_index_unavailable_then_recovers():
     port = free_port()
-    monkeypatch.setattr(tests.redis_server, "free_port", lambda: port)
-    server = RedisServer()
+    server = RedisServer(port)
     idx = RedisIndex(server.url, timeout=0.5)
     try:
         await idx.add("a", "device", CHAIN[:2])
@@ -284,7 +282,7 @@ async def test_redis_down_raises_index_unavailable_then_recovers(monkeypatch):
         for call in (idx.lookup(CHAIN[:2]), idx.add("a", "device", CHAIN[:1]), idx.size()):
             with pytest.raises(IndexUnavailable):
                 await call
-        server = RedisServer()  # same port, empty
+        server = RedisServer(port)  # same port, empty
         await idx.add("a", "host", CHAIN[:2])
         assert by_tier(await idx.lookup(CHAIN[:2])) == {"a": {"host": 2}}
     finally:

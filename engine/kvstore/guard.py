@@ -6,8 +6,8 @@ engine turns into "recompute" (reads) or "drop" (writes). The first failure of a
 outage logs one warning and later ones stay quiet; for `retry_s` after a failure,
 calls fail at once instead of waiting out the timeout again, so requests do not
 queue behind a dead store; the first success after an outage logs that the store
-is back. `observe(op, bytes, seconds)` is told about every successful call (the
-engine's link estimates and metrics), `on_error(op)` about every failed one.
+is back. `on_error(op)` is told about every failed call, `on_state(up)` about
+every change between up and down.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 
 class GuardedStore:
     def __init__(self, store: KVStore, read_timeout_s: float, write_timeout_s: float = 5.0, retry_s: float = 1.0,
-                 observe: Callable[[str, float, float], None] | None = None,
                  on_error: Callable[[str], None] | None = None,
                  on_state: Callable[[bool], None] | None = None) -> None:
         self.store = store
@@ -32,7 +31,6 @@ class GuardedStore:
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
         self.retry_s = retry_s
-        self.observe = observe or (lambda op, nbytes, seconds: None)
         self.on_error = on_error or (lambda op: None)
         self.on_state = on_state or (lambda up: None)
         self.down_since: float | None = None
@@ -66,18 +64,13 @@ class GuardedStore:
         return result
 
     async def get_many(self, hashes: Sequence[int]) -> list[bytes | None]:
-        t0 = time.perf_counter()
-        values = await self._call("read", lambda: self.store.get_many(hashes), self.read_timeout_s)
-        self.observe("store_read", sum(len(v) for v in values if v), time.perf_counter() - t0)
-        return values
+        return await self._call("read", lambda: self.store.get_many(hashes), self.read_timeout_s)
 
     async def contains_many(self, hashes: Sequence[int]) -> list[bool]:
         return await self._call("lookup", lambda: self.store.contains_many(hashes), self.read_timeout_s)
 
     async def put_many(self, items: Sequence[tuple[int, bytes]]) -> None:
-        t0 = time.perf_counter()
         await self._call("write", lambda: self.store.put_many(items), self.write_timeout_s)
-        self.observe("store_write", sum(len(v) for _, v in items), time.perf_counter() - t0)
 
     async def close(self) -> None:
         await self.store.close()

