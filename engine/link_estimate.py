@@ -21,7 +21,7 @@ MIB = float(1 << 20)
 
 
 class LinkEstimate:
-    def __init__(self, prior: Link, alpha: float = 0.1, prior_weight: float = 0.5) -> None:
+    def __init__(self, prior: Link, alpha: float = 0.1, prior_weight: float = 0.05) -> None:
         if not 0 < alpha <= 1 or prior_weight <= 0:
             raise ValueError("alpha must be in (0, 1] and prior_weight positive")
         self.alpha = alpha

@@ -106,11 +106,15 @@ class LoadQueue:
 
     def _finish_seq(self, seq: Sequence, from_index: int) -> list[int]:
         slots = []
+        kept: collections.deque[Load] = collections.deque()
         for load in self.pending:
             if load.seq is seq and not load.done and load.index >= from_index:
                 self._done(load)
                 if load.slot >= 0:
                     slots.append(load.slot)
+            elif not load.done:
+                kept.append(load)
+        self.pending = kept
         return slots
 
     @staticmethod
