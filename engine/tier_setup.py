@@ -56,8 +56,10 @@ def build_tiers(config: EngineConfig, info: RunnerInfo, bytes_per_block: int, pr
     key = engine_store_key(config, info) if store is None else store
     if not config.host_blocks and not key:
         return None
-    host, remote = LINKS[host_link_name(config)], LINKS[store_link_name(config)]
-    priors = {"h2d": Link(*host), "d2h": Link(*host), "store_read": Link(*remote), "store_write": Link(*remote)}
+    ts = config.time_scale  # the sim runner's modelled times are scaled by it (1.0 for real runners)
+    host, remote = (Link(bw / ts, latency * ts) for bw, latency in (LINKS[host_link_name(config)],
+                                                                    LINKS[store_link_name(config)]))
+    priors = {"h2d": host, "d2h": host, "store_read": remote, "store_write": remote}
     recovery = Recovery(priors, prefill_rate, config.block_size, bytes_per_block, config.host_blocks > 0, key)
     return CacheTiers(recovery, config.host_blocks, config.kv_store_write if key else None,
                       config.kv_load_budget_bytes)
