@@ -9,35 +9,23 @@ or the chain seed for a first block, which carries model and salt), so a hash
 collision never serves wrong K/V: same tokens after another prefix, or under
 another salt, is a different block.
 
-With `tiers` (engine/tiers.py), an evicted cached block is kept in the host pool
-and/or the shared store, and a prefix continues past the device into them: such
-blocks are loaded into fresh device blocks (`Sequence.pending_loads` counts the
-copies still to come; the scheduler runs the request once they are done) or
-recomputed, as the cost model decides. `take_copy_plan` hands the planned copies
-to the runner.
-
-Changes are queued as `KVChange(kind, blocks, parent, tier, store)` for the
-engine's event log.
+With `tiers` (engine/tiers.py), evicted blocks go to the host pool and/or the
+store, and a prefix continues into them: those blocks are loaded into fresh device
+blocks (`Sequence.pending_loads`: copies still to come) or recomputed, as the cost
+model decides. Changes are queued as `KVChange`s (engine/kv_events.py).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import NamedTuple
 
 from engine.kv_copies import CopyPlan, StoredBlock
+from engine.kv_events import KVChange
+from engine.prefix_hit import PrefixHit
 from engine.sequence import Sequence
-from engine.tiers import CacheTiers, PrefixHit
+from engine.tiers import CacheTiers
 from router.protocol import block_hashes
-
-
-class KVChange(NamedTuple):
-    kind: str  # "stored", "removed" or "cleared"
-    blocks: list[int]
-    parent: int | None
-    tier: str = "device"
-    store: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -192,20 +180,6 @@ class BlockManager:
             self._set_hash(block, meta.hash, meta.token_ids, meta.parent)
             self.emit("stored", [meta.hash], meta.parent)
 
-    def truncate(self, seq: Sequence, index: int) -> None:
-        """A load of `seq`'s block `index` failed: it and everything after is computed instead."""
-        cut = index * self.block_size
-        if seq.num_computed > cut:
-            self.num_hit_tokens -= seq.num_computed - cut
-            seq.num_computed = cut
-        del seq.block_hashes[index:]
-        lost = max(0, seq.num_cached - cut)
-        seq.num_cached -= lost
-        for tier in ("remote", "host", "device"):  # the cut drops the tail of the reused prefix
-            take = min(lost, seq.cached_by_tier.get(tier, 0))
-            seq.cached_by_tier[tier] = seq.cached_by_tier.get(tier, 0) - take
-            lost -= take
-
     def drain_loads(self) -> None:
         if self.tiers is not None:
             self.tiers.loads.drain(self.tiers.plan)
@@ -215,7 +189,12 @@ class BlockManager:
         return self.tiers is not None and len(self.tiers.loads) > 0
 
     def take_copy_plan(self) -> CopyPlan:
+        """Copies to run before the next step (engine/kv_copies.py)."""
         return self.tiers.take_copy_plan() if self.tiers is not None else CopyPlan()
+
+    def take_ahead_plan(self, max_fresh: int) -> CopyPlan:
+        """Copies to run while the next step computes (engine/prestage.py); `max_fresh`: blocks a step may take."""
+        return self.tiers.take_ahead_plan(max_fresh) if self.tiers is not None else CopyPlan()
 
     def clear_cache(self) -> None:
         """Forget every cached hash of free blocks (blocks in use keep theirs) and the host pool."""
@@ -224,6 +203,7 @@ class BlockManager:
             self._unhash(self.blocks[block_id], emit=False)
             self.free_plain.append(block_id)
         if self.tiers is not None and self.tiers.host is not None:
+            self.tiers.prestager.clear()
             self.tiers.host.clear()
         self.emit("cleared", [], None)
         for h in list(self.hash_to_block):
@@ -247,6 +227,8 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.ref_count == 0:
             self.free_cached.pop(block_id, None)
+            if self.tiers is not None and self.tiers.prestager is not None:
+                self.tiers.prestager.reused(block_id)
         block.ref_count += 1
 
     def _take_fresh(self) -> int:

@@ -64,6 +64,27 @@ class HostPool:
         self.entries[h] = entry
         return entry, evicted
 
+    def reserve(self) -> tuple[int | None, HostEntry | None]:
+        """(a slot for a block not evicted yet, entry evicted to free it); (None, None) if every slot is held.
+
+        The slot receives the block's K/V ahead of its eviction (engine/tiers.py `prestage`) and
+        holds no entry until `commit` (the eviction) or `release` (the block was reused instead)."""
+        evicted = None
+        if not self.free:
+            if not self.entries:
+                return None, None
+            _, evicted = self.entries.popitem(last=False)
+            self.free.append(evicted.slot)
+        return self.free.popleft(), evicted
+
+    def commit(self, slot: int, h: int, token_ids: tuple[int, ...], parent: int | None) -> HostEntry:
+        """The block staged in reserved `slot` was evicted from the device: it is a host entry now."""
+        old = self.entries.pop(h, None)
+        if old is not None:
+            self.free.append(old.slot)
+        entry = self.entries[h] = HostEntry(slot, h, token_ids, parent)
+        return entry
+
     def take(self, h: int) -> HostEntry:
         """Remove `h` for a copy back to the device; its slot stays held until `release`."""
         return self.entries.pop(h)

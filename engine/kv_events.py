@@ -11,9 +11,19 @@ import asyncio
 import collections
 import dataclasses
 import itertools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from router.protocol import KVEvent, new_epoch
+
+
+class KVChange(NamedTuple):
+    """One change the block manager queues for the log (`KVEventLog.append` numbers it)."""
+
+    kind: str  # "stored", "removed" or "cleared"
+    blocks: list[int]
+    parent: int | None
+    tier: str = "device"
+    store: str | None = None  # tier "remote": the store key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

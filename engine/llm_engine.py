@@ -229,6 +229,9 @@ class LLMEngine:
                 log.exception("model step failed")
                 self._fail(step, f"model step failed: {e}")
                 continue
+            finally:
+                if self.kv is not None:
+                    await self.kv.settle()  # the copies that ran during the step
             self.metrics.observe_step(time.perf_counter() - t0, sum(step.num_tokens))
             if self.kv is not None:
                 self.kv.observe_step(sum(n for n in step.num_tokens if n > 1), time.perf_counter() - t0)

@@ -92,6 +92,9 @@ class SimRunner:
         await asyncio.sleep(times.read_s + times.d2h_s + times.h2d_s)
         return times
 
+    async def run_ahead(self, plan: CopyPlan) -> CopyTimes:
+        return await self.run_copies(plan)  # concurrently with the step's sleep: overlapped
+
     @property
     def prefill_rate_hint(self) -> float:
         """Prefill tokens/s the cost model predicts for long chunks (what recovery starts from)."""

@@ -7,7 +7,9 @@
 - `run_copies()`, after every schedule: hands the block manager's copy batch to
   the runner (same thread as the steps, so in order with them), records bytes and
   seconds per direction, feeds the link estimates, and queues the blocks read out
-  for the store. Then it starts fetching the store loads just admitted: one
+  for the store; then starts the ahead batch (engine/prestage.py) that runs while
+  the step computes, which `settle()` awaits after the step. It also starts
+  fetching the store loads just admitted: one
   `get_many` per chunk (at most `FETCH_CHUNK_BYTES`) for all requests together,
   each entry checked (engine/kvstore/entry.py) before its bytes are used.
 - The writer task drains the write queue into `put_many` calls off the TTFT path
@@ -53,6 +55,9 @@ class TierService:
         self.write_bytes = 0
         self._write_ready = asyncio.Event()
         self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
+        self._ahead: asyncio.Future | None = None
+        self._ahead_plan: CopyPlan | None = None
+        self.max_fresh = -(-engine.config.max_batched_tokens // engine.config.block_size)  # blocks a step takes
         if store is not None:
             metrics.store_up.set(1)
 
@@ -65,6 +70,8 @@ class TierService:
             self._spawn(self._writer(), "kv-store-writer")
 
     async def stop(self) -> None:
+        if self._ahead is not None:
+            await asyncio.gather(self._ahead, return_exceptions=True)
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -102,16 +109,26 @@ class TierService:
     # -- copy batches and store fetches ---------------------------------------------------
 
     async def run_copies(self) -> None:
+        """Before the step: start the ahead batch (runs while this batch and the step do), run this batch."""
         plan = self.bm.take_copy_plan()
+        ahead = self.bm.take_ahead_plan(self.max_fresh)
+        if ahead:  # touches neither this batch's blocks nor its slots: runs alongside it and the step
+            self._ahead = asyncio.ensure_future(self.runner.run_ahead(ahead))
+            self._ahead_plan = ahead
         if plan:
-            await self._run(plan)
+            self._record(plan, await self.runner.run_copies(plan))
         self.metrics.observe_recovery(self.tiers.recovery.runs, self.tiers.recovery.blocks)
         loads = self.tiers.loads.fetches()
         if loads:
             self._spawn(self._fetch(loads), "kv-store-fetch")
 
-    async def _run(self, plan: CopyPlan) -> None:
-        times = await self.runner.run_copies(plan)
+    async def settle(self) -> None:
+        """After the step: wait for the ahead batch (the next step may reuse what it copied)."""
+        if self._ahead is not None:
+            task, plan, self._ahead = self._ahead, self._ahead_plan, None
+            self._record(plan, await task)
+
+    def _record(self, plan: CopyPlan, times) -> None:
         bpb, recovery, m = self.tiers.recovery.bytes_per_block, self.tiers.recovery, self.metrics
         for direction, blocks, seconds in (("d2h", len(plan.reads) + len(plan.d2h), times.read_s + times.d2h_s),
                                            ("h2d", plan.num_loaded, times.h2d_s)):

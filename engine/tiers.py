@@ -25,8 +25,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from engine.host_pool import HostEntry, HostPool
+from engine.prefix_hit import PrefixHit
 from engine.kv_copies import CopyPlan, StoredBlock
 from engine.load_queue import Load, LoadQueue
+from engine.prestage import Prestager
 from engine.recovery import Recovery
 from engine.sequence import Sequence
 from router.protocol import block_hashes
@@ -36,29 +38,6 @@ if TYPE_CHECKING:
 
 STORE_WRITE_MODES = ("through", "evict")
 KNOWN_CAPACITY = 1 << 20  # hashes remembered as held by the store
-
-
-@dataclasses.dataclass(slots=True)
-class PrefixHit:
-    """The prefix a request can reuse: device blocks, then blocks to load from the host and the store."""
-
-    device: list[int] = dataclasses.field(default_factory=list)  # device block ids
-    host: list[HostEntry] = dataclasses.field(default_factory=list)
-    remote: list[StoredBlock] = dataclasses.field(default_factory=list)
-    order: list[str] = dataclasses.field(default_factory=list)  # tier of each loaded block, in prompt order
-    runs: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # every cached run after the device
-    loaded_runs: int = 0
-
-    def __len__(self) -> int:
-        return len(self.device) + len(self.order)
-
-    @property
-    def num_loads(self) -> int:
-        return len(self.order)
-
-    def tokens_by_tier(self, block_size: int) -> dict[str, int]:
-        return {"device": len(self.device) * block_size, "host": len(self.host) * block_size,
-                "remote": len(self.remote) * block_size}
 
 
 class KnownSet:
@@ -90,6 +69,7 @@ class CacheTiers:
             raise ValueError(f"--kv-store-write must be one of {', '.join(STORE_WRITE_MODES)}, got {store_write!r}")
         self.recovery = recovery
         self.host = HostPool(host_blocks) if host_blocks else None
+        self.prestager = Prestager(self.host, self._host_evicted) if self.host is not None else None
         self.store_key = recovery.store_key
         self.store_write = store_write if self.store_key else None
         self.known = KnownSet()
@@ -154,15 +134,29 @@ class CacheTiers:
             if self.store_write == "evict":
                 self._write(self.plan.device_reads, block.block_id, meta)
             return
-        entry, evicted = self.host.insert(meta.hash, meta.token_ids, meta.parent)
-        if evicted is not None:
-            self.bm.emit("removed", [evicted.hash], None, "host")
-            if self.store_write == "evict":
-                self._write(self.plan.host_reads, evicted.slot,
-                            StoredBlock(evicted.hash, evicted.token_ids, evicted.parent))
+        entry = self.prestager.evicted(block)  # copied ahead of time: nothing to copy now
+        if entry is None:
+            entry, evicted = self.host.insert(meta.hash, meta.token_ids, meta.parent)
+            if evicted is not None:
+                self._host_evicted(evicted, self.plan)
+            if entry is not None:
+                self.plan.d2h.append((block.block_id, entry.slot))
         if entry is not None:
-            self.plan.d2h.append((block.block_id, entry.slot))
             self.bm.emit("stored", [meta.hash], meta.parent, "host")
+
+    def _host_evicted(self, evicted: HostEntry, plan: CopyPlan) -> None:
+        """`evicted` left the host pool for a newer block (its slot is reused by `plan`)."""
+        self.bm.emit("removed", [evicted.hash], None, "host")
+        if self.store_write == "evict":
+            self._write(plan.host_reads, evicted.slot, StoredBlock(evicted.hash, evicted.token_ids, evicted.parent))
+
+    def take_ahead_plan(self, max_fresh: int) -> CopyPlan:
+        """Copies to run alongside the next batch and step: the evictions that a step's fresh blocks
+        (`max_fresh`) and a batch of loads will cause, staged to the host."""
+        if self.prestager is None:
+            return CopyPlan()
+        self.prestager.stage(self.bm, max_fresh + self._budget_blocks())
+        return self.prestager.take_plan()
 
     def on_commit(self, seq: Sequence, stored: list[tuple[int, int, int]]) -> None:
         """Blocks (index, hash, device block) of `seq` just computed and registered on the device."""
@@ -218,9 +212,20 @@ class CacheTiers:
         self.bm.register(load.block_id, load.block)
 
     def _failed(self, seq: Sequence, index: int, slots: list[int]) -> None:
+        """A store load of `seq`'s block `index` failed: it and everything after is computed instead."""
         if self.host is not None:
             self.host.release(slots)
-        self.bm.truncate(seq, index)
+        cut = index * self.bm.block_size
+        if seq.num_computed > cut:
+            self.bm.num_hit_tokens -= seq.num_computed - cut
+            seq.num_computed = cut
+        del seq.block_hashes[index:]
+        lost = max(0, seq.num_cached - cut)
+        seq.num_cached -= lost
+        for tier in ("remote", "host", "device"):  # the cut drops the tail of the reused prefix
+            take = min(lost, seq.cached_by_tier.get(tier, 0))
+            seq.cached_by_tier[tier] = seq.cached_by_tier.get(tier, 0) - take
+            lost -= take
 
     def take_copy_plan(self) -> CopyPlan:
         """The copies planned since the last call (loads drained within budget); hand it to the runner."""

@@ -1,7 +1,7 @@
 import pytest
 
 from engine.block_manager import BlockManager
-from engine.tiers import PrefixHit
+from engine.prefix_hit import PrefixHit
 from engine.sequence import Sequence
 from engine.work import SamplingParams
 from router.protocol import block_hashes

@@ -229,3 +229,26 @@ def test_bad_tier_settings_are_refused():
     with pytest.raises(ValueError, match="--kv-store-write"):
         CacheTiers(Recovery({n: FAST for n in ("h2d", "d2h", "store_read", "store_write")}, 1.0, 4, 1, False),
                    store_write="never")
+
+
+def test_blocks_about_to_be_evicted_are_copied_ahead_and_then_evicted_without_a_copy():
+    bm = make_bm(num_blocks=4, host_blocks=8)
+    a = seq(range(10, 23))  # 3 full blocks + 1 token: 4 blocks, 3 of them cached once freed
+    run(bm, a)
+    bm.take_copy_plan()
+    ahead = bm.take_ahead_plan(max_fresh=2)  # 2 fresh per step: the device's LRU head is staged
+    staged = [dev for dev, _ in ahead.d2h]
+    assert staged == list(bm.free_cached)[:len(staged)] and len(staged) >= 2
+    assert not bm.tiers.host.entries  # staged, not findable: the device copy is still the live one
+    run(bm, seq(range(40, 47)))  # takes the plain block and evicts the first staged one
+    pre = bm.take_copy_plan()
+    assert not pre.d2h  # already copied ahead
+    assert len(bm.tiers.host.entries) == 1
+    reused = seq(list(range(10, 23)) + [1])  # hits the rest of a's blocks on the device
+    hits = bm.match_prefix(reused)
+    bm.allocate(reused, hits)
+    assert not set(hits.device) & set(bm.tiers.prestager.staged)  # their staged copies are dropped
+    assert [e.hash for e in hits.host] == block_hashes(a.token_ids[:12], BS, SEED)[2:]  # a's evicted tail
+    bm.take_copy_plan()
+    host = bm.tiers.host
+    assert host.num_used == len(host.entries) + len(bm.tiers.prestager.staged)

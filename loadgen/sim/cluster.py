@@ -25,7 +25,7 @@ import itertools
 import math
 from typing import Callable, Iterator, Protocol
 
-from engine.block_manager import KVChange
+from engine.kv_events import KVChange
 from engine.config import EngineConfig
 from engine.sequence import Sequence
 from loadgen.sim.instance import QUEUE_FULL, SimInstance

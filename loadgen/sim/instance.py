@@ -85,6 +85,7 @@ class SimInstance:
                                  self.runner.prefill_rate_hint)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, self.tiers)
         self.io: SimTierIO | None = None  # set by the cluster when tiers exist (loadgen/sim/tiers.py)
+        self.max_fresh = -(-config.max_batched_tokens // config.block_size)
         sched = SchedulerConfig(config.max_batched_tokens, config.max_running, self.runner.info.max_model_len)
         self.scheduler = Scheduler(sched, self.block_manager, frozenset())
         self.step: Step | None = None
@@ -110,9 +111,10 @@ class SimInstance:
         step = sched.schedule()
         failed = [(seq, DROPPED) for seq in sched.dropped]
         sched.dropped = []
-        copy_s = 0.0
+        copy_s = ahead_s = 0.0
         if self.io is not None:
             copy_s = self.io.copies(now, self.block_manager.take_copy_plan())
+            ahead_s = self.io.copies(now, self.block_manager.take_ahead_plan(self.max_fresh))
             self.io.fetch(now)
         if not step.seqs and not copy_s:
             if self.num_held or self.block_manager.has_pending_loads:
@@ -122,7 +124,7 @@ class SimInstance:
         duration = step_time(self.cost_model, step) * self.runner.time_scale
         if self.tiers is not None:
             self.tiers.recovery.prefill.observe(sum(n for n in step.num_tokens if n > 1), duration)
-        duration += copy_s  # the batch runs before the step, on the same thread
+        duration = max(copy_s + duration, ahead_s)  # the batch, then the step; the ahead batch alongside both
         self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq) else None
                        for seq, n in zip(step.seqs, step.num_tokens)]
         self.step = step

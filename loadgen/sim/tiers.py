@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from engine.block_manager import KVChange
+from engine.kv_events import KVChange
 from engine.kv_copies import CopyPlan
 from engine.sequence import Sequence
 from engine.tiers import CacheTiers
