@@ -42,6 +42,7 @@ FETCH_CHUNK_BYTES = 8 << 20  # bytes per store read call
 WRITE_CHUNK_BYTES = 8 << 20  # bytes per store write call
 MAX_QUEUED_WRITE_BYTES = 256 << 20  # beyond this, blocks are not written (counted as dropped)
 MAX_FETCHES = 2  # store read calls in flight
+SLOW_READ_FACTOR = 4.0  # a read may take this many times its expected transfer time (plus the read timeout)
 
 
 class TierService:
@@ -148,8 +149,9 @@ class TierService:
 
     async def _fetch_chunk(self, loads: list[Load]) -> None:
         t0 = time.perf_counter()
-        try:
-            values = await self.store.get_many([ld.block.hash for ld in loads])
+        expected = self.tiers.recovery.links["store_read"].time(len(loads) * self.tiers.recovery.bytes_per_block)
+        try:  # slow is allowed up to 4x the measured link, then the blocks are recomputed
+            values = await self.store.get_many([ld.block.hash for ld in loads], SLOW_READ_FACTOR * expected)
         except StoreUnavailable:
             values = [None] * len(loads)
         else:

@@ -215,10 +215,8 @@ class CacheTiers:
         """A store load of `seq`'s block `index` failed: it and everything after is computed instead."""
         if self.host is not None:
             self.host.release(slots)
-        cut = index * self.bm.block_size
-        if seq.num_computed > cut:
-            self.bm.num_hit_tokens -= seq.num_computed - cut
-            seq.num_computed = cut
+        cut = index * self.bm.block_size  # (the prefix-cache hit counters keep what admission found)
+        seq.num_computed = min(seq.num_computed, cut)
         del seq.block_hashes[index:]
         lost = max(0, seq.num_cached - cut)
         seq.num_cached -= lost

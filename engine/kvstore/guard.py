@@ -1,7 +1,7 @@
 """`GuardedStore`: a store that can be down or slow without failing a request.
 
-Every call is bounded (reads by the engine's short `--kv-store-timeout-s`, writes
-by a longer limit); any failure or timeout raises `StoreUnavailable`, which the
+Every call is bounded (reads by the engine's short `--kv-store-timeout-s`, plus
+what the caller expects the bytes to take; writes by a longer limit); any failure or timeout raises `StoreUnavailable`, which the
 engine turns into "recompute" (reads) or "drop" (writes). The first failure of an
 outage logs one warning and later ones stay quiet; for `retry_s` after a failure,
 calls fail at once instead of waiting out the timeout again, so requests do not
@@ -63,8 +63,9 @@ class GuardedStore:
             self.on_state(True)
         return result
 
-    async def get_many(self, hashes: Sequence[int]) -> list[bytes | None]:
-        return await self._call("read", lambda: self.store.get_many(hashes), self.read_timeout_s)
+    async def get_many(self, hashes: Sequence[int], transfer_s: float = 0.0) -> list[bytes | None]:
+        """`transfer_s`: the read's expected transfer time, allowed on top of the read timeout."""
+        return await self._call("read", lambda: self.store.get_many(hashes), self.read_timeout_s + transfer_s)
 
     async def contains_many(self, hashes: Sequence[int]) -> list[bool]:
         return await self._call("lookup", lambda: self.store.contains_many(hashes), self.read_timeout_s)
