@@ -155,7 +155,7 @@ class CacheTiers:
         (`max_fresh`) and a batch of loads will cause, staged to the host."""
         if self.prestager is None:
             return CopyPlan()
-        self.prestager.stage(self.bm, max_fresh + self._budget_blocks())
+        self.prestager.stage(self.bm, max_fresh + min(self._budget_blocks(), max_fresh))
         return self.prestager.take_plan()
 
     def on_commit(self, seq: Sequence, stored: list[tuple[int, int, int]]) -> None:
