@@ -87,10 +87,6 @@ class EngineConfig:
                 raise ValueError(f"{flag} must be one of {', '.join(LINKS)}, got {link!r}")
 
     @property
-    def has_tiers(self) -> bool:
-        return self.host_blocks > 0 or self.kv_store is not None
-
-    @property
     def instance(self) -> str:
         return self.instance_id or f"{socket.gethostname()}:{self.port}"
 

@@ -21,7 +21,6 @@ talking to the store) is the caller's (engine/tier_service.py, loadgen/sim).
 from __future__ import annotations
 
 import collections
-import dataclasses
 from typing import TYPE_CHECKING
 
 from engine.host_pool import HostEntry, HostPool

@@ -5,7 +5,6 @@ import logging
 import os
 import random
 
-import pytest
 import torch
 
 from engine.kv_copies import CopyPlan

@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, ".")
 from loadgen.local_cluster import free_port  # noqa: E402
 from loadgen.local_redis import RedisServer  # noqa: E402
-from tools.procs import spawn, wait_ready  # noqa: E402
+from tools.procs import spawn, wait_ready, write_json  # noqa: E402
 
 BATCHES = (1, 4, 16, 64, 192)
 SESSION, QUESTION, FILLER = 3072, 64, 2048
@@ -216,9 +216,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     result = asyncio.run(links(args) if args.what == "links" else ttft(args))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.out, result)
     return 0
 
 

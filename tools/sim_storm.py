@@ -16,7 +16,6 @@ Dynamo instead of by time saved. Storm figures are over the returning requests.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -26,6 +25,7 @@ from loadgen.arrivals import ArrivalConfig  # noqa: E402
 from loadgen.sim import SimConfig, simulate  # noqa: E402
 from loadgen.workloads import make_workload  # noqa: E402
 from loadgen.workloads.session_storm import is_return  # noqa: E402
+from tools.procs import write_json  # noqa: E402
 
 STORM = dict(sessions=1024, context_tokens=3072, min_context_tokens=2048, session_rate=150.0, idle_requests=2048,
              idle_tokens=3000, idle_rate=150.0, burst=1024, burst_spread=2.0, output_tokens=64)
@@ -71,9 +71,7 @@ def main() -> int:
         print(f"{name:40} storm TTFT p50 {r['storm_ttft_p50_s'] * 1e3:6.0f} ms  p90 {r['storm_ttft_p90_s'] * 1e3:6.0f} ms"
               f"  p99 {r['storm_ttft_p99_s'] * 1e3:6.0f} ms  goodput@{args.slo_ttft:g}s {r['storm_goodput']:6.1%}"
               f"  (all {r['goodput_all']:.1%})  {r['recoveries']}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"workload": STORM, "slo_ttft_s": args.slo_ttft, "runs": rows}, f, indent=2)
+    write_json(args.out, {"workload": STORM, "slo_ttft_s": args.slo_ttft, "runs": rows})
     return 0
 
 
