@@ -196,6 +196,8 @@ class LLMEngine:
             self._apply_aborts()
             self._housekeeping()
             if not self.scheduler.has_work():
+                if self.kv is not None:
+                    await self.kv.run_copies()  # what the last step left planned (reads for the store)
                 self._wakeup.clear()
                 if self.pinned.pinned or (self.remote and self.remote.waiting):
                     try:  # pins expire and waiting pulls time out even when nothing runs

@@ -103,6 +103,12 @@ class TierService:
         self.metrics.store_lookups.labels(self.metrics._model, "miss").inc(len(hashes) - len(hits))
         for h in hits:
             self.tiers.known.add(h)
+        if self.store.up:  # entries the store dropped (evicted, pruned): routers stop crediting them
+            gone = [h for h, p in zip(hashes, present) if not p and h in self.tiers.known]
+            for h in gone:
+                self.tiers.known.discard(h)
+            if gone:
+                self._emit_remote("removed", gone)
         seq.store_hits = frozenset(hits)
         if not seq.is_finished:
             enqueue(seq)
@@ -111,6 +117,7 @@ class TierService:
 
     async def run_copies(self) -> None:
         """Before the step: start the ahead batch (runs while this batch and the step do), run this batch."""
+        await self.settle()  # an ahead batch started while the engine was idle
         plan = self.bm.take_copy_plan()
         ahead = self.bm.take_ahead_plan(self.max_fresh)
         if ahead:  # touches neither this batch's blocks nor its slots: runs alongside it and the step

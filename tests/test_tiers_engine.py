@@ -219,3 +219,30 @@ async def test_router_explains_cached_tokens_by_tier_and_the_time_each_saves(sta
 
 async def _true(value):
     return value
+
+
+async def test_entries_the_store_dropped_are_announced_as_removed(start_engine, http, tmp_path):
+    import shutil
+
+    url, _ = await start_engine(backend="sim", time_scale=0.01, num_blocks=24, kv_store=f"file://{tmp_path}")
+    await complete(http, url, SESSION)
+    await evict(http, url)
+    await wait_for(lambda: _ge(remote_written(http, url), 10 + 2 * 18))  # the session and the fillers
+    for entry in tmp_path.iterdir():  # someone pruned the store
+        shutil.rmtree(entry)
+    _, details = await complete(http, url, SESSION)
+    assert details["cached_tokens"] == 0
+    async with http.get(url + "/kv/events", params={"since": 0}) as r:
+        events = (await r.json())["events"]
+    from router.protocol import block_hashes, hash_seed
+
+    removed = [h for e in events if e["tier"] == "remote" and e["type"] == "removed" for h in e["blocks"]]
+    assert removed == block_hashes(SESSION, BS, hash_seed("kvroute-tiny"))[:9]  # the lookup's misses
+    await wait_for(lambda: _ge(remote_written(http, url), 10 + 2 * 18 + 9))  # recomputed and written again
+
+
+async def remote_written(http, url) -> int:
+    """Blocks the engine has announced as written to the store (its `stored` events of tier remote)."""
+    async with http.get(url + "/kv/events", params={"since": 0}) as r:
+        events = (await r.json())["events"]
+    return sum(len(e["blocks"]) for e in events if e["tier"] == "remote" and e["type"] == "stored")

@@ -47,9 +47,17 @@ class FileStore:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 self._made.add(final.parent)
             tmp = final.with_name(f".{final.name}.{os.getpid()}.{next(_tmp_ids)}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(value)
+            try:
+                self._write(tmp, value)
+            except FileNotFoundError:  # the directory was pruned meanwhile: make it again
+                final.parent.mkdir(parents=True, exist_ok=True)
+                self._write(tmp, value)
             os.replace(tmp, final)
+
+    @staticmethod
+    def _write(path: Path, value: bytes) -> None:
+        with open(path, "wb") as f:
+            f.write(value)
 
     def _get_all(self, hashes: list[int]) -> list[bytes | None]:
         out: list[bytes | None] = []

@@ -156,6 +156,8 @@ class Cluster:
         if inst.scheduler.has_work():
             self._start_step(inst)
         else:
+            if inst.io is not None:  # what the last step left planned (reads for the store), while idle
+                inst.io.copies(self.now, inst.block_manager.take_copy_plan())
             self._load_changed(inst)
 
     def publish(self, inst: SimInstance) -> None:
