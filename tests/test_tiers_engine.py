@@ -87,16 +87,11 @@ async def wait_for(condition, timeout=10.0):
         await asyncio.sleep(0.05)
 
 
-async def stored_remote(http, url) -> int:
-    async with http.get(url + "/kv/snapshot") as r:
-        return len((await r.json())["tiers"].get("remote", ()))
-
-
 async def test_store_entries_corrupt_truncated_or_missing_are_recomputed_never_used(start_engine, http, tmp_path):
     store = f"file://{tmp_path}"
     url, server = await start_engine(backend="torch", num_blocks=24, kv_store=store)
     text, _ = await complete(http, url, SESSION)
-    await wait_for(lambda: _ge(stored_remote(http, url), 10))
+    await wait_for(lambda: _ge(remote_written(http, url), 10))
     await server.close()
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs)
     assert len(files) == 10
@@ -126,7 +121,7 @@ async def test_an_engine_with_another_layout_never_reads_the_entries(start_engin
     store = f"file://{tmp_path}"
     url, _ = await start_engine(backend="sim", time_scale=0.01, kv_store=store)
     await complete(http, url, SESSION)
-    await wait_for(lambda: _ge(stored_remote(http, url), 10))
+    await wait_for(lambda: _ge(remote_written(http, url), 10))
     for other in ({"block_size": 32}, {"served_model_name": "another-model"}):
         other_url, _ = await start_engine(backend="sim", time_scale=0.01, kv_store=store, **other)
         _, details = await complete(http, other_url, SESSION)
@@ -145,6 +140,7 @@ async def test_tiers_in_events_snapshot_info_load_and_usage(start_engine, http, 
     await evict(http, url)
     _, details = await complete(http, url, SESSION)
     assert details["cached_tokens_by_tier"]["host"] == 144
+    await wait_for(lambda: _ge(remote_written(http, url), 10 + 2 * 18))  # store writes run in the background
     async with http.get(url + "/kv/events", params={"since": 0}) as r:
         events = (await r.json())["events"]
     async with http.get(url + "/kv/snapshot") as r:
