@@ -184,7 +184,7 @@ async def handle_get_model_info(request: web.Request) -> web.Response:
 async def handle_get_server_info(request: web.Request) -> web.Response:
     import dataclasses
 
-    info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items() if k != "redis"}
+    info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items() if k not in ("redis", "kv_store")}
     info.update(kv_info(request.app), version="kvroute-0.1.0")
     return json_response(info)
 
