@@ -29,8 +29,9 @@ NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special to
 # a PCIe 4.0 NVMe SSD: ~7 GB/s sequential read (Samsung 990 PRO: 7.45 GB/s read, 6.9 GB/s write),
 # ~100 us to the first byte; an RDMA-attached store over 200 Gb/s InfiniBand: "infiniband" above.
 # The cpu-* links are this machine (tiny model, 32 KiB blocks), medians of 3 runs of
-# `python tools/bench_tiers.py links`: torch index_select/index_copy_ between two host tensors, a
-# local redis-server through redis-py (MGET / pipelined SET of whole blocks), one file per block.
+# `python tools/bench_tiers.py links`: torch index_select/index_copy_ between two host tensors, and
+# the engine's own store path (engine/kvstore: a local redis-server, one file per block; reads
+# include checking every entry).
 LINKS: dict[str, tuple[float, float]] = {
     "nvlink": (300e9, 10e-6),
     "infiniband": (25e9, 20e-6),
@@ -38,9 +39,9 @@ LINKS: dict[str, tuple[float, float]] = {
     "pcie4": (25e9, 10e-6),
     "pcie5": (50e9, 10e-6),
     "nvme": (7e9, 100e-6),
-    "cpu-memcpy": (5.4e9, 4e-6),  # both directions measured alike (5.1-5.8 GB/s, 3-8 us)
-    "cpu-redis": (0.78e9, 55e-6),  # MGET; pipelined SET 0.88 GB/s, 96 us
-    "cpu-file": (2.4e9, 10e-6),  # reads from the page cache; writes (temp file + rename) 0.14 GB/s
+    "cpu-memcpy": (5.5e9, 5e-6),  # host-to-device 5.8 GB/s, 4.6 us; device-to-host 5.4 GB/s, 7 us
+    "cpu-redis": (0.57e9, 70e-6),  # MGET + entry checks; writes (pipelined SET) 0.66 GB/s, 120 us
+    "cpu-file": (0.81e9, 130e-6),  # reads (page cache, one thread hop) + entry checks; writes 0.10 GB/s
 }
 DEFAULT_HOST_LINK = {"cpu": "cpu-memcpy", "cuda": "pcie4"}  # by device type
 DEFAULT_STORE_LINK = {"redis": "cpu-redis", "rediss": "cpu-redis", "file": "cpu-file"}  # by URL scheme

@@ -5,9 +5,10 @@
 
 `links` moves whole blocks of the built-in model (32 KiB) in batches of 1 to 192:
 host-to-device and device-to-host as the torch runner does (one gather/scatter
-between two host tensors here: the "device" is CPU memory), a local redis-server
-through redis-py (MGET / pipelined SET, as the Redis store does) and one file per
-block (write + rename, read), and fits seconds = latency + bytes / bandwidth over
+between two host tensors here: the "device" is CPU memory), and through the
+engine's own store path -- the Redis store (a local redis-server: MGET / pipelined
+SET) and the file store (one file per block, write + rename), entries encoded and
+every read entry checked -- and fits seconds = latency + bytes / bandwidth over
 the medians (least squares on relative error, so the small batches that show the
 latency count as much as the large ones that show the bandwidth). These are
 engine/sim.py's cpu-memcpy, cpu-redis and cpu-file (file reads come from the page
@@ -81,56 +82,46 @@ def memcpy_links(reps: int) -> dict:
     return out
 
 
-async def redis_links(reps: int, block: int) -> dict:
-    import redis.asyncio as aioredis
+async def store_links(url: str, reps: int, block: int) -> dict:
+    """The engine's own store path: `put_many` of encoded entries; `get_many` plus checking every entry."""
+    from engine.kv_copies import StoredBlock
+    from engine.kvstore import make_store
+    from engine.kvstore.entry import decode, encode
 
-    server = RedisServer()
-    client = aioredis.Redis.from_url(server.url)
-    value = os.urandom(block)
+    ns = "00000000000000a1"
+    store = make_store(url, ns, timeout_s=10.0)
+    payload = os.urandom(block)
     points = {"store_write": [], "store_read": []}
     try:
         for n in BATCHES:
-            keys = [f"k{i}" for i in range(n)]
+            blocks = [StoredBlock(random.getrandbits(64), tuple(range(16)), 1) for _ in range(n)]
+            items = [(b.hash, encode(ns, b, payload)) for b in blocks]
             writes, reads = [], []
             for _ in range(reps):
-                pipe = client.pipeline(transaction=False)
-                for k in keys:
-                    pipe.set(k, value)
                 t0 = time.perf_counter()
-                await pipe.execute()
+                await store.put_many(items)
                 writes.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                await client.mget(keys)
+                values = await store.get_many([b.hash for b in blocks])
+                for b, v in zip(blocks, values):
+                    decode(v, ns, b, block)
                 reads.append(time.perf_counter() - t0)
             points["store_write"].append((n * block, statistics.median(writes)))
             points["store_read"].append((n * block, statistics.median(reads)))
     finally:
-        await client.aclose()
-        server.stop()
-    return {k: fit(v) for k, v in points.items()}
-
-
-def file_links(reps: int, block: int) -> dict:
-    from engine.kvstore.file_store import FileStore
-
-    root = tempfile.mkdtemp(prefix="kvroute-bench-")
-    store = FileStore(root, "ns", "file://bench")
-    value = os.urandom(block)
-    points = {"store_write": [], "store_read": []}
-    try:
-        for n in BATCHES:
-            items = [(random.getrandbits(64), value) for _ in range(n)]
-            points["store_write"].append((n * block, timed(lambda: store._put_all(items), reps)))
-            points["store_read"].append((n * block, timed(lambda: store._get_all([h for h, _ in items]), reps)))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        await store.close()
     return {k: fit(v) for k, v in points.items()}
 
 
 async def links(args) -> dict:
     block = 32768
-    out = {"cpu-memcpy": memcpy_links(args.reps), "cpu-redis": await redis_links(args.reps, block),
-           "cpu-file": file_links(args.reps, block)}
+    server, root = RedisServer(), tempfile.mkdtemp(prefix="kvroute-bench-")
+    try:
+        out = {"cpu-memcpy": memcpy_links(args.reps), "cpu-redis": await store_links(server.url, args.reps, block),
+               "cpu-file": await store_links("file://" + root, args.reps, block)}
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
     for name, dirs in out.items():
         for d, f in dirs.items():
             print(f"{name:11} {d:12} {f['bandwidth_bps'] / 1e9:6.2f} GB/s  latency {f['latency_s'] * 1e6:7.1f} us")
