@@ -17,8 +17,10 @@ cache here: a cold NVMe read would be slower).
 `ttft` runs one torch engine per case (tiny model, 1 thread, device pool of 256
 blocks = 4,096 tokens) and, per repetition, sends a fresh 3,072-token session,
 pushes it out of the device pool with two 2,048-token requests (except "device
-hit"), then sends its next turn (the session + 64 new tokens) and times the first
-streamed token. Cases: device hit, host hit (--host-blocks 1024), Redis-store hit
+hit"), waits 0.3 s (the store writes of those requests finish: they run in the
+background and would otherwise share the CPU with the measured request), then
+sends its next turn (the session + 64 new tokens) and times the first streamed
+token. Cases: device hit, host hit (--host-blocks 1024), Redis-store hit
 and file-store hit (no host pool: the store alone), recompute (device pool only).
 Medians over --reps; the ratios are to the median recompute.
 """
@@ -170,6 +172,7 @@ async def run_case(session, name, flags, evict, reps, rng) -> dict:
             if evict:
                 for _ in range(2):
                     await first_token(session, url, [rng.randrange(5, 8000) for _ in range(FILLER)])
+                await asyncio.sleep(0.3)  # the session comes back after a pause: background writes are done
             ttft, usage = await first_token(session, url, context + [rng.randrange(5, 8000) for _ in range(QUESTION)])
             ttfts.append(ttft)
             cached.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens_by_tier"))
