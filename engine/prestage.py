@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.host_pool import HostEntry, HostPool
-from engine.kv_copies import CopyPlan, StoredBlock
+from engine.kv_copies import CopyPlan
 
 if TYPE_CHECKING:
     from engine.block_manager import Block, BlockManager
@@ -73,7 +73,3 @@ class Prestager:
     def clear(self) -> None:
         self.host.release(list(self.staged.values()))
         self.staged.clear()
-
-
-def stored(entry: HostEntry) -> StoredBlock:
-    return StoredBlock(entry.hash, entry.token_ids, entry.parent)

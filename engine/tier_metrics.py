@@ -55,6 +55,13 @@ class TierMetrics:
         self.transfer_seconds.labels(*labels).inc(seconds)
         self.transfers.labels(*labels).inc()
 
+    def lookups(self, hits: int, misses: int) -> None:
+        self.store_lookups.labels(self._model, "hit").inc(hits)
+        self.store_lookups.labels(self._model, "miss").inc(misses)
+
+    def store_error(self, op: str) -> None:
+        self.store_errors.labels(self._model, op).inc()
+
     def observe_recovery(self, runs: dict[str, int], blocks: dict[str, int]) -> None:
         """Bring the choice counters up to `recovery.runs` / `.blocks` (cumulative counts)."""
         for seen, counts, metric in ((self._seen_runs, runs, self.recoveries),

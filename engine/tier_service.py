@@ -99,8 +99,7 @@ class TierService:
         except StoreUnavailable:
             present = [False] * len(hashes)
         hits = [h for h, p in zip(hashes, present) if p]
-        self.metrics.store_lookups.labels(self.metrics._model, "hit").inc(len(hits))
-        self.metrics.store_lookups.labels(self.metrics._model, "miss").inc(len(hashes) - len(hits))
+        self.metrics.lookups(len(hits), len(hashes) - len(hits))
         for h in hits:
             self.tiers.known.add(h)
         if self.store.up:  # entries the store dropped (evicted, pruned): routers stop crediting them
@@ -159,28 +158,31 @@ class TierService:
         expected = self.tiers.recovery.links["store_read"].time(len(loads) * self.tiers.recovery.bytes_per_block)
         try:  # slow is allowed up to 4x the measured link, then the blocks are recomputed
             values = await self.store.get_many([ld.block.hash for ld in loads], SLOW_READ_FACTOR * expected)
-        except StoreUnavailable:
-            values = [None] * len(loads)
-        else:
-            delay = self.runner.store_delay(len(loads))  # the sim runner's entries carry no K/V: model them
-            if delay:
-                await asyncio.sleep(delay)
-            self.observe_store("store_read", len(loads), time.perf_counter() - t0)
-        bad = []
+        except StoreUnavailable:  # counted and logged by the guard; nothing is known about the entries
+            for load in loads:
+                self.tiers.loads.arrived(load, None)
+            self.wake()
+            return
+        delay = self.runner.store_delay(len(loads))  # the sim runner's entries carry no K/V: model them
+        if delay:
+            await asyncio.sleep(delay)
+        self.observe_store("store_read", len(loads), time.perf_counter() - t0)
+        bad, reasons = [], []
         for load, value in zip(loads, values):
             payload = None
-            if value is not None:
-                try:
-                    payload = decode(value, self.namespace, load.block, self.payload_bytes)
-                except BadEntry as e:
-                    log.warning("store entry for block %d refused (%s); recomputing it", load.block.hash, e)
+            try:
+                payload = None if value is None else decode(value, self.namespace, load.block, self.payload_bytes)
+            except BadEntry as e:
+                reasons.append(str(e))
             if payload is None:
-                self.metrics.store_rejected.inc()
                 self.tiers.known.discard(load.block.hash)
                 bad.append(load.block.hash)
             self.tiers.loads.arrived(load, payload)
-        if bad and self.store.up:
+        if bad:  # missing (evicted, pruned) or refused: routers stop crediting them
+            self.metrics.store_rejected.inc(len(bad))
             self._emit_remote("removed", bad)
+        if reasons:
+            log.warning("%d store entries refused (%s); their blocks are recomputed", len(reasons), reasons[0])
         self.wake()
 
     # -- store writes --------------------------------------------------------------------

@@ -81,6 +81,6 @@ def build_service(engine) -> "TierService | None":
         raw = make_store(config.kv_store, namespace(config, engine.runner.info), config.kv_store_id,
                          config.kv_store_timeout_s)
         store = GuardedStore(raw, config.kv_store_timeout_s,
-                             on_error=lambda op: metrics.store_errors.labels(metrics._model, op).inc(),
+                             on_error=metrics.store_error,
                              on_state=lambda up: metrics.store_up.set(1 if up else 0))
     return TierService(engine, tiers, store, namespace(config, engine.runner.info), metrics, engine.wake)
