@@ -4,9 +4,11 @@ Synchronous and shared by the engine and the simulator; the I/O (running copies,
 talking to the store) is the caller's (engine/tier_service.py, loadgen/sim).
 
 - Eviction (`on_evict`): a cached device block about to be reused goes to the
-  host pool (device-to-host copy planned; the host's oldest block may make room,
-  and with `--kv-store-write evict` it is read out for the store first). Without a
-  host pool, an evicted block is read out for the store in `evict` mode.
+  host pool (device-to-host copy planned, unless `prestage.py` copied it ahead;
+  the host's oldest block may make room, and with `--kv-store-write evict` it is
+  read out for the store first). Without a host pool, an evicted block is read out
+  for the store in `evict` mode. Engines sharing a store may each write a block
+  they both computed (a store write is idempotent).
 - Prefix extension (`extend`): after the device prefix, the blocks the host pool
   holds (same hash, parent and tokens) and those the store was found to hold
   (`Sequence.store_hits`, looked up before the request was queued) form runs; the
