@@ -30,8 +30,8 @@ class HostKV:
             raise ValueError(f"the host pool cannot have a negative size, got {num_blocks}")
         self.pool = pool
         self.device = pool.data.device
-        pinned = self.device.type == "cuda"
-        self.data = torch.zeros((num_blocks, *pool.data.shape[1:]), dtype=pool.data.dtype, pin_memory=pinned)
+        self.pinned = self.device.type == "cuda"
+        self.data = torch.zeros((num_blocks, *pool.data.shape[1:]), dtype=pool.data.dtype, pin_memory=self.pinned)
 
     @property
     def num_blocks(self) -> int:
@@ -51,7 +51,8 @@ class HostKV:
             t2 = time.perf_counter()
             if plan.h2d:
                 slots, dev_ids = zip(*plan.h2d)
-                chunk = self.data.index_select(0, _ids(slots))
+                chunk = torch.empty((len(slots), *self.data.shape[1:]), dtype=self.data.dtype, pin_memory=self.pinned)
+                torch.index_select(self.data, 0, _ids(slots), out=chunk)  # pinned staging: the copy can be async
                 self.pool.data.index_copy_(0, _ids(dev_ids, self.device), chunk.to(self.device, non_blocking=True))
             if plan.writes:
                 dev_ids, blobs = zip(*plan.writes)
