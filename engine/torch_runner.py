@@ -122,7 +122,7 @@ class TorchRunner:
     async def run_ahead(self, plan: CopyPlan) -> CopyTimes:
         """Ahead copies (engine/prestage.py) on another thread, while a step runs: they read only free
         blocks and write only reserved host slots, so they take no lock."""
-        return await asyncio.to_thread(self.host.run, plan)
+        return await asyncio.to_thread(self.host.run, plan, True)
 
     prefill_rate_hint = 15_000.0  # tokens/s of the built-in model on one CPU thread; recovery refines it online
 

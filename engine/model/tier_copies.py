@@ -11,11 +11,13 @@ one gather/scatter per part: reads for the store, device -> host, host -> device
 store bytes -> device. On CUDA the device -> host part waits for its bytes (the host
 slots may be read by the next part), while the host -> device copies are queued on
 the compute stream without blocking the host thread, so they overlap with the
-preparation of the step that follows and run before its kernels.
+preparation of the step that follows and run before its kernels. Ahead batches
+(`ahead=True`) use a copy stream of their own on CUDA.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -32,13 +34,18 @@ class HostKV:
         self.device = pool.data.device
         self.pinned = self.device.type == "cuda"
         self.data = torch.zeros((num_blocks, *pool.data.shape[1:]), dtype=pool.data.dtype, pin_memory=self.pinned)
+        # Ahead copies (engine/prestage.py) run on their own CUDA stream, so they overlap the step's kernels;
+        # the blocks they read were written by steps that have finished (sampling waited for them).
+        self.copy_stream = torch.cuda.Stream(self.device) if self.pinned else None
 
     @property
     def num_blocks(self) -> int:
         return self.data.shape[0]
 
-    def run(self, plan: CopyPlan) -> CopyTimes:
-        with torch.inference_mode():
+    def run(self, plan: CopyPlan, ahead: bool = False) -> CopyTimes:
+        stream = torch.cuda.stream(self.copy_stream) if ahead and self.copy_stream is not None \
+            else contextlib.nullcontext()
+        with torch.inference_mode(), stream:
             t0 = time.perf_counter()
             payloads = self._read_device([b for b, _ in plan.device_reads])
             payloads += [self._raw(self.data.index_select(0, _index(plan.host_reads)))]
