@@ -132,4 +132,5 @@ class Instance:
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,
             "load": self.load.to_dict() if self.load else None,
+            "kv_store": self.tier_costs.store or None if self.tier_costs else None,
         }
