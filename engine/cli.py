@@ -9,6 +9,7 @@ import sys
 from engine.config import BACKENDS, ROLES, EngineConfig
 from engine.cost_model import COST_MODELS
 from engine.sim import LINKS
+from engine.tiers import STORE_WRITE_MODES
 from router.cli_help import HelpFormatter
 from router.serve import bind_socket, config_values, run_app, setup_logging
 
@@ -84,6 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of the ZeroMQ messages")
     p.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps,
                    help="event batches kept for replay")
+    p.add_argument("--host-blocks", type=int, default=d.host_blocks,
+                   help="KV blocks in a host-memory pool that keeps blocks evicted from the device (0 = off)")
+    p.add_argument("--kv-store", default=d.kv_store, help="shared K/V store: redis://host:port/db or file:///dir")
+    p.add_argument("--kv-store-id", default=d.kv_store_id,
+                   help="engines with the same id share the store's blocks (default: the URL without credentials)")
+    p.add_argument("--kv-store-write", choices=STORE_WRITE_MODES, default=d.kv_store_write,
+                   help="through: a prompt's blocks after its prefill; evict: blocks leaving the last local tier")
+    p.add_argument("--kv-store-timeout-s", type=float, default=d.kv_store_timeout_s,
+                   help="a store lookup or read waits at most this long before the engine recomputes")
+    p.add_argument("--kv-load-budget-bytes", type=int, default=d.kv_load_budget_bytes,
+                   help="K/V bytes loaded into the device per step (0 = what the host link moves in 20 ms)")
+    p.add_argument("--kv-host-link", default=d.kv_host_link,
+                   help="host link figures to start from (sim backend: to model): pcie4, pcie5, cpu-memcpy, ...")
+    p.add_argument("--kv-store-link", default=d.kv_store_link,
+                   help="store link figures to start from (sim backend: to model): infiniband, nvme, cpu-redis, ...")
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")
@@ -111,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             from engine.devices import check_device_available
 
             check_device_available(config.device)
+        if config.kv_store:
+            from engine.kvstore import check_reachable
+
+            check_reachable(config.kv_store)
     except ValueError as e:
         print(f"kvroute engine: {e}", file=sys.stderr)
         return 2

@@ -58,6 +58,15 @@ class EngineConfig:
     kv_events_encoding: str = "map"  # "map" (vLLM 0.26), "array" (older vLLM, SGLang), "map-batch" (newer vLLM)
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10_000  # batches kept for replay
+    # KV tiers (DESIGN.md section 6; engine/tiers.py). 0 host blocks and no store: device pool only.
+    host_blocks: int = 0  # second block pool in host memory (pinned on CUDA); 0 = off
+    kv_store: str | None = None  # shared store: redis://host:port/db or file:///dir
+    kv_store_id: str = ""  # instances with the same id share the store; default: the URL without credentials
+    kv_store_write: str = "through"  # "through": a prompt's blocks after its prefill; "evict": leaving the last local tier
+    kv_store_timeout_s: float = 0.1  # a store read (lookup or fetch) waits at most this long, then recomputes
+    kv_load_budget_bytes: int = 0  # loads copied into the device per step; 0 = what the H2D link moves in 20 ms
+    kv_host_link: str = ""  # prior (sim backend: the modelled) host link figures, engine/sim.py LINKS; "" = by device
+    kv_store_link: str = ""  # prior (sim: modelled) store link figures; "" = by store scheme
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -101,6 +110,7 @@ class EngineConfig:
         check_device_syntax(self.device)
 
         self._check_kv_events()
+        self._check_tiers()
 
     def _check_kv_events(self) -> None:
         for flag, endpoint in (("--kv-events-zmq", self.kv_events_zmq), ("--kv-events-replay", self.kv_events_replay)):
@@ -119,6 +129,23 @@ class EngineConfig:
             return self.advertise_url.rstrip("/")
         host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
+
+    def _check_tiers(self) -> None:
+        from engine.kvstore import check_url
+        from engine.tiers import STORE_WRITE_MODES
+
+        if self.host_blocks < 0:
+            raise ValueError(f"--host-blocks cannot be negative, got {self.host_blocks}")
+        if self.kv_store is not None:
+            check_url(self.kv_store)
+        if self.kv_store_write not in STORE_WRITE_MODES:
+            raise ValueError(f"--kv-store-write must be one of {', '.join(STORE_WRITE_MODES)}, "
+                             f"got {self.kv_store_write!r}")
+        if self.kv_store_timeout_s <= 0 or self.kv_load_budget_bytes < 0:
+            raise ValueError("--kv-store-timeout-s must be positive and --kv-load-budget-bytes >= 0")
+        for flag, link in (("--kv-host-link", self.kv_host_link), ("--kv-store-link", self.kv_store_link)):
+            if link and link not in LINKS:
+                raise ValueError(f"{flag} must be one of {', '.join(LINKS)}, got {link!r}")
 
     @property
     def instance(self) -> str:

@@ -11,9 +11,19 @@ import asyncio
 import collections
 import dataclasses
 import itertools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from router.protocol import KVEvent, new_epoch
+
+
+class KVChange(NamedTuple):
+    """One change the block manager queues for the log (`KVEventLog.append` numbers it)."""
+
+    kind: str  # "stored", "removed" or "cleared"
+    blocks: list[int]
+    parent: int | None
+    tier: str = "device"
+    store: str | None = None  # tier "remote": the store key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,9 +43,10 @@ class KVEventLog:
         self._changed = asyncio.Event()
         self.listeners: list[Callable[[KVEvent], None]] = []
 
-    def append(self, type_: str, blocks: list[int], parent: int | None = None, tier: str = "device") -> KVEvent:
+    def append(self, type_: str, blocks: list[int], parent: int | None = None, tier: str = "device",
+               store: str | None = None) -> KVEvent:
         self.seq += 1
-        event = KVEvent(self.instance, self.epoch, self.seq, type_, tier, tuple(blocks), parent)
+        event = KVEvent(self.instance, self.epoch, self.seq, type_, tier, tuple(blocks), parent, store)
         self._buffer.append(event)
         self._changed.set()
         for listener in self.listeners:

@@ -21,6 +21,7 @@ from engine.kv_transfer import PinnedBlocks, TransferHandle
 from engine.remote_prefill import RemotePrefill
 from router.kv_auth import KVAuth, secret_from
 from engine.sequence import Sequence, SeqStatus
+from engine.tier_setup import build_service, build_tiers
 from engine.work import ModelRunner, SamplingParams, TokenLogprobs
 from router.errors import KVRouteError, Overloaded, Unavailable
 from router.protocol import LoadRecord
@@ -58,7 +59,8 @@ class LLMEngine:
         self.config = config
         self.runner = runner
         self.metrics = metrics
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        tiers = build_tiers(config, runner.info, runner.kv_bytes_per_block, runner.prefill_rate_hint)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, tiers)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_batched_tokens, config.max_running, runner.info.max_model_len),
             self.block_manager,
@@ -75,11 +77,14 @@ class LLMEngine:
         self.last_progress = time.monotonic()  # a step ended, or the loop went idle
         self.role = config.role  # changes at run time (POST /admin/role); running requests keep theirs
         self.draining = False  # set by a drain: no new requests
+        self.kv = build_service(self)  # host pool / shared store I/O (engine/tier_service.py); None without tiers
 
     # -- lifecycle ----------------------------------------------------------------
 
     async def start(self, local_info: dict) -> None:
         self.events.append("cleared", [])
+        if self.kv is not None:
+            await self.kv.start()
         self.remote = RemotePrefill(self, local_info)  # any role may become decode-capable at run time
         await self.remote.start()
         self._task = asyncio.create_task(self._run(), name="engine-loop")
@@ -93,6 +98,8 @@ class LLMEngine:
                 pass
         if self.remote:
             await self.remote.stop()
+        if self.kv is not None:
+            await self.kv.stop()
         for handle in self.requests.values():
             handle.queue.put_nowait(Output(None, True, "abort", error="engine shutting down"))
         self.runner.close()
@@ -104,9 +111,18 @@ class LLMEngine:
         """Queue a request; with `pin_kv` its blocks stay pinned for a pull when it ends on length."""
         handle = self._new_request(request_id, prompt_ids, sampling, hash_seed)
         handle.seq.pin_kv = pin_kv
-        self.scheduler.add(handle.seq)
-        self._wakeup.set()
+        if self.kv is not None:  # asks the shared store for what the local tiers lack, then queues
+            self.kv.admit(handle.seq, self._enqueue)
+        else:
+            self._enqueue(handle.seq)
         return handle
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+        self._wakeup.set()
+
+    def wake(self) -> None:
+        self._wakeup.set()
 
     def add_remote_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                            hash_seed: int, transfer: TransferHandle) -> RequestHandle:
@@ -187,6 +203,7 @@ class LLMEngine:
             role=self.role,
             kv_free_blocks=kv_free,
             kv_evictable=kv_evictable,
+            kv_tiers=self.kv.kv_tiers() if self.kv is not None else {},
         )
 
     # -- the loop -----------------------------------------------------------------
@@ -197,6 +214,8 @@ class LLMEngine:
             self._housekeeping()
             self.last_progress = time.monotonic()
             if not self.scheduler.has_work():
+                if self.kv is not None:
+                    await self.kv.run_copies()  # what the last step left planned (reads for the store)
                 self._wakeup.clear()
                 if self.pinned.pinned or (self.remote and self.remote.waiting):
                     try:  # pins expire and waiting pulls time out even when nothing runs
@@ -208,12 +227,20 @@ class LLMEngine:
                 continue
             step = self.scheduler.schedule()
             self._mark_scheduled(step)
+            if self.kv is not None:
+                await self.kv.run_copies()  # tier copies planned while scheduling, before the step
             self._publish_events()
             if self.scheduler.dropped:
                 self._deliver(Step(self.scheduler.dropped, [0] * len(self.scheduler.dropped)), [None] * len(self.scheduler.dropped))
                 self.scheduler.dropped = []
             if not step.seqs:
                 self._fail_unschedulable()
+                if self.block_manager.has_pending_loads:  # waiting for store bytes: sleep until they come
+                    self._wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), 0.05)
+                    except asyncio.TimeoutError:
+                        pass
                 await asyncio.sleep(0)
                 continue
             t0 = time.perf_counter()
@@ -223,7 +250,12 @@ class LLMEngine:
                 log.exception("model step failed")
                 self._fail(step, f"model step failed: {e}")
                 continue
+            finally:
+                if self.kv is not None:
+                    await self.kv.settle()  # the copies that ran during the step
             self.metrics.observe_step(time.perf_counter() - t0, sum(step.num_tokens))
+            if self.kv is not None:
+                self.kv.observe_step(sum(n for n in step.num_tokens if n > 1), time.perf_counter() - t0)
             self.scheduler.postprocess(step, tokens)
             self._housekeeping()
             self._publish_events()
@@ -289,9 +321,9 @@ class LLMEngine:
                 seq.scheduled_time = now
 
     def _publish_events(self) -> None:
-        for kind, blocks, parent in self.block_manager.drain_events():
-            self.events.append(kind, blocks, parent)
-            self.metrics.kv_events.labels(kind).inc()
+        for ev in self.block_manager.drain_events():
+            self.events.append(ev.kind, ev.blocks, ev.parent, ev.tier)
+            self.metrics.kv_events.labels(ev.kind).inc()
 
     def _fail(self, step: Step, message: str) -> None:
         for seq in step.seqs:

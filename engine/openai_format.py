@@ -5,12 +5,17 @@ from __future__ import annotations
 import time
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+          cached_by_tier: dict[str, int] | None = None) -> dict:
+    """OpenAI usage; `cached_tokens` counts every tier, `cached_tokens_by_tier` splits it (kvroute extension)."""
+    by_tier = {"device": cached_tokens, "host": 0, "remote": 0}
+    if cached_by_tier:
+        by_tier = {tier: cached_by_tier.get(tier, 0) for tier in by_tier}
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens, "cached_tokens_by_tier": by_tier},
     }
 
 

@@ -20,7 +20,8 @@ def _torch(config: EngineConfig) -> ModelRunner:
     from engine.torch_runner import TorchRunner
 
     return TorchRunner(model_config(config), config.num_blocks, config.block_size, model_dir=config.model,
-                       device=config.device, num_threads=config.num_threads, seed=config.seed)
+                       device=config.device, num_threads=config.num_threads, seed=config.seed,
+                       host_blocks=config.host_blocks)
 
 
 def _sim(config: EngineConfig) -> ModelRunner:
@@ -30,8 +31,11 @@ def _sim(config: EngineConfig) -> ModelRunner:
     info = RunnerInfo(model=mc.name, vocab_size=mc.vocab_size, max_model_len=mc.max_position_embeddings,
                       eos_token_id=mc.eos_token_id, dtype=mc.dtype, num_layers=mc.num_layers,
                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    from engine.tier_setup import host_link_name, store_link_name
+
     return SimRunner(get_cost_model(config.cost_model), info, seed=config.seed, time_scale=config.time_scale,
-                     block_size=config.block_size, link=config.kv_link)
+                     block_size=config.block_size, link=config.kv_link, host_link=host_link_name(config),
+                     store_link=store_link_name(config))
 
 
 RUNNERS: dict[str, Callable[[EngineConfig], ModelRunner]] = {"torch": _torch, "sim": _sim}

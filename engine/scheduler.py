@@ -92,13 +92,14 @@ class Scheduler:
     def schedule(self) -> Step:
         step = Step([], [])
         budget = self.config.max_batched_tokens
+        self.block_manager.drain_loads()  # loads ready since the last step go into this step's copy batch
         # Decodes first so a long prefill never stalls them; then unfinished prefills.
         self.running.sort(key=lambda s: s.is_prefilling)
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status != SeqStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status != SeqStatus.RUNNING or seq.pending_loads:
+                continue  # preempted earlier in this loop, or waiting for blocks to be loaded
             n = min(len(seq) - seq.num_computed, budget)
             if not self._make_room(seq, n, step):
                 continue
@@ -114,9 +115,11 @@ class Scheduler:
             self.waiting.popleft()
             self.block_manager.allocate(seq, hits)
             if seq.num_preemptions == 0:
-                seq.num_cached = seq.num_computed
+                seq.num_cached, seq.cached_by_tier = seq.num_computed, hits.tokens_by_tier(self.block_manager.block_size)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            if seq.pending_loads:
+                continue  # runs once its loads are copied (engine/load_queue.py)
             n = min(len(seq) - seq.num_computed, budget)
             step.seqs.append(seq)
             step.num_tokens.append(n)

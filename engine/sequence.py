@@ -38,7 +38,10 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the full blocks hashed so far
         self.num_computed = 0
-        self.num_cached = 0  # prompt tokens found in the prefix cache (first admission)
+        self.num_cached = 0  # prompt tokens found in the prefix cache (first admission), all tiers
+        self.cached_by_tier: dict[str, int] = {}  # of num_cached: {"device", "host", "remote"}
+        self.store_hits: frozenset[int] | None = None  # block hashes the shared store was found to hold
+        self.pending_loads = 0  # blocks still to be copied in from the host pool or the store
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.scheduled_time: float | None = None  # first time a step ran it (engine clock)

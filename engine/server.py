@@ -125,6 +125,7 @@ def kv_info(app: web.Application) -> dict:
         "head_dim": info.head_dim,
         "epoch": engine.events.epoch,
         **_zmq_info(app),
+        **({"kv_tiers": engine.kv.kv_tiers()} if engine.kv is not None else {}),
     }
 
 
@@ -191,7 +192,8 @@ async def handle_kv_snapshot(request: web.Request) -> web.Response:
         "instance": engine.config.instance,
         "epoch": engine.events.epoch,
         "seq": engine.events.seq,
-        "tiers": {"device": engine.block_manager.cached_hashes()},
+        "tiers": {"device": engine.block_manager.cached_hashes(), **(engine.kv.snapshot() if engine.kv else {})},
+        "store": (engine.block_manager.tiers.store_key or None) if engine.kv is not None else None,
         "load": engine.load().to_dict(),
     })
 
@@ -249,7 +251,7 @@ async def handle_get_server_info(request: web.Request) -> web.Response:
     import dataclasses
 
     info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items()
-            if k not in ("redis", "registry", "kv_secret", "admin_key")}
+            if k not in ("redis", "registry", "kv_secret", "admin_key", "kv_store")}  # may carry credentials
     info.update(kv_info(request.app), version="kvroute-0.1.0")
     return json_response(info)
 

@@ -185,7 +185,7 @@ class CompletionService:
             yield delta, None, lps
 
     def _usage(self, handle: RequestHandle, processor: OutputProcessor) -> dict:
-        return usage(handle.seq.num_prompt, processor.num_tokens, handle.num_cached)
+        return usage(handle.seq.num_prompt, processor.num_tokens, handle.num_cached, handle.seq.cached_by_tier)
 
     async def _full(self, handle: RequestHandle, fmt: ResponseFormat, processor: OutputProcessor,
                     logprobs: LogprobFormatter | None, first_text: str = "") -> web.Response:

@@ -1,7 +1,8 @@
 """`TorchRunner`: the real `ModelRunner`, a Llama forward over a paged K/V pool.
 
 `execute` runs each step on one dedicated worker thread, so the event loop stays free while
-torch computes. `execute_sync`, `forward_logits`, `read_blocks` and `write_blocks` run in
+torch computes; `run_copies` (the batched host/store tier copies of engine/kv_copies.py)
+runs on the same thread, so a batch always runs between the steps it was planned between. `execute_sync`, `forward_logits`, `read_blocks` and `write_blocks` run in
 the caller's thread; all of them take one lock, so they are safe to call from any thread
 but never overlap (a step and a block copy are serialized).
 
@@ -28,6 +29,8 @@ from engine.model.config import ModelConfig
 from engine.model.kv_pool import DTYPES, KVPool
 from engine.model.llama import DecodeGroup, PrefillChunk, StepBatch
 from engine.model.loader import build_model
+from engine.kv_copies import CopyPlan, CopyTimes
+from engine.model.tier_copies import HostKV
 from engine.sampling import sample_works
 from engine.work import RunnerInfo, SampledTokens, SeqWork
 
@@ -35,7 +38,8 @@ from engine.work import RunnerInfo, SampledTokens, SeqWork
 class TorchRunner:
     def __init__(self, model_config: ModelConfig | None = None, num_blocks: int = 1024,
                  block_size: int = 16, model_dir: str | Path | None = None,
-                 device: str = "cpu", num_threads: int | None = None, seed: int = 0) -> None:
+                 device: str = "cpu", num_threads: int | None = None, seed: int = 0,
+                 host_blocks: int = 0) -> None:
         """No config and no model_dir: the tiny random model. model_dir alone: its config.json."""
         if model_config is None:
             model_config = ModelConfig.from_hf_dir(model_dir) if model_dir else ModelConfig.tiny()
@@ -48,6 +52,7 @@ class TorchRunner:
         self.model = build_model(model_config, model_dir, self.device, seed)
         self.pool = KVPool(num_blocks, block_size, model_config.num_layers, model_config.num_kv_heads,
                            model_config.head_dim, DTYPES[model_config.dtype], self.device)
+        self.host = HostKV(host_blocks, self.pool)
         self.info = RunnerInfo(
             model=model_config.name, vocab_size=model_config.vocab_size,
             max_model_len=model_config.max_position_embeddings,
@@ -105,6 +110,30 @@ class TorchRunner:
     def write_blocks(self, block_ids: Sequence[int], data: bytes | bytearray | memoryview) -> None:
         with self._lock:
             self.pool.write_blocks(block_ids, data)
+
+    @property
+    def payload_bytes_per_block(self) -> int:
+        """Bytes of one block's K/V as `read_blocks` returns them (what a store entry carries)."""
+        return self.pool.bytes_per_block
+
+    async def run_copies(self, plan: CopyPlan) -> CopyTimes:
+        """Run a batch of tier copies on the step thread: in order with the steps around it."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.run_copies_sync, plan)
+
+    def run_copies_sync(self, plan: CopyPlan) -> CopyTimes:
+        with self._lock:
+            return self.host.run(plan)
+
+    async def run_ahead(self, plan: CopyPlan) -> CopyTimes:
+        """Ahead copies (engine/prestage.py) on another thread, while a step runs: they read only free
+        blocks and write only reserved host slots, so they take no lock."""
+        return await asyncio.to_thread(self.host.run, plan, True)
+
+    prefill_rate_hint = 15_000.0  # tokens/s of the built-in model on one CPU thread; recovery refines it online
+
+    def store_delay(self, num_blocks: int) -> float:
+        return 0.0  # real bytes move here: nothing to model
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

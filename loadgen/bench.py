@@ -16,6 +16,8 @@ import time
 
 import aiohttp
 
+from loadgen.bench_tiers import (STORM_DEFAULTS, TIER_RUNS, TIER_SIZING, engine_metrics, storm_summary, tier_metrics,
+                                 tier_spec, tier_stores, tier_table)
 from loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
 from loadgen.client import TargetError, probe_target
 from loadgen.local_cluster import ClusterSpec, LocalCluster
@@ -62,6 +64,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--pd", action="store_true",
                    help="compare colocated engines against prefill + decode engines (same engines, workload)")
     p.add_argument("--prefill-engines", type=int, default=None, help="with --pd: prefill engines (default half)")
+    p.add_argument("--tiers", action="store_true",
+                   help="the session-recovery storm on the same engines: device only, + host pool, "
+                        "+ host + Redis store, + host + file store")
+    p.add_argument("--host-blocks", type=int, default=None, help="with --tiers: host pool blocks per engine")
     p.add_argument("--out", default="kvroute-bench", help="output directory")
     add_load_args(p, workload_required=False)
     return p
@@ -78,6 +84,8 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
             for knob, value in PD_RANDOM.items():
                 if getattr(args, knob) is None:
                     setattr(args, knob, value)
+    if args.tiers:
+        return _tier_defaults(args)
     args.workload = args.workload or "shared-prefix"
     sizing = {**SIZING[(args.backend, args.quick)], **SHARED_PREFIX_REST}
     if args.engines is None:
@@ -92,6 +100,15 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
         for knob in ("groups", "prefix_tokens", "question_tokens", "output_tokens"):
             if getattr(args, knob) is None:
                 setattr(args, knob, sizing[knob])
+    return args
+
+
+def _tier_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    args.workload = args.workload or "session-storm"
+    for knob, value in {**TIER_SIZING[args.backend], **(STORM_DEFAULTS if args.workload == "session-storm" else {}),
+                        "temperature": 0.0}.items():
+        if getattr(args, knob, None) is None:
+            setattr(args, knob, value)
     return args
 
 
@@ -121,6 +138,8 @@ async def bench(args, policies: list[str], extras: list[tuple[str, str]]) -> lis
                 await probe_target(session, url)
             except TargetError as e:
                 raise TargetError(f"--extra-target {name}: {e}") from None
+    if args.tiers:
+        return await bench_tiers(args, config, workload)
     runs = []
     for name, spec in cluster_specs(args, policies):
         t0 = time.monotonic()
@@ -133,6 +152,24 @@ async def bench(args, policies: list[str], extras: list[tuple[str, str]]) -> lis
             runs.append(run)
     for name, url in extras:
         runs.append(await run_one(name, url, args, config, workload, not args.no_progress))
+    return runs
+
+
+async def bench_tiers(args, config, workload) -> list[Run]:
+    """One storm per tier setup (loadgen/bench_tiers.py), each on fresh engines."""
+    runs: list[Run] = []
+    for name in TIER_RUNS:
+        with tier_stores(name) as store_args:
+            spec = tier_spec(args, name, store_args)
+            t0 = time.monotonic()
+            async with LocalCluster(spec) as cluster:
+                print(f"{PROG}: {name}: {spec.engines} {args.backend} engines ({' '.join(spec.engine_args) or 'device'})"
+                      f" + router up in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+                run = await run_one(name, cluster.router_url, args, config, workload, not args.no_progress)
+                tiers = tier_metrics(await engine_metrics(cluster.engine_urls))
+        run.summary = {"target": run.summary["target"], **storm_summary(run, runs[0] if runs else None),
+                       "tiers": tiers}
+        runs.append(run)
     return runs
 
 
@@ -150,16 +187,8 @@ def cluster_specs(args, policies: list[str]) -> list[tuple[str, ClusterSpec]]:
 
 async def transfer_stats(engine_urls: list[str], summary: dict) -> dict:
     """KV pulled by decode engines during the run: MB/s while pulling, and pull time over TTFT."""
-    totals = {"kvroute_engine_kv_pull_bytes_total": 0.0, "kvroute_engine_kv_pull_seconds_sum": 0.0,
-              "kvroute_engine_kv_pull_seconds_count": 0.0}
-    async with aiohttp.ClientSession() as session:
-        for url in engine_urls:
-            async with session.get(url + "/metrics") as r:
-                for line in (await r.text()).splitlines():
-                    name = line.split("{", 1)[0].split(" ", 1)[0]
-                    if name in totals:
-                        totals[name] += float(line.rsplit(" ", 1)[1])
-    pulls = totals["kvroute_engine_kv_pull_seconds_count"]
+    totals = await engine_metrics(engine_urls)
+    pulls = totals.get("kvroute_engine_kv_pull_seconds_count", 0.0)
     if not pulls:
         return {}
     seconds, nbytes = totals["kvroute_engine_kv_pull_seconds_sum"], totals["kvroute_engine_kv_pull_bytes_total"]
@@ -180,6 +209,8 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
     if args.engines < 1:
         raise ValueError(f"--engines must be at least 1, got {args.engines}")
+    if args.tiers and (args.pd or args.extra_target or args.host_blocks < 1):
+        raise ValueError("--tiers runs its own four setups: no --pd or --extra-target, and --host-blocks >= 1")
     extras = parse_targets(args.extra_target)
     check_load_args(args)
     return args, policies, extras
@@ -197,7 +228,12 @@ def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, s
     paths = write_report(args.out, runs)
     for run_ in runs:
         write_run(pathlib.Path(args.out) / "runs" / run_.name, run_.summary, run_.records)
-    print(markdown_table(runs))
+    if args.tiers:
+        table = tier_table(runs)
+        (pathlib.Path(args.out) / "tiers.md").write_text(table + "\n")
+        print(table)
+    else:
+        print(markdown_table(runs))
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
     line = verdict(runs)
     if line:

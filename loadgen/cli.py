@@ -43,6 +43,16 @@ KNOB_HELP = {
     "documents": "number of documents",
     "doc_tokens": "tokens per document",
     "zipf": "Zipf exponent of document popularity (0 = uniform)",
+    "sessions": "sessions that go idle and come back",
+    "context_tokens": "tokens of a session's first turn (its reusable context)",
+    "min_context_tokens": "draw context lengths uniformly from here to --context-tokens",
+    "session_rate": "first turns per second",
+    "idle_requests": "unrelated requests between the phases (push the sessions out of device memory)",
+    "idle_tokens": "tokens of each idle request",
+    "idle_rate": "idle requests per second",
+    "burst": "sessions that return at once (the storm)",
+    "burst_spread": "seconds over which the returning sessions arrive",
+    "gap": "seconds between the phases",
     "trace_block_tokens": "tokens per hash id (the trace's blocks are 512)",
     "trace_time_scale": "multiply timestamps by this (2 = half the rate)",
     "trace_max_input": "truncate prompts to this many tokens",
@@ -85,6 +95,8 @@ def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) ->
                    help="tokens: token-id lists (exact sharing); text: decoded text (re-tokenization may "
                         "shift a few boundary tokens)")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature to send (0 = greedy: outputs comparable across runs); default: the server's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     for name, (kind, workloads) in _knob_defaults().items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
@@ -143,7 +155,7 @@ def check_load_args(args: argparse.Namespace, target: str = "") -> tuple[LoadCon
     workload = build_workload(args, arrival)
     config = LoadConfig(target=normalize_target(target) if target else "", arrival=arrival, duration_s=args.duration,
                         model=args.model, api=args.api, prompt_format=args.prompt_format,
-                        request_timeout_s=args.request_timeout, seed=args.seed)
+                        request_timeout_s=args.request_timeout, seed=args.seed, temperature=args.temperature)
     specs = workload.requests()
     if arrival.mode == "fixed" and any(s.arrival_s is None for s in specs if s.after is None):
         raise ValueError(f"workload {args.workload} needs --rate R (open loop) or --concurrency C (closed loop)")

@@ -17,6 +17,7 @@ import time
 
 import aiohttp
 import orjson
+import xxhash
 
 from loadgen.record import RequestRecord
 from loadgen.workload_base import RequestSpec
@@ -62,10 +63,12 @@ async def probe_target(session: aiohttp.ClientSession, target: str, timeout_s: f
 
 
 def request_body(spec: RequestSpec, model: str | None, api: str = "completions", prompt_format: str = "tokens",
-                 tokenizer=None) -> bytes:
+                 tokenizer=None, temperature: float | None = None) -> bytes:
     """The JSON body for one spec; `tokenizer` (router.tokenizer) is needed for text prompts and chat."""
     body: dict = {"max_tokens": spec.max_tokens, "ignore_eos": True, "stream": True,
                   "stream_options": {"include_usage": True}}
+    if temperature is not None:
+        body["temperature"] = temperature
     if model:
         body["model"] = model
     if api == "chat":
@@ -100,14 +103,17 @@ def _take_usage(record: RequestRecord, usage: dict) -> None:
     record.prompt_tokens = int(usage.get("prompt_tokens") or record.prompt_tokens)
     if usage.get("completion_tokens") is not None:
         record.output_tokens = int(usage["completion_tokens"])
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    if cached is not None:
-        record.cached_tokens = int(cached)
+    details = usage.get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        record.cached_tokens = int(details["cached_tokens"])
+    if isinstance(details.get("cached_tokens_by_tier"), dict):
+        record.cached_tokens_by_tier = {str(k): int(v) for k, v in details["cached_tokens_by_tier"].items()}
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, start: float) -> None:
     last = None
     chunks = 0
+    digest = xxhash.xxh3_64()
     async for line in resp.content:
         if not line.startswith(b"data:"):
             continue
@@ -118,7 +124,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, star
         if "error" in chunk:
             record.error = _error_text(data.decode())
             break
-        if _content(chunk):
+        text = _content(chunk)
+        if text:
+            digest.update(text.encode())
             now = time.perf_counter()
             if last is None:
                 record.ttft_s = now - start
@@ -128,6 +136,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, star
             chunks += 1
         if chunk.get("usage"):
             _take_usage(record, chunk["usage"])
+    record.output_digest = digest.hexdigest() if chunks else ""
     if not record.output_tokens:
         record.output_tokens = chunks
     if chunks == 0 and not record.error:

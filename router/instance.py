@@ -7,6 +7,7 @@ import time
 
 from router.policies.base import InstanceState
 from router.protocol import LoadRecord
+from router.tier_costs import TierCosts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,13 +23,15 @@ class EngineInfo:
     cluster_id: str = ""
     max_model_len: int = 0  # 0: not advertised
     vocab_size: int = 0
+    tier_costs: TierCosts | None = None  # advertised at start; /load refreshes the measured figures
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineInfo":
         try:
             return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
                        str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),
-                       int(d.get("max_model_len") or 0), int(d.get("vocab_size") or 0))
+                       int(d.get("max_model_len") or 0), int(d.get("vocab_size") or 0),
+                       TierCosts.from_wire(d.get("kv_tiers")))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed /kv/info: {e}") from None
 
@@ -74,6 +77,8 @@ class Instance:
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
         self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
         self._state: InstanceState | None = None
+        self._costs_of: LoadRecord | None = None  # the load record `_costs` was parsed from
+        self._costs: TierCosts | None = None
 
     def __setattr__(self, name: str, value) -> None:
         if name in _ROUTING_FIELDS and self.__dict__.get(name, _UNSET) != value:
@@ -173,9 +178,19 @@ class Instance:
             load = self.load
             measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
             state = InstanceState.of(self.id, self._inflight, self.queued_prefill_tokens, load, measured_at,
-                                     not self.mismatch)
+                                     not self.mismatch, self.tier_costs)
             self.__dict__["_state"] = state
         return state
+
+    @property
+    def tier_costs(self) -> TierCosts | None:
+        """The latest advertised tier figures: from the last load record, else from /kv/info."""
+        load = self.load
+        if load is not None and load.kv_tiers:
+            if load is not self._costs_of:
+                self._costs_of, self._costs = load, TierCosts.from_wire(load.kv_tiers)
+            return self._costs
+        return self.info.tier_costs if self.info else None
 
     def to_dict(self) -> dict:
         return {
@@ -203,4 +218,5 @@ class Instance:
             "kind": self.kind,
             "engine": dict(self.kind_state),
             "kv_events": self.kv_feed.to_dict() if self.kv_feed is not None else None,
+            "kv_store": self.tier_costs.store or None if self.tier_costs else None,
         }

@@ -110,6 +110,7 @@ class KVEvent:
     tier: Tier = "device"
     blocks: tuple[int, ...] = ()
     parent: int | None = None
+    store: str | None = None  # tier "remote": the store key (router/tier_costs.py); shared by its instances
 
     def __post_init__(self) -> None:
         if self.type not in EVENT_TYPES:
@@ -118,7 +119,7 @@ class KVEvent:
             raise ValueError(f"event tier must be one of {TIERS}, got {self.tier!r}")
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "instance": self.instance,
             "epoch": self.epoch,
             "seq": self.seq,
@@ -127,6 +128,9 @@ class KVEvent:
             "blocks": list(self.blocks),
             "parent": self.parent,
         }
+        if self.store is not None:
+            d["store"] = self.store
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "KVEvent":
@@ -139,6 +143,7 @@ class KVEvent:
                 tier=d.get("tier", "device"),
                 blocks=_u64s(d.get("blocks") or ()),
                 parent=None if d.get("parent") is None else int(d["parent"]),
+                store=None if d.get("store") is None else str(d["store"]),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed KV event: {e!r}") from None
@@ -159,6 +164,7 @@ class LoadRecord:
     role: str = ""  # the engine's role now ("" from engines that do not say); routers regroup on change
     kv_free_blocks: int = -1  # blocks holding nothing; -1: not reported
     kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
+    kv_tiers: dict = dataclasses.field(default_factory=dict)  # measured tier links, router/tier_costs.py
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not asdict: no deep copy
@@ -180,6 +186,9 @@ class LoadRecord:
                     value = _evictable(value)
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"malformed load record: {e}") from None
+            elif f.name == "kv_tiers":
+                if not isinstance(value, dict):
+                    raise ValueError(f"malformed load record: kv_tiers must be an object, got {value!r}")
             elif f.name == "kv_free_blocks":  # -1: not reported
                 if isinstance(value, bool) or not isinstance(value, int) or value < -1:
                     raise ValueError(f"malformed load record: kv_free_blocks must be an integer >= -1, got {value!r}")

@@ -23,6 +23,7 @@ from router.limits import check_prompt_chars, check_token_count, check_vocabular
 from router.metrics import RouterMetrics
 from router.openai_request import CompletionRequest, parse_request
 from router.policies.base import COST_TERMS, Decision, Policy, RouteRequest
+from router.policies.tier_credit import with_store
 from router.prefix_hashes import PrefixHashes
 from router.protocol import hash_seed
 from router.request_trace import RecentRequests, RequestTrace
@@ -191,11 +192,14 @@ class Router:
         rows, terms = [], choice.decision.terms
         for inst in choice.candidates:
             match = choice.matches.get(inst.id, NO_MATCH)
+            by_tier = with_store(match, choice.matches, inst.tier_costs) if inst.cache_ok else {}
             rows.append({
                 "instance": inst.id,
                 "url": inst.url,
                 "cached_tokens": match.tokens(inst.info.block_size) if inst.cache_ok else 0,
                 "cached_blocks_by_tier": dict(match.by_tier),
+                "cached_tokens_by_tier": {t: n * inst.info.block_size for t, n in by_tier.items()},
+                **self.policy.credit_detail(inst.id),
                 "cache_ok": inst.cache_ok,
                 "cost": choice.decision.costs.get(inst.id),
                 "cost_terms": dict(zip(COST_TERMS, terms[inst.id])) if inst.id in terms else None,

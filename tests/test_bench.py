@@ -59,6 +59,8 @@ def test_tiny_bench_writes_all_outputs(tmp_path, direct_engine, capsys):
     (["--rate", "-2"], "rate"),
     (["--engines", "0"], "--engines"),
     (["--extra-target", "x"], "NAME=http"),
+    (["--tiers", "--pd"], "--tiers runs its own"),
+    (["--tiers", "--host-blocks", "0"], "--host-blocks >= 1"),
 ])
 def test_bad_arguments_one_line_error(argv, needle, capsys, tmp_path):
     assert bench.main(argv + ["--out", str(tmp_path)]) == 2
@@ -73,3 +75,22 @@ def test_unreachable_extra_target_fails_cleanly(tmp_path, capsys):
                      "--extra-target", f"gone=http://127.0.0.1:{port}", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and "--extra-target gone" in err[0] and str(port) in err[0]
+
+
+def test_tiers_bench_runs_the_storm_on_every_tier_setup(tmp_path, capsys):
+    out = tmp_path / "tiers"
+    rc = bench.main(["--tiers", "--engines", "1", "--num-blocks", "64", "--host-blocks", "256", "--sessions", "3",
+                     "--burst", "3", "--context-tokens", "256", "--min-context-tokens", "192", "--idle-requests", "6",
+                     "--idle-tokens", "256", "--idle-rate", "30", "--session-rate", "20", "--gap", "0.3",
+                     "--burst-spread", "0.1", "--engine-arg=--time-scale=0.05", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    runs = {r["name"]: r for r in json.loads((out / "results.json").read_text())}
+    assert list(runs) == ["device", "host", "host+redis", "host+file"]
+    for name, run in runs.items():
+        assert run["requests"] == 3 and run["all_errors"] == 0 and run["all_requests"] == 12
+        if name != "device":
+            assert run["outputs_equal_device"] == 3
+            assert run["cached_tokens_by_tier"]["host"] > 0 and run["tiers"]["recoveries"]["load_host"] >= 1
+    assert runs["host+redis"]["tiers"]["bytes"]["store_write"] > 0
+    table = (out / "tiers.md").read_text()
+    assert table.count("\n") == 6 and "| host+file |" in table and "| host+file |" in capsys.readouterr().out

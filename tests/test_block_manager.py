@@ -1,6 +1,7 @@
 import pytest
 
 from engine.block_manager import BlockManager
+from engine.prefix_hit import PrefixHit
 from engine.sequence import Sequence
 from engine.work import SamplingParams
 from router.protocol import block_hashes
@@ -17,7 +18,7 @@ def admit(bm, s):
     hits = bm.match_prefix(s)
     assert bm.can_allocate(s, hits)
     bm.allocate(s, hits)
-    return hits
+    return hits.device
 
 
 def compute_all(bm, s):
@@ -67,7 +68,7 @@ def test_freed_blocks_stay_cached_and_emit_events():
     compute_all(bm, a)
     events = bm.drain_events()
     expected = block_hashes(list(range(8)), BS, SEED)
-    assert events == [("stored", expected, None)]
+    assert events == [("stored", expected, None, "device", None)]
     table = list(a.block_table)
     bm.free(a)
     assert set(bm.cached_hashes()) == set(expected)
@@ -92,13 +93,13 @@ def test_lru_eviction_order_tail_first_then_oldest():
     # a's tail (freed first), never a's head before its tail.
     c = seq(range(300, 303))
     admit(bm, c)
-    assert bm.drain_events() == [("removed", [ha[1]], None)]
+    assert bm.drain_events() == [("removed", [ha[1]], None, "device", None)]
     # c's block was never hashed, so it is reused before any cached block is evicted;
     # then a's head goes, then b's tail.
     d = seq(range(400, 411))
     bm.free(c)
     admit(bm, d)
-    assert bm.drain_events() == [("removed", [ha[0], hb[1]], None)]
+    assert bm.drain_events() == [("removed", [ha[0], hb[1]], None, "device", None)]
     assert bm.cached_hashes() == [hb[0]]
 
 
@@ -112,9 +113,9 @@ def test_collision_is_caught_by_token_check():
     # Forge a collision: b's first hash now points at a block holding other tokens.
     b = seq([7, 7, 7, 7, 7, 7])
     bm.hash_to_block[block_hashes(b.token_ids[:4], BS, SEED)[0]] = a_block
-    assert bm.match_prefix(b) == []
+    assert bm.match_prefix(b).device == []
     c = seq(list(range(4)) + [7, 7])  # the genuine owner still hits
-    assert bm.match_prefix(c) == [a_block]
+    assert bm.match_prefix(c).device == [a_block]
 
 
 def test_can_allocate_counts_reused_free_blocks():
@@ -132,7 +133,7 @@ def test_can_allocate_counts_reused_free_blocks():
 def test_pool_exhaustion_raises():
     bm = BlockManager(2, BS)
     with pytest.raises(RuntimeError):
-        bm.allocate(seq(range(12)), [])
+        bm.allocate(seq(range(12)), PrefixHit())
 
 
 def test_collision_with_same_tokens_but_other_parent_is_caught():
@@ -149,7 +150,7 @@ def test_collision_with_same_tokens_but_other_parent_is_caught():
     # a's second block, which holds the same tokens after another first block.
     b = seq([5, 5, 5, 5, 9, 9, 9, 9, 1])
     bm.hash_to_block[block_hashes(b.token_ids[:8], BS, SEED)[1]] = a_second
-    assert bm.match_prefix(b) == [c_first]
+    assert bm.match_prefix(b).device == [c_first]
 
 
 def test_collision_under_another_salt_is_caught():
@@ -161,5 +162,5 @@ def test_collision_under_another_salt_is_caught():
     bm.free(a)
     other = Sequence("salted", list(range(4)) + [1], SamplingParams(max_tokens=4), SEED + 1)
     bm.hash_to_block[block_hashes(other.token_ids[:4], BS, SEED + 1)[0]] = first  # same tokens, other seed
-    assert bm.match_prefix(other) == []
-    assert bm.match_prefix(seq(list(range(4)) + [2])) == [first]
+    assert bm.match_prefix(other).device == []
+    assert bm.match_prefix(seq(list(range(4)) + [2])).device == [first]

@@ -5,6 +5,7 @@ import random
 import pytest
 
 from engine.block_manager import BlockManager
+from engine.prefix_hit import PrefixHit
 from engine.sequence import Sequence
 from engine.work import SamplingParams
 from router.idle_ages import IdleAges
@@ -48,13 +49,13 @@ def test_block_manager_reports_free_and_evictable_by_idle_age():
     bm = BlockManager(8, BS, clock=clock)
     assert bm.kv_load() == (8, ())
     a = Sequence("a", list(range(8)), SamplingParams(max_tokens=1), 7)
-    bm.allocate(a, [])
+    bm.allocate(a, PrefixHit())
     a.num_computed = 8
     bm.commit_computed(a)
     bm.free(a)  # 2 cached blocks, freed at t=0
     clock.now = 10.0
     b = Sequence("b", list(range(100, 108)), SamplingParams(max_tokens=1), 7)
-    bm.allocate(b, [])
+    bm.allocate(b, PrefixHit())
     b.num_computed = 8
     bm.commit_computed(b)
     bm.free(b)  # 2 more, freed at t=10

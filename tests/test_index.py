@@ -8,11 +8,11 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-import tests.redis_server
 from router.index import (INDEXES, BreakerIndex, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex,
                           make_index)
 from router.index.redis import GC_CHUNK, WRITE_CHUNK, pack
 from router.protocol import TIERS, KVEvent
+from router.tier_costs import store_owner
 from tests.redis_server import RedisServer, free_port
 
 CHAIN = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(1, 41)]  # spread over the u64 range
@@ -148,6 +148,19 @@ async def test_apply_maps_each_event_type(index):
     assert await index.lookup(CHAIN[:6]) == {} and await index.size() == 0
     assert await index.apply(ev(5, "stored", blocks=tuple(CHAIN[:1]))) == "applied"
     assert by_tier(await index.lookup(CHAIN[:6])) == {"e1": {"device": 1}}
+
+
+async def test_shared_store_events_order_the_instance_and_fill_the_stores_owner(index):
+    owner = store_owner("S#ns")
+    assert await index.replace("e1", 1, 0, {"device": CHAIN[:2]}) is True
+    stored = ev(1, "stored", tier="remote", blocks=tuple(CHAIN[:5]), store="S#ns")
+    assert await index.apply(stored) == "applied"
+    assert by_tier(await index.lookup(CHAIN[:5])) == {"e1": {"device": 2}, owner: {"remote": 5}}
+    assert await index.apply(stored) == "duplicate"  # another replica's copy: the watermark moved
+    assert await index.apply(ev(2, "removed", tier="remote", blocks=tuple(CHAIN[3:5]), store="S#ns")) == "applied"
+    assert await index.apply(ev(3, "cleared")) == "applied"  # an engine restart never clears the store
+    assert by_tier(await index.lookup(CHAIN[:5])) == {owner: {"remote": 3}}
+    assert await index.apply(ev(5, "stored", tier="remote", blocks=tuple(CHAIN[:1]), store="S#ns")) == "gap"
 
 
 async def test_writes_are_ordered_per_instance(index):
@@ -354,10 +367,9 @@ async def test_redis_resync_is_invisible_until_its_swap(redis_url):
     await idx.close()
 
 
-async def test_redis_down_raises_index_unavailable_then_recovers(monkeypatch):
+async def test_redis_down_raises_index_unavailable_then_recovers():
     port = free_port()
-    monkeypatch.setattr(tests.redis_server, "free_port", lambda: port)
-    server = RedisServer()
+    server = RedisServer(port)
     idx = RedisIndex(server.url, timeout=0.5)
     try:
         await idx.add("a", "device", CHAIN[:2])
@@ -365,7 +377,7 @@ async def test_redis_down_raises_index_unavailable_then_recovers(monkeypatch):
         for call in (idx.lookup(CHAIN[:2]), idx.add("a", "device", CHAIN[:1]), idx.size()):
             with pytest.raises(IndexUnavailable):
                 await call
-        server = RedisServer()  # same port, empty
+        server = RedisServer(port)  # same port, empty
         await idx.add("a", "host", CHAIN[:2])
         assert by_tier(await idx.lookup(CHAIN[:2])) == {"a": {"host": 2}}
     finally:

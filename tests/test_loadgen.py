@@ -54,6 +54,8 @@ def small_workloads(trace_file):
         "doc-qa": ("doc-qa", {"num_requests": 30, "documents": 4, "doc_tokens": 48, "question_tokens": 6}),
         "random": ("random", {"num_requests": 20, "input_tokens": 40}),
         "shift": ("shift", {"num_requests": 20, "prompt_heavy_input_tokens": 60, "decode_heavy_output_tokens": 30}),
+        "session-storm": ("session-storm", {"sessions": 4, "context_tokens": 48, "min_context_tokens": 32,
+                                            "question_tokens": 4, "idle_requests": 3, "idle_tokens": 16, "burst": 3}),
         "trace": ("trace:" + trace_file, {"trace_block_tokens": 16}),
     }
 
@@ -80,6 +82,24 @@ def test_shift_changes_shape_half_way():
     assert mean([len(s.prompt_ids) for s in heavy]) > 5 * mean([len(s.prompt_ids) for s in light])
     assert mean([s.max_tokens for s in light]) > 10 * mean([s.max_tokens for s in heavy])
     assert len({s.prompt_ids[0] for s in specs}) == 100  # nothing shared
+def test_session_storm_returns_extend_their_first_turn_after_the_idle_traffic():
+    specs = make_workload("session-storm", seed=3, sessions=6, context_tokens=40, min_context_tokens=20,
+                          question_tokens=5, answer_tokens=3, idle_requests=4, idle_tokens=10, burst=4,
+                          burst_spread=1.0, gap=2.0).requests()
+    first = {s.group: s for s in specs if s.group.startswith("session-")}
+    returns = [s for s in specs if s.group.startswith("return-")]
+    idle = [s for s in specs if s.group == "idle"]
+    assert len(first) == 6 and len(returns) == 4 and len(idle) == 4
+    assert all(20 <= len(s.prompt_ids) <= 40 for s in first.values())
+    assert [s.arrival_s for s in specs] == sorted(s.arrival_s for s in specs)
+    assert max(s.arrival_s for s in first.values()) < min(s.arrival_s for s in idle)
+    assert max(s.arrival_s for s in idle) + 2.0 <= min(s.arrival_s for s in returns)
+    assert max(s.arrival_s for s in returns) - min(s.arrival_s for s in returns) <= 1.0
+    for r in returns:
+        turn1 = first["session-" + r.group.split("-")[1]].prompt_ids
+        assert r.prompt_ids[:len(turn1)] == turn1 and len(r.prompt_ids) == len(turn1) + 8
+    with pytest.raises(ValueError, match="--burst"):
+        make_workload("session-storm", sessions=2, burst=3)
 
 
 def test_shared_prefix_groups_share_exactly_the_prefix():

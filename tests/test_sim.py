@@ -178,3 +178,35 @@ def test_request_overhead_shifts_ttft_and_e2e_only():
     for a, b in zip(base.records, late.records):
         assert b.ttft_s == pytest.approx(a.ttft_s + 0.005) and b.e2e_s == pytest.approx(a.e2e_s + 0.005)
         assert b.instance == a.instance and b.cached_tokens == a.cached_tokens
+
+
+def test_tiers_on_the_virtual_clock_recover_a_session_storm_by_loading():
+    specs = make_workload("session-storm", seed=1, sessions=8, context_tokens=1024, min_context_tokens=768,
+                          idle_requests=16, idle_tokens=512, burst=8, burst_spread=0.5).requests()
+    base = dict(instances=2, num_blocks=128, poll_interval_s=0.0)
+    runs = {name: simulate(SimConfig(**base, **extra), "kv_aware", specs, ArrivalConfig())
+            for name, extra in {"device": {}, "host": {"host_blocks": 1024},
+                                "store": {"kv_store": "redis://sim"}}.items()}
+    storm = {}
+    for name, result in runs.items():
+        returns = [r for r in result.records if r.group.startswith("return-")]
+        assert len(returns) == 8 and all(r.ok for r in result.records)
+        storm[name] = sorted(r.ttft_s for r in returns)[6]
+    assert runs["device"].summary()["cached_tokens_by_tier"]["host"] == 0
+    host = runs["host"].summary()
+    assert host["cached_tokens_by_tier"]["host"] > 0 and host["tiers"]["recoveries"]["load_host"] > 0
+    store = runs["store"].summary()
+    assert store["cached_tokens_by_tier"]["remote"] > 0 and store["tiers"]["store_blocks"] > 0
+    assert storm["host"] < storm["device"] and storm["store"] < storm["device"]
+
+
+def test_cli_tier_flags_and_policy_args(capsys):
+    argv = ["--instances", "2", "--workload", "session-storm", "--sessions", "4", "--burst", "4",
+            "--idle-requests", "8", "--idle-tokens", "512", "--context-tokens", "512", "--min-context-tokens", "256",
+            "--num-blocks", "64", "--host-blocks", "512", "--kv-store", "file:///nowhere", "--json"]
+    assert main(argv + ["--policy-arg", "tier_credit=fixed", "--policy-arg", "remote_credit=0.25"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["policy_args"] == [["tier_credit", "fixed"], ["remote_credit", 0.25]]
+    assert out["results"]["kv_aware"]["tiers"]["recoveries"]
+    assert main(argv + ["--policy", "round_robin", "--policy-arg", "tier_credit=fixed"]) == 2
+    assert "takes none of --policy-arg tier_credit" in capsys.readouterr().err

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ sys.path.insert(0, ".")
 import aiohttp  # noqa: E402
 
 from tests.redis_server import RedisServer, free_port  # noqa: E402
-from tools.procs import spawn, wait_ready  # noqa: E402
+from tools.procs import spawn, wait_ready, write_json  # noqa: E402
 
 WORDS = "the router hashes blocks of tokens and sends each request where its prefix is cached".split()
 
@@ -226,9 +225,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     result = asyncio.run(decision(args) if args.what == "decision" else latency(args))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.out, result)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 
@@ -25,3 +26,10 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, path: str = "/hea
             pass
         await asyncio.sleep(0.1)
     raise SystemExit(f"{url} did not come up")
+
+
+def write_json(path: str | None, result) -> None:
+    """Write a tool's result to --out (nothing without one)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)

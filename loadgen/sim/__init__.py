@@ -6,6 +6,7 @@
     router.py     the simulated router: MemoryIndex + policy, dispatch bookkeeping, records
     oracle.py     the reference policy with instant, exact knowledge (simulator only)
     disagg.py     prefill/decode disaggregation: roles, decode choice, KV pulls
+    tiers.py      KV tiers: the engine's host pool and shared store with modelled transfer times
     runner.py     simulate(config, policy, specs, arrival) -> SimResult
     report.py     the comparison table
     pd_sweep.py   colocated vs every P:D split, goodput under SLOs (--pd-sweep)

@@ -6,6 +6,8 @@
     kvroute sim --instances 8 --prefill-instances 3 [--kv-link nvlink] [--pd-min-uncached 256] ...
     kvroute sim --instances 8 --policy kv_aware --slo-ttft 1 --slo-tpot 0.04 --pd-sweep ...
     kvroute sim --suite [--policy a,b,...] [--requests N] [--suite-trace FILE] [--out suite.json]
+    kvroute sim --instances 64 --workload session-storm --host-blocks 16000 --kv-store redis://s \
+        --kv-host-link pcie4 --kv-store-link infiniband [--policy-arg tier_credit=fixed] ...
 
 Workload flags are loadgen's (the workload's config fields); the same --seed drives
 the workload, the arrival process, the policies' random choices and the sampled
@@ -27,8 +29,9 @@ import time
 from pathlib import Path
 
 from engine.cost_model import COST_MODELS, get_cost_model
-from loadgen.arrivals import ArrivalConfig
 from engine.sim import LINKS
+from engine.tiers import STORE_WRITE_MODES
+from loadgen.arrivals import ArrivalConfig
 from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.profile import profile
 from loadgen.sim.report import format_suite, format_table, relative_to_oracle
@@ -66,7 +69,9 @@ _CONFIG_FLAGS = {  # flag dest -> SimConfig field; a flag not given keeps the ba
     "fast_candidates": "fast_candidates", "recent_ttl": "recent_ttl_s", "block_size": "block_size",
     "num_blocks": "num_blocks", "max_batched_tokens": "max_batched_tokens", "max_running": "max_running",
     "max_waiting": "max_waiting", "prefill_instances": "prefill_instances", "kv_link": "kv_link",
-    "pd_min_uncached": "pd_min_uncached", "seed": "seed",
+    "pd_min_uncached": "pd_min_uncached", "seed": "seed", "host_blocks": "host_blocks", "kv_store": "kv_store",
+    "kv_store_write": "kv_store_write", "kv_load_budget_bytes": "kv_load_budget_bytes", "kv_host_link": "kv_host_link",
+    "kv_store_link": "kv_store_link",
 }
 
 
@@ -98,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewer predicted uncached prompt tokens: run whole on a decode instance (no prefill stage)")
     p.add_argument("--pd-sweep", action="store_true",
                    help="run colocated and every P:D split of --instances (one policy); table of goodput per split")
+    p.add_argument("--host-blocks", type=int, help="per engine, as kvroute engine (default 0: off)")
+    p.add_argument("--kv-store", help="model one shared store for all instances (a redis:// or file:/// URL; never "
+                                      "contacted)")
+    p.add_argument("--kv-store-write", choices=STORE_WRITE_MODES, help=f"default {d['kv_store_write']}")
+    p.add_argument("--kv-load-budget-bytes", type=int, help="per engine, as kvroute engine")
+    p.add_argument("--kv-host-link", help=f"modelled host link: {', '.join(LINKS)}")
+    p.add_argument("--kv-store-link", help="modelled store link (as --kv-host-link)")
+    p.add_argument("--policy-arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="policy parameter (e.g. tier_credit=fixed), given to every policy that takes it")
     p.add_argument("--suite", action="store_true",
                    help="every workload and a KV pressure sweep, each policy against the oracle (see suite.py)")
     p.add_argument("--suite-trace", default=str(DEFAULT_TRACE), help="--suite: the Mooncake trace file")
@@ -138,9 +152,26 @@ def _workload(args: argparse.Namespace, seed: int):
     return make_workload(args.workload, seed=seed, **knobs)
 
 
+def parse_policy_args(items: list[str]) -> tuple[tuple[str, object], ...]:
+    """NAME=VALUE pairs; values that parse as JSON (numbers, true/false) are taken as such, else strings."""
+    out = []
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--policy-arg must be NAME=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        out.append((name, value))
+    return tuple(out)
+
+
 def _config(args: argparse.Namespace) -> SimConfig:
     base = SUITE_CONFIG if args.suite else SimConfig()
     given = {field: getattr(args, flag) for flag, field in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    if args.policy_arg:
+        given["policy_args"] = parse_policy_args(args.policy_arg)
     return dataclasses.replace(base, **given)
 
 

@@ -25,14 +25,16 @@ import itertools
 import math
 from typing import Callable, Iterator, Protocol
 
+from engine.kv_events import KVChange
 from engine.config import EngineConfig
 from engine.sequence import Sequence
-from loadgen.sim.instance import SimInstance
+from loadgen.sim.instance import QUEUE_FULL, SimInstance
+from loadgen.sim.tiers import SimStore, SimTierIO
 from loadgen.workload_base import RequestSpec
 
 STEP, DELIVER, POLL, ARRIVE, CALL = 0, 1, 2, 3, 4  # CALL: payload() (a KV transfer's end, disagg.py)
 
-KVEvents = list[tuple[str, list[int], int | None]]
+KVEvents = list[KVChange]
 
 
 class Sink(Protocol):
@@ -53,6 +55,12 @@ class Cluster:
         clock = lambda: self.now  # noqa: E731
         self.instances = [SimInstance(i, dataclasses.replace(engine, instance_id=f"sim-{i}", seed=engine.seed + i),
                                       clock) for i in range(num_instances)]
+        self.store = SimStore() if engine.kv_store else None  # the one shared store (loadgen/sim/tiers.py)
+        for inst in self.instances:
+            if inst.tiers is not None:
+                inst.io = SimTierIO(inst.tiers, inst.runner, self.store, self._call_at,
+                                    lambda events, i=inst.index: self.publish_events(i, events),
+                                    lambda inst=inst: self.kick(inst))
         self.event_delay_s = event_delay_s
         self.poll_interval_s = poll_interval_s
         self.now = 0.0
@@ -94,9 +102,23 @@ class Cluster:
             else:
                 break
 
+    def _call_at(self, at: float, fn: Callable[[], None]) -> None:
+        self.push(at, CALL, fn)
+
     def submit(self, index: int, seq: Sequence) -> bool:
-        """Hand `seq` to instance `index` now; False when its queue is full."""
+        """Hand `seq` to instance `index` (after its store lookup, if any); False when its queue is full."""
         inst = self.instances[index]
+        delay = inst.io.lookup_delay(seq) if inst.io is not None else 0.0
+        if delay > 0:
+            self.push(self.now + delay, CALL, lambda: self._submit_looked_up(inst, seq))
+            return True
+        return self._submit_now(inst, seq)
+
+    def _submit_looked_up(self, inst: SimInstance, seq: Sequence) -> None:
+        if not self._submit_now(inst, seq):
+            self._sink.on_failed(inst, seq, QUEUE_FULL, 429)
+
+    def _submit_now(self, inst: SimInstance, seq: Sequence) -> bool:
         if not inst.admit(seq):
             return False
         if not inst.busy:
@@ -135,19 +157,22 @@ class Cluster:
         if inst.scheduler.has_work():
             self._start_step(inst)
         else:
+            if inst.io is not None:  # what the last step left planned (reads for the store), while idle
+                inst.io.copies(self.now, inst.block_manager.take_copy_plan())
             self._load_changed(inst)
 
     def publish(self, inst: SimInstance) -> None:
-        if not inst.block_manager.pending_events:
-            return
-        events = inst.block_manager.drain_events()
+        if inst.block_manager.pending_events:
+            self.publish_events(inst.index, inst.block_manager.drain_events())
+
+    def publish_events(self, index: int, events: KVEvents) -> None:
         self.num_events += len(events)
         for listener in self.kv_listeners:
-            listener(inst.index, events)
+            listener(index, events)
         if self.event_delay_s > 0:
-            self.push(self.now + self.event_delay_s, DELIVER, (inst.index, events))
+            self.push(self.now + self.event_delay_s, DELIVER, (index, events))
         else:
-            self._sink.on_kv_events(inst.index, events)
+            self._sink.on_kv_events(index, events)
 
     # -- load reports ---------------------------------------------------------------
 

@@ -35,12 +35,14 @@ import collections
 from typing import Callable
 
 from engine.block_manager import BlockManager
+from engine.tier_setup import build_tiers
 from engine.config import EngineConfig
 from engine.runners import RUNNERS
 from engine.scheduler import Scheduler, SchedulerConfig, Step
 from engine.cost_model import CostModel
 from engine.sequence import Sequence, SeqStatus
 from engine.sim import NUM_SPECIAL_TOKENS
+from loadgen.sim.tiers import SimTierIO
 from router.protocol import LoadRecord
 
 QUEUE_FULL = "engine queue is full"
@@ -82,7 +84,11 @@ class SimInstance:
         self.runner = RUNNERS["sim"](config)
         self.cost_model = self.runner.cost_model
         self.clock = clock  # the virtual clock: the block manager's idle times are on it
-        self.block_manager = BlockManager(config.num_blocks, config.block_size, clock)
+        self.tiers = build_tiers(config, self.runner.info, self.runner.kv_bytes_per_block,
+                                 self.runner.prefill_rate_hint)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, self.tiers, clock)
+        self.io: SimTierIO | None = None  # set by the cluster when tiers exist (loadgen/sim/tiers.py)
+        self.max_fresh = -(-config.max_batched_tokens // config.block_size)
         sched = SchedulerConfig(config.max_batched_tokens, config.max_running, self.runner.info.max_model_len)
         self.scheduler = Scheduler(sched, self.block_manager, frozenset())
         self.step: Step | None = None
@@ -108,12 +114,20 @@ class SimInstance:
         step = sched.schedule()
         failed = [(seq, DROPPED) for seq in sched.dropped]
         sched.dropped = []
-        if not step.seqs:
-            if self.num_held:
-                return None, failed  # blocks held for a transfer free up when it completes
+        copy_s = ahead_s = 0.0
+        if self.io is not None:
+            copy_s = self.io.copies(now, self.block_manager.take_copy_plan())
+            ahead_s = self.io.copies(now, self.block_manager.take_ahead_plan(self.max_fresh))
+            self.io.fetch(now)
+        if not step.seqs and not copy_s:
+            if self.num_held or self.block_manager.has_pending_loads:
+                return None, failed  # blocks held for a transfer, or loads waiting for store bytes
             failed.extend((seq, NO_FIT) for seq in self._unschedulable())
             return None, failed
         duration = step_time(self.cost_model, step) * self.runner.time_scale
+        if self.tiers is not None:
+            self.tiers.recovery.prefill.observe(sum(n for n in step.num_tokens if n > 1), duration)
+        duration = max(copy_s + duration, ahead_s)  # the batch, then the step; the ahead batch alongside both
         self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq) else None
                        for seq, n in zip(step.seqs, step.num_tokens)]
         self.step = step
@@ -138,6 +152,10 @@ class SimInstance:
         for seq in stuck:
             sched.abort(seq)
         return stuck
+
+    def tier_costs(self):
+        """What this instance advertises about its tiers (None without tiers)."""
+        return self.tiers.recovery.costs() if self.tiers is not None else None
 
     def load(self) -> LoadRecord:
         """What the engine's GET /load reports (engine/llm_engine.py), `ts` on the virtual clock."""

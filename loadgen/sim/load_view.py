@@ -37,6 +37,7 @@ class LoadView:
         self.inflight = [0] * n
         self.queued = [0] * n
         self.engine: list[LoadRecord | None] = [None] * n
+        self.tier_costs: list = [None] * n  # what each instance advertises about its tiers (polled)
         self.states = [InstanceState(inst) for inst in ids]
         self._dirty: dict[int, None] = {}
         self.fast_k = fast_k
@@ -60,8 +61,9 @@ class LoadView:
         self._move(i, self.inflight[i] - 1)
         self._dirty[i] = None
 
-    def polled(self, i: int, load: LoadRecord) -> None:
+    def polled(self, i: int, load: LoadRecord, tier_costs=None) -> None:
         self.engine[i] = load
+        self.tier_costs[i] = tier_costs
         self._dirty[i] = None
 
     def _move(self, i: int, level: int) -> None:
@@ -74,7 +76,8 @@ class LoadView:
         states, ids, inflight, queued, engine = self.states, self.ids, self.inflight, self.queued, self.engine
         for i in self._dirty:
             load = engine[i]
-            states[i] = InstanceState.of(ids[i], inflight[i], queued[i], load, load.ts if load else 0.0)
+            states[i] = InstanceState.of(ids[i], inflight[i], queued[i], load, load.ts if load else 0.0,
+                                         tier_costs=self.tier_costs[i])
         self._dirty.clear()
 
     def all(self) -> list[InstanceState]:
@@ -87,7 +90,8 @@ class LoadView:
         self.flush()
         states, position = self.states, self.position
         recent = self.recent.match(first_block, now) if first_block is not None else ()
-        return [states[i] for i in pick((position[inst] for inst in matches), recent, self.load_levels, self.fast_k)]
+        holders = (position[inst] for inst in matches if inst in position)  # not a shared store's owner
+        return [states[i] for i in pick(holders, recent, self.load_levels, self.fast_k)]
 
     def least_loaded(self, k: int, skip: Mapping[int, None] | frozenset = frozenset()) -> Iterable[int]:
         return self.load_levels.least(k, skip)

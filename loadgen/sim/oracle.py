@@ -75,8 +75,9 @@ class OraclePolicy(PolicyBase):
 
     def _on_kv_events(self, index: int, events: KVEvents) -> None:
         inst = self.ids[index]
-        for kind, blocks, _ in events:
-            self.index.apply_sync(inst, kind, blocks)
+        for ev in events:
+            if ev.tier == "device":  # the oracle knows device caches only (no load-time model)
+                self.index.apply_sync(inst, ev.kind, ev.blocks)
 
     def _on_queue_changed(self, inst: SimInstance) -> None:
         i = inst.index

@@ -67,6 +67,8 @@ def format_table(out: Mapping[str, Any]) -> str:
     for name, s in results.items():
         for message, count in (s.get("error_kinds") or {}).items():
             lines.append(f"{name}: error x{count}: {message}")
+        if s.get("tiers"):
+            lines.append(f"{name}: {format_tiers(s)}")
     return "\n".join(lines)
 
 
@@ -100,3 +102,11 @@ def format_suite(out: Mapping[str, Any]) -> str:
         if name in out["policies"] and ORACLE in out["policies"]:
             lines.append(f"{name} beats the oracle on: {', '.join(beaten) or 'no row'}")
     return "\n".join(lines)
+def format_tiers(s: Mapping[str, Any]) -> str:
+    """One line: cached tokens by tier, recoveries by choice, bytes and GB/s per direction."""
+    t = s["tiers"]
+    cached = ", ".join(f"{k} {v}" for k, v in (s.get("cached_tokens_by_tier") or {}).items())
+    runs = ", ".join(f"{k} {v}" for k, v in sorted(t["recoveries"].items())) or "none"
+    moved = ", ".join(f"{d} {b / 1e9:.2f} GB" + (f" @ {t['gb_per_s'][d]:.1f} GB/s" if t["gb_per_s"][d] else "")
+                      for d, b in t["bytes"].items() if b)
+    return f"cached tokens by tier: {cached or '-'}; recoveries (runs): {runs}; moved: {moved or 'nothing'}"

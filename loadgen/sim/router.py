@@ -28,6 +28,7 @@ from loadgen.sim.disagg import Disagg, uncached_tokens
 from loadgen.sim.instance import QUEUE_FULL, SimInstance
 from loadgen.sim.load_view import LoadView
 from loadgen.workload_base import RequestSpec
+from router.index.base import event_owner
 from router.index.memory import MemoryIndex
 from router.policies.base import Policy, RouteRequest
 from router.protocol import block_hashes, hash_seed
@@ -166,6 +167,7 @@ class SimRouter:
         record.status, record.error = status, error
         record.output_tokens = seq.num_generated
         record.cached_tokens = seq.num_cached
+        record.cached_tokens_by_tier = dict(seq.cached_by_tier) if seq.cached_by_tier else None
         if not flight.first:
             self.view.first_token(flight.instance, flight.uncached)
         self.view.finished(flight.instance)
@@ -177,8 +179,8 @@ class SimRouter:
 
     def on_kv_events(self, index: int, events: KVEvents) -> None:
         inst = self.ids[index]
-        for kind, blocks, _ in events:
-            self.index.apply_sync(inst, kind, blocks)
+        for ev in events:
+            self.index.apply_sync(event_owner(inst, ev.tier, ev.store), ev.kind, ev.blocks, ev.tier)
 
     def on_load(self, inst: SimInstance) -> None:
-        self.view.polled(inst.index, inst.load())
+        self.view.polled(inst.index, inst.load(), inst.tier_costs())

@@ -33,7 +33,7 @@ from loadgen.sim.router import SimRouter
 from loadgen.summary import summarize
 from loadgen.workload_base import RequestSpec
 from router.planner.decide import PlannerConfig
-from router.policies import POLICIES, make_policy
+from router.policies import POLICIES, make_policy, policy_params
 from router.policies.base import Policy
 
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
@@ -63,6 +63,14 @@ class SimConfig:
     prefill_instances: int = 0
     kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/sim.py LINKS
     pd_min_uncached: int = 256  # fewer predicted uncached prompt tokens: run whole on a decode instance
+    # KV tiers, as kvroute engine's flags (engine/config.py); the store is modelled, never contacted.
+    host_blocks: int = 0
+    kv_store: str | None = None  # any redis:// or file:/// URL: one store shared by every instance
+    kv_store_write: str = "through"
+    kv_load_budget_bytes: int = 0
+    kv_host_link: str = ""  # engine/sim.py LINKS; "" = by device (cpu-memcpy)
+    kv_store_link: str = ""  # "" = by the store URL's scheme
+    policy_args: tuple[tuple[str, object], ...] = ()  # (name, value) parameters for every policy that takes them
 
     def __post_init__(self) -> None:
         if self.request_overhead_s < 0:
@@ -87,7 +95,9 @@ class SimConfig:
         return EngineConfig(backend="sim", cost_model=self.cost_model, block_size=self.block_size,
                             num_blocks=self.num_blocks, max_batched_tokens=self.max_batched_tokens,
                             max_running=self.max_running, max_waiting=self.max_waiting, seed=self.seed,
-                            kv_link=self.kv_link)
+                            kv_link=self.kv_link, host_blocks=self.host_blocks, kv_store=self.kv_store,
+                            kv_store_write=self.kv_store_write, kv_load_budget_bytes=self.kv_load_budget_bytes,
+                            kv_host_link=self.kv_host_link, kv_store_link=self.kv_store_link)
 
 
 def policy_names() -> list[str]:
@@ -95,14 +105,19 @@ def policy_names() -> list[str]:
 
 
 def build_policy(name: str, cluster: Cluster, seed: int, specs: list[RequestSpec] = (),
-                 starts: list[tuple[float, RequestSpec]] = ()) -> Policy:
+                 starts: list[tuple[float, RequestSpec]] = (), args: tuple[tuple[str, object], ...] = ()) -> Policy:
+    """Policy `name` with those of `args` it takes (ValueError if it takes none of them)."""
     rng = random.Random(seed)
     clock = lambda: cluster.now  # noqa: E731
     if name in SIM_POLICIES:
         return SIM_POLICIES[name](cluster, rng=rng, clock=clock, specs=specs, starts=starts)
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(policy_names())}")
-    return make_policy(name, rng=rng, clock=clock)
+    accepted = set(policy_params(name))
+    params = {k: v for k, v in args if k in accepted}
+    if args and not params:
+        raise ValueError(f"policy {name!r} takes none of --policy-arg {', '.join(k for k, _ in args)}")
+    return make_policy(name, rng=rng, clock=clock, **params)
 
 
 def arrivals(specs: list[RequestSpec], arrival: ArrivalConfig, seed: int) -> Iterator[tuple[float, RequestSpec]]:
@@ -133,6 +148,7 @@ class SimResult:
     kv_events: int
     disagg: dict | None = None  # Disagg.stats() when prefill_instances > 0 or a planner runs
     planner: dict | None = None  # SimPlanning.stats() when a planner runs
+    tiers: dict | None = None  # tier_stats() when instances have a host pool or a store
 
     def summary(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
         out = summarize(self.records, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
@@ -150,6 +166,8 @@ class SimResult:
             out["disagg"] = self.disagg
         if self.planner is not None:
             out["planner"] = self.planner
+        if self.tiers is not None:
+            out["tiers"] = self.tiers
         return out
 
 
@@ -175,7 +193,7 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
     started = time.perf_counter()
     cluster = Cluster(config.instances, config.engine_config(), config.event_delay_s, config.poll_interval_s)
     starts = list(arrivals(specs, arrival, config.seed))
-    policy = build_policy(policy_name, cluster, config.seed, specs, starts)
+    policy = build_policy(policy_name, cluster, config.seed, specs, starts, config.policy_args)
     followers: dict[int, list[RequestSpec]] = collections.defaultdict(list)
     for s in specs:
         if s.after is not None:
@@ -201,4 +219,24 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         preemptions=sum(i.scheduler.num_preemptions for i in cluster.instances), kv_events=cluster.num_events,
         disagg=router.disagg.stats() if router.disagg else None,
         planner=planning.stats() if planning else None,
+        tiers=tier_stats(cluster),
     )
+
+
+def tier_stats(cluster: Cluster) -> dict | None:
+    """Recoveries by choice and bytes moved per direction (GB/s while moving), over all instances."""
+    ios = [inst.io for inst in cluster.instances if inst.io is not None]
+    if not ios:
+        return None
+    runs, blocks = collections.Counter(), collections.Counter()
+    moved = {d: [0.0, 0.0] for d in ios[0].bytes}
+    for io in ios:
+        runs.update(io.tiers.recovery.runs)
+        blocks.update(io.tiers.recovery.blocks)
+        for d in moved:
+            moved[d][0] += io.bytes[d]
+            moved[d][1] += io.seconds[d]
+    return {"recoveries": dict(runs), "recovered_blocks": dict(blocks),
+            "bytes": {d: b for d, (b, _) in moved.items()},
+            "gb_per_s": {d: (b / s / 1e9 if s else None) for d, (b, s) in moved.items()},
+            "store_blocks": len(cluster.store.blocks) if cluster.store is not None else None}

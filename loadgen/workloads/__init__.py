@@ -18,6 +18,7 @@ from loadgen.workload_base import Workload
 from loadgen.workloads.doc_qa import DocQAConfig, DocQAWorkload
 from loadgen.workloads.multi_turn import MultiTurnConfig, MultiTurnWorkload
 from loadgen.workloads.no_sharing import RandomConfig, RandomWorkload
+from loadgen.workloads.session_storm import SessionStormConfig, SessionStormWorkload
 from loadgen.workloads.shared_prefix import SharedPrefixConfig, SharedPrefixWorkload
 from loadgen.workloads.shifting import ShiftConfig, ShiftWorkload
 from loadgen.workloads.trace import TraceConfig, TraceWorkload
@@ -28,6 +29,7 @@ WORKLOADS: dict[str, Any] = {
     "doc-qa": DocQAWorkload,
     "random": RandomWorkload,
     "shift": ShiftWorkload,
+    "session-storm": SessionStormWorkload,
     "trace": TraceWorkload,
 }
 CONFIGS: dict[str, type] = {
@@ -36,6 +38,7 @@ CONFIGS: dict[str, type] = {
     "doc-qa": DocQAConfig,
     "random": RandomConfig,
     "shift": ShiftConfig,
+    "session-storm": SessionStormConfig,
     "trace": TraceConfig,
 }
 TRACE_PREFIX = "trace:"

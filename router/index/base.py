@@ -2,7 +2,7 @@
 
 Backends (memory, redis) implement `BlockIndex`. Both also offer unordered `add` and
 `remove`, for tools and tests that build an index by hand; the router only uses the
-ordered writes.
+ordered writes (and unordered ones for a shared store's pseudo-instance, `event_owner`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
 from router.protocol import TIERS, KVEvent
+from router.tier_costs import store_owner
 
 TIER_RANK = {tier: i for i, tier in enumerate(TIERS)}  # lower is better: device < host < remote
 
@@ -62,6 +63,12 @@ class BlockIndex(Protocol):
     async def clear(self, instance: str) -> None:
         """Forget the instance (its id is gone); costs its own blocks, never a scan of all."""
 
+    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        """Unordered: `instance` holds `blocks` in `tier` (a shared store's owner; tools, tests)."""
+
+    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        """Unordered: `instance` no longer holds `blocks` in `tier`."""
+
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per instance holding blocks[0], its consecutive cached prefix of `blocks`."""
 
@@ -70,3 +77,16 @@ class BlockIndex(Protocol):
 
     async def maintain(self, alive: Iterable[str], ttl_s: float) -> None:
         """Mark `alive` as seen now; forget instances no router has seen for `ttl_s`."""
+
+
+def event_owner(instance: str, tier: str, store: str | None) -> str:
+    """Whose blocks an event changes: a shared store's (tier "remote" with a store key), else the instance's.
+
+    A store's blocks are indexed once, under `router.tier_costs.store_owner(key)`, and count
+    for every instance advertising that store key (router/policies/tier_credit.py); an
+    instance's "cleared" (a restart) never clears the store. The event's (epoch, seq) still
+    orders the writing instance's stream: the index advances that instance's watermark and
+    writes the blocks under the store's owner, unordered (store events are advisory: a
+    lookup or read that finds an entry gone is announced as removed).
+    """
+    return store_owner(store) if tier == "remote" and store else instance

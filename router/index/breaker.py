@@ -80,6 +80,12 @@ class BreakerIndex:
     async def clear(self, instance: str) -> None:
         await self._run(self.inner.clear(instance))
 
+    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self._run(self.inner.add(instance, tier, blocks))
+
+    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self._run(self.inner.remove(instance, tier, blocks))
+
     async def maintain(self, alive: Iterable[str], ttl_s: float) -> None:
         await self._run(self.inner.maintain(alive, ttl_s))
 

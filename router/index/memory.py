@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Mapping, Sequence
 
-from router.index.base import TIER_RANK, Applied, PrefixMatch
+from router.index.base import TIER_RANK, Applied, PrefixMatch, event_owner
 from router.protocol import TIERS, KVEvent
 
 # BEST_TIER[mask] = index into TIERS of the best (lowest) tier set in mask; mask 0 unused.
@@ -155,7 +155,7 @@ class MemoryIndex:
             return "gap"
         self._position[event.instance] = (event.epoch, event.seq)
         self._seen[event.instance] = time.time()
-        self.apply_sync(event.instance, event.type, event.blocks, event.tier)
+        self.apply_sync(event_owner(event.instance, event.tier, event.store), event.type, event.blocks, event.tier)
         return "applied"
 
     async def replace(self, instance: str, epoch: int, seq: int, tiers: Mapping[str, Sequence[int]]) -> bool:

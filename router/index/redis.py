@@ -46,7 +46,7 @@ from redis.exceptions import RedisError
 
 from router.cancellation import raise_if_cancelled
 from router.index import redis_scripts as lua
-from router.index.base import Applied, IndexUnavailable, PrefixMatch
+from router.index.base import Applied, IndexUnavailable, PrefixMatch, event_owner
 from router.index.memory import tier_bit, to_match
 from router.protocol import TIERS, KVEvent
 
@@ -90,6 +90,15 @@ class RedisIndex:
     async def apply(self, event: KVEvent) -> Applied:
         bit = tier_bit(event.tier)
         blocks = event.blocks if event.type != "cleared" else ()
+        owner = event_owner(event.instance, event.tier, event.store)
+        if owner != event.instance:  # the instance's watermark moves; the blocks are the store's
+            result = await self._apply_ordered(event, bit, ())
+            if result == "applied":
+                await self._unordered(owner, event.type, event.tier, blocks)
+            return result
+        return await self._apply_ordered(event, bit, blocks)
+
+    async def _apply_ordered(self, event: KVEvent, bit: int, blocks: Sequence[int]) -> Applied:
         chunks = [blocks[i : i + WRITE_CHUNK] for i in range(0, len(blocks), WRITE_CHUNK)] or [()]
         results = []
         for part, chunk in enumerate(chunks):

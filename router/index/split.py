@@ -27,6 +27,12 @@ class SplitIndex:
     async def replace(self, instance: str, epoch: int, seq: int, tiers: Mapping[str, Sequence[int]]) -> bool:
         return await self.shared.replace(instance, epoch, seq, tiers)
 
+    async def add(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self.shared.add(instance, tier, blocks)
+
+    async def remove(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        await self.shared.remove(instance, tier, blocks)
+
     async def clear(self, instance: str) -> None:
         await self.local.clear(instance)
         await self.shared.clear(instance)

@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from router.index.base import PrefixMatch
 from router.protocol import LoadRecord
+from router.tier_costs import TierCosts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,15 +31,16 @@ class InstanceState:
     kv_free_blocks: int = -1  # engine-reported blocks holding nothing; -1: not reported
     kv_evictable: tuple[tuple[int, float], ...] = ()  # engine-reported (blocks, idle s), next evicted first
     kv_measured_at: float = 0.0  # when kv_evictable's idle times were measured, on the policy's clock
+    tier_costs: TierCosts | None = None  # advertised tier links and store key (router/tier_costs.py); None: none
 
     @classmethod
     def of(cls, id: str, inflight: int, queued_prefill_tokens: int, load: LoadRecord | None,
-           measured_at: float = 0.0, cache_ok: bool = True) -> "InstanceState":
+           measured_at: float = 0.0, cache_ok: bool = True, tier_costs: TierCosts | None = None) -> "InstanceState":
         """The state from the router's own counts and the engine's last load record (None: none yet)."""
         if load is None:
-            return cls(id, inflight, queued_prefill_tokens, cache_ok=cache_ok)
+            return cls(id, inflight, queued_prefill_tokens, cache_ok=cache_ok, tier_costs=tier_costs)
         return cls(id, inflight, queued_prefill_tokens, load.running, load.waiting, load.kv_usage, cache_ok,
-                   load.kv_free_blocks, load.kv_evictable, measured_at)
+                   load.kv_free_blocks, load.kv_evictable, measured_at, tier_costs)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +88,8 @@ class Policy(Protocol):
 
     def on_failed(self, request: RouteRequest, instance: str) -> None: ...
 
+    def credit_detail(self, instance: str) -> dict: ...
+
 
 class PolicyBase:
     """Default no-op hooks and the `rng` / `clock` injections; policies implement `select`."""
@@ -108,3 +112,7 @@ class PolicyBase:
 
     def on_failed(self, request: RouteRequest, instance: str) -> None:
         """The attempt on `instance` failed before the engine took the request (it is retried)."""
+
+    def credit_detail(self, instance: str) -> dict:
+        """For /router/explain: how the last `select` credited `instance`'s cache (nothing by default)."""
+        return {}

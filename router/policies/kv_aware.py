@@ -11,13 +11,16 @@ For each candidate i, in seconds (tokens divided by the learned prefill rate, to
 
 (`Decision.terms` holds the four parts, base.COST_TERMS; /router/explain shows them.)
 
-Credit. `credits()` weighs the index's consecutive cached prefix by tier: a device block
-counts `device_credit`, a host block `host_credit`, a remote block `remote_credit`
-(fetching a block saves part of its compute, not all). Blocks recently routed to i and
-not yet reported by its KV events (*pending*, kept `pending_ttl_s`) count as device
-blocks; i gets the larger of the two credits. A candidate with `cache_ok=False` gets no
-credit. The cost formula only reads the credits, so how blocks are credited can change
-without touching it.
+Credit. `credits()` weighs the index's consecutive cached prefix by tier
+(tier_credit.py): a device block counts `device_credit`; a host or remote block counts
+the compute it saves minus the time to load it, from the bandwidth and latency the
+instance advertises (blocks in a shared store count for every instance with that
+store); an instance that advertises nothing, or every instance with
+tier_credit="fixed", gets `host_credit` / `remote_credit` per block. Blocks recently
+routed to i and not yet reported by its KV events (*pending*, kept `pending_ttl_s`)
+count as device blocks; i gets the larger of the two credits. A candidate with
+`cache_ok=False` gets no credit. The cost formula only reads the credits, so how
+blocks are credited can change without touching it.
 
 Rate. One fleet-wide rate by default (`per_instance_rate` for unequal fleets), learned
 online from `on_first_token` (rate.py), starting at `prefill_rate`.
@@ -73,7 +76,9 @@ Parameters (keywords; defaults in `KvAwareConfig`):
     decode_weight_s        seconds per running/waiting sequence (0.002)
     compute_weight         weight of the prefill compute a request adds (1.0)
     device_credit, host_credit, remote_credit   fraction of a cached block's
-                           compute saved, per tier (1.0, 0.8, 0.5)
+                           compute saved, per tier (1.0, 0.8, 0.5); host/remote only for
+                           instances that advertise no tier figures, or with tier_credit="fixed"
+    tier_credit            "measured" (default: by advertised load time) or "fixed"
     hot_factor             guard: inflight over the others' mean to be hot (2.0)
     hot_min_inflight       guard: below this inflight never hot (4)
     hot_tolerance_s        guard: most extra cost a spill may take, seconds (0.5)
@@ -104,15 +109,22 @@ from router.index.base import PrefixMatch
 from router.policies.base import InstanceState, RouteRequest
 from router.policies.kv_cost import KvCostConfig, KvCostPolicy
 from router.policies.recent import RecentBlocks
+from router.policies.tier_credit import tier_credit, with_store
+
+
+TIER_CREDITS = ("measured", "fixed")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KvAwareConfig(KvCostConfig):
     pending_ttl_s: float = 2.0
     pending_capacity: int = 200_000
+    tier_credit: str = "measured"  # "fixed": host_credit / remote_credit for every instance (tier_credit.py)
 
     def __post_init__(self) -> None:
         KvCostConfig.__post_init__(self)  # zero-argument super() does not work in slots dataclasses
+        if self.tier_credit not in TIER_CREDITS:
+            raise ValueError(f"tier_credit must be one of {', '.join(TIER_CREDITS)}, got {self.tier_credit!r}")
         if self.pending_ttl_s <= 0 or self.pending_capacity < 1:
             raise ValueError(
                 f"pending_ttl_s must be positive and pending_capacity at least 1, "
@@ -134,23 +146,38 @@ class KvAwarePolicy(KvCostPolicy):
     ) -> None:
         config = config or KvAwareConfig(**params)
         super().__init__(config, RecentBlocks(config.pending_ttl_s, config.pending_capacity), rng, clock)
+        # per candidate of the last select, what its credit came from (for /router/explain)
+        self._detail: dict[str, tuple[dict, object, float]] = {}
 
     def credits(
         self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
     ) -> dict[str, float]:
         pending = self.recent.match(request.block_hashes, self.clock())
-        device, tier_credit = self.config.device_credit, self._tier_credit
+        device, fallback = self.config.device_credit, self._tier_credit
+        measured, bs = self.config.tier_credit == "measured", request.block_size
         out: dict[str, float] = {}
+        self._detail = {}
         for c in candidates:
             if not c.cache_ok:
                 continue
             credit = pending.get(c.id, 0) * device
-            m = matches.get(c.id)
-            if m is not None:
-                indexed = 0.0
-                for tier, n in m.by_tier.items():
-                    indexed += tier_credit.get(tier, 0.0) * n
+            by_tier = with_store(matches.get(c.id), matches, c.tier_costs)
+            if by_tier:
+                per_block = bs / self.rates.get(c.id)
+                self._detail[c.id] = (by_tier, c.tier_costs, per_block)
+                if len(by_tier) == 1 and "device" in by_tier:  # what tier_credit gives, without its detail
+                    indexed = by_tier["device"] * fallback["device"]
+                else:
+                    indexed = tier_credit(by_tier, c.tier_costs, per_block, fallback, measured).credit
                 credit = max(credit, indexed)
             if credit:
                 out[c.id] = credit
         return out
+
+    def credit_detail(self, instance: str) -> dict:
+        detail = self._detail.get(instance)
+        if detail is None:
+            return {}
+        by_tier, costs, per_block = detail
+        tc = tier_credit(by_tier, costs, per_block, self._tier_credit, self.config.tier_credit == "measured")
+        return {"credited_blocks": tc.credit, "time_saved_s_by_tier": dict(tc.saved_s_by_tier)}

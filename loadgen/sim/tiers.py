@@ -1,0 +1,94 @@
+"""KV tiers on the virtual clock: the engine's own `CacheTiers`, with modelled transfer times.
+
+Each simulated instance runs the real block manager with the real tiers (host
+pool, load queue, cost-based recovery: engine/tier_setup.py builds them from the
+same `EngineConfig`), and this module does for it what engine/tier_service.py does
+for a real engine, with times from the sim runner's links (engine/sim.py LINKS):
+
+- a copy batch (evictions to the host, host hits and store bytes into the device,
+  reads for the store) lengthens the step it precedes by its modelled time, as it
+  does on this engine's runner thread;
+- a store lookup (before a request is queued) takes the store link's latency;
+  a fetch of n blocks its latency + n blocks / bandwidth, after which the loads
+  are ready for the next copy batch; a write lands after its modelled time and
+  is then announced with a `stored` event of tier "remote";
+- one `SimStore` holds what every instance has written: the shared store, with
+  no capacity limit (it holds all historical sessions).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from engine.kv_events import KVChange
+from engine.kv_copies import CopyPlan
+from engine.sequence import Sequence
+from engine.tiers import CacheTiers
+
+
+class SimStore:
+    def __init__(self) -> None:
+        self.blocks: set[int] = set()
+        self.writes = 0
+        self.reads = 0
+
+
+class SimTierIO:
+    def __init__(self, tiers: CacheTiers, runner, store: SimStore | None,
+                 call_at: Callable[[float, Callable[[], None]], None],
+                 publish: Callable[[list[KVChange]], None], kick: Callable[[], None]) -> None:
+        self.tiers, self.runner, self.store = tiers, runner, store
+        self.call_at, self.publish, self.kick = call_at, publish, kick
+        self.bytes = {"d2h": 0, "h2d": 0, "store_write": 0, "store_read": 0}
+        self.seconds = dict.fromkeys(self.bytes, 0.0)
+
+    def lookup_delay(self, seq: Sequence) -> float:
+        """Ask the store for what the local tiers lack (sets `seq.store_hits`); the lookup's modelled time."""
+        if self.store is None:
+            return 0.0
+        missing = self.tiers.missing_hashes(seq)
+        if not missing:
+            return 0.0
+        seq.store_hits = frozenset(h for h in missing if h in self.store.blocks)
+        return self.runner.store_link[1] * self.runner.time_scale
+
+    def copies(self, now: float, plan: CopyPlan) -> float:
+        """Account one copy batch; its modelled seconds (added to the step it precedes)."""
+        if not plan:
+            return 0.0
+        times = self.runner.copy_times(plan)
+        bpb = self.tiers.recovery.bytes_per_block
+        self._count("d2h", (len(plan.reads) + len(plan.d2h)) * bpb, times.read_s + times.d2h_s)
+        self._count("h2d", plan.num_loaded * bpb, times.h2d_s)
+        if plan.reads and self.store is not None:
+            blocks = plan.reads
+            done = now + times.read_s + self.runner.store_delay(len(blocks))
+            self._count("store_write", len(blocks) * bpb, self.runner.store_delay(len(blocks)))
+            self.call_at(done, lambda: self._written([b.hash for b in blocks]))
+        return times.read_s + times.d2h_s + times.h2d_s
+
+    def fetch(self, now: float) -> None:
+        """Start the store reads of the loads admitted since the last call."""
+        loads = self.tiers.loads.fetches()
+        if not loads or self.store is None:
+            return
+        delay = self.runner.store_delay(len(loads))
+        self._count("store_read", len(loads) * self.tiers.recovery.bytes_per_block, delay)
+        self.store.reads += len(loads)
+
+        def arrive() -> None:
+            for load in loads:
+                self.tiers.loads.arrived(load, b"" if load.block.hash in self.store.blocks else None)
+            self.kick()
+
+        self.call_at(now + delay, arrive)
+
+    def _written(self, hashes: list[int]) -> None:
+        self.store.blocks.update(hashes)
+        self.store.writes += len(hashes)
+        self.publish([KVChange("stored", hashes, None, "remote", self.tiers.store_key)])
+
+    def _count(self, direction: str, nbytes: float, seconds: float) -> None:
+        self.bytes[direction] += nbytes
+        self.seconds[direction] += seconds
+        self.tiers.recovery.observe(direction, nbytes, seconds)
