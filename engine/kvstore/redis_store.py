@@ -14,6 +14,8 @@ from typing import Sequence
 
 import redis.asyncio as aioredis
 
+from router.cancellation import raise_if_cancelled
+
 KEY_PREFIX = "kvroute:kv:"
 WRITE_CHUNK = 64  # SETs per pipeline round trip
 WRITE_TIMEOUT_S = 5.0
@@ -36,11 +38,14 @@ class RedisStore:
             for h, value in items[i:i + WRITE_CHUNK]:
                 pipe.set(self.key(h), value)
             await pipe.execute()
+            raise_if_cancelled()  # redis-py on Python 3.11 may have swallowed it (router/cancellation.py)
 
     async def get_many(self, hashes: Sequence[int]) -> list[bytes | None]:
         if not hashes:
             return []
-        return list(await self.reader.mget([self.key(h) for h in hashes]))
+        values = list(await self.reader.mget([self.key(h) for h in hashes]))
+        raise_if_cancelled()
+        return values
 
     async def contains_many(self, hashes: Sequence[int]) -> list[bool]:
         if not hashes:
@@ -48,7 +53,9 @@ class RedisStore:
         pipe = self.reader.pipeline(transaction=False)
         for h in hashes:
             pipe.exists(self.key(h))
-        return [bool(n) for n in await pipe.execute()]
+        found = [bool(n) for n in await pipe.execute()]
+        raise_if_cancelled()
+        return found
 
     async def close(self) -> None:
         await self.reader.aclose()
