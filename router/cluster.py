@@ -282,6 +282,9 @@ class Cluster:
     def observe_load(self, inst: Instance, load: LoadRecord) -> None:
         was_draining = inst.draining
         role = inst.observe_load(load)
+        if inst.kind == "kvroute" and inst.nonstreamed:
+            for dispatch in inst.nonstreamed.release(load):
+                dispatch.first_byte(is_ttft=False)  # its prefill is over (router/queued_prefill.py)
         if role is not None:
             log.warning("instance %s is now %s: regrouped", inst.id, role)
         if inst.draining and not was_draining:

@@ -7,6 +7,7 @@ import time
 
 from router.policies.base import InstanceState
 from router.protocol import LoadRecord
+from router.queued_prefill import QueuedPrefill
 from router.tier_costs import TierCosts
 
 
@@ -77,6 +78,7 @@ class Instance:
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
         self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
         self._state: InstanceState | None = None
+        self.nonstreamed = QueuedPrefill()  # non-streamed requests whose prefill may still be queued
         self._costs_of: LoadRecord | None = None  # the load record `_costs` was parsed from
         self._costs: TierCosts | None = None
 

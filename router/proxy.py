@@ -39,7 +39,9 @@ RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 class Dispatch:
     """Router-side load of one request on one instance, from dispatch to the end."""
 
-    def __init__(self, router: Router, prepared: Prepared, choice: Choice) -> None:
+    def __init__(self, router: Router, prepared: Prepared, choice: Choice, whole_body: bool = False) -> None:
+        """`whole_body`: a non-streamed answer; where the engine reports its prefill queue, the
+        prefill is released by its load reports (router/queued_prefill.py), not by the body."""
         self.router, self.prepared, self.choice = router, prepared, choice
         self.inst = choice.instance
         self.uncached = choice.uncached_tokens
@@ -48,6 +50,8 @@ class Dispatch:
         self.ended = False
         self.inst.inflight += 1
         self.inst.queued_prefill_tokens += self.uncached
+        if whole_body and self.uncached and self.inst.kind == "kvroute":
+            self.inst.nonstreamed.add(self)
         router.metrics.bound(router.metrics.inflight, self.inst.id).set(self.inst.inflight)
 
     def first_byte(self, is_ttft: bool = True) -> None:
@@ -123,7 +127,7 @@ class Proxy:
                 last_error = e if not attempt else last_error
                 break
             self._observe_choice(prepared, choice)
-            dispatch = Dispatch(self.router, prepared, choice)
+            dispatch = Dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream)
             ids = forward_ids and self._tokenizes_like_us(choice.instance, prepared)
             if ids not in bodies:
                 bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)
