@@ -28,7 +28,7 @@ import urllib.parse
 import aiohttp
 from aiohttp import web
 
-from router.errors import BadRequest, Forbidden, NotFound, Unavailable
+from router.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from router.http import json_response, read_json
 from router.instance import Instance
 from router.upstream_errors import describe_failure
@@ -43,8 +43,13 @@ SOURCE = "admin"
 def _cluster(request: web.Request):
     from router.app import CLUSTER, CONFIG
 
-    if not request.app[CONFIG].admin_key:
+    config = request.app[CONFIG]
+    if not config.admin_key:
         raise Forbidden("the fleet admin API needs the router started with --admin-key", code="admin_disabled")
+    if request.method != "GET" and config.workers > 1:  # a change would reach one worker only
+        raise Conflict(f"this router runs {config.workers} workers, and a change made here would reach only "
+                       "one of them: add and remove engines through the registry (--registry), switch roles "
+                       "on the engine (POST /admin/role)", code="workers_disagree")
     return request.app[CLUSTER]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import random
 import time
 
@@ -173,6 +174,8 @@ async def handle_stats(request: web.Request) -> web.Response:
     window = number("window", 60.0)
     stats = request.app[ROUTER].recent.stats(window, number("slo_ttft", None), number("slo_tpot", None))
     stats["engines"] = [i.to_dict() for i in request.app[CLUSTER].instances]
+    stats["workers"] = request.app[CONFIG].workers  # this answer covers one worker's share of the traffic
+    stats["worker_pid"] = os.getpid()
     return json_response(stats)
 
 

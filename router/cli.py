@@ -92,12 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-event-topic", default=d["kv_event_topic"].default, help="ZeroMQ topic prefix (default: all)")
     p.add_argument("--kv-event-replay-timeout-s", type=float, default=d["kv_event_replay_timeout_s"].default,
                    help="seconds to wait for a replay before rebuilding an instance from new events")
+    p.add_argument("--workers", type=int, default=d["workers"].default,
+                   help="router processes on one port (SO_REUSEPORT), for more than one core; each keeps its own "
+                        "index (or shares --index redis) fed by the same events")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks (default: random)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     values = config_values(RouterConfig, args)
     for name in ("engines", "engine_kinds", "kv_event_sources", "kv_event_replay_sources"):
@@ -111,8 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 2
+    from router.workers import bind_reuseport, supervise, worker_socket
+
+    sock = worker_socket()  # one of --workers: the supervisor bound it
     try:
-        sock = bind_socket(config.host, config.port)
+        if sock is None and config.workers > 1:
+            return supervise(argv, bind_reuseport(config.host, config.port, config.workers))
+        if sock is None:
+            sock = bind_socket(config.host, config.port)
     except OSError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 1

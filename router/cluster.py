@@ -39,7 +39,7 @@ class Cluster:
         self.index = index
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.metrics = metrics
-        self.instances = [Instance(url) for url in config.engines]  # grows and shrinks at run time
+        self.instances = [Instance(url, peers=config.workers - 1) for url in config.engines]  # grows, shrinks
         assign_kinds(self.instances, config)
         self.session: aiohttp.ClientSession | None = None
         self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
@@ -62,7 +62,7 @@ class Cluster:
         if inst is not None:
             inst.sources.add(source)
             return inst, False
-        inst = Instance(url, source)
+        inst = Instance(url, source, peers=self.config.workers - 1)
         self.instances.append(inst)
         Instance.generation += 1
         log.info("engine %s added (%s)", inst.url, source)

@@ -64,6 +64,7 @@ class RouterConfig:
     kv_event_block_size: int = 16  # the router's block size for vLLM/SGLang engines (their own may differ)
     kv_event_topic: str = ""  # ZeroMQ topic prefix to subscribe to ("" = all)
     kv_event_replay_timeout_s: float = 2.0
+    workers: int = 1  # router processes sharing the port (router/workers.py)
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:
@@ -92,6 +93,8 @@ class RouterConfig:
             raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+        if not 1 <= self.workers <= 64:
+            raise ValueError(f"--workers must be between 1 and 64, got {self.workers}")
         if self.index_breaker_failures < 1:
             raise ValueError("--index-breaker-failures must be >= 1")
         if self.ejection_s < 0:

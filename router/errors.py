@@ -57,6 +57,11 @@ class NotFound(KVRouteError):
     code = "not_found"
 
 
+class Conflict(KVRouteError):
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class Overloaded(KVRouteError):
     type = "overloaded_error"
     code = "overloaded"

@@ -12,12 +12,13 @@ from typing import Callable
 import orjson
 from aiohttp import web
 
-from router.errors import (BadRequest, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge, Unauthorized,
+from router.errors import (BadRequest, Conflict, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge, Unauthorized,
                            Unavailable)
 
 log = logging.getLogger(__name__)
 
-STATUS = {PayloadTooLarge: 413, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404, Unavailable: 503}
+STATUS = {PayloadTooLarge: 413, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404, Conflict: 409,
+          Unavailable: 503}
 READ_CHUNK = 1 << 16
 CONTROL_BODY_LIMIT = 1 << 20  # admin, transfer and tokenize bodies
 

@@ -47,7 +47,7 @@ class Instance:
     # reachability, draining, its info: role, model), so router/groups.py knows when to rebuild.
     generation = 0
 
-    def __init__(self, url: str, source: str = "static") -> None:
+    def __init__(self, url: str, source: str = "static", peers: int = 0) -> None:
         self.groups: list = []  # the router/groups.py groups it is in (in-flight counts follow it)
         self._inflight = 0
         self.url = url.rstrip("/")
@@ -78,6 +78,7 @@ class Instance:
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
         self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
         self._state: InstanceState | None = None
+        self.peers = peers  # other router workers sending requests here (router/workers.py)
         self.nonstreamed = QueuedPrefill()  # non-streamed requests whose prefill may still be queued
         self._costs_of: LoadRecord | None = None  # the load record `_costs` was parsed from
         self._costs: TierCosts | None = None
@@ -179,8 +180,11 @@ class Instance:
         if state is None:  # the policy's clock is time.monotonic: the load record's age is taken off it
             load = self.load
             measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
-            state = InstanceState.of(self.id, self._inflight, self.queued_prefill_tokens, load, measured_at,
-                                     not self.mismatch, self.tier_costs)
+            queued = self.queued_prefill_tokens
+            if self.peers and load is not None:  # the other workers' prefills are in the engine's own count
+                queued = max(queued, load.queued_prefill_tokens)
+            state = InstanceState.of(self.id, self._inflight, queued, load, measured_at, not self.mismatch,
+                                     self.tier_costs)
             self.__dict__["_state"] = state
         return state
 

@@ -50,12 +50,14 @@ class PlannerService:
                 raise ValueError(f"GET /router/stats answered HTTP {r.status}: {(await r.text())[:200]}")
             stats = await r.json()
         m = stats["models"]["*"]
+        share = int(stats.get("workers") or 1)  # --workers N: one worker saw about 1/N of the requests
         engines = [EngineView(e["id"], e["role"], (e.get("load") or {}).get("running", 0),
                               (e.get("load") or {}).get("waiting", 0), bool(e.get("draining")))
                    for e in stats["engines"] if e.get("role") in ROLES and (e.get("routable") or e.get("draining"))]
         d = m["demand"]
-        return Observation(time.time(), engines, m["requests"] + m["arrived"], d["prefill_tokens_per_s"],
-                           d["output_tokens_per_s"], m["ttft_s"]["p90"], m["tpot_s"]["p90"],
+        return Observation(time.time(), engines, share * (m["requests"] + m["arrived"]),
+                           share * d["prefill_tokens_per_s"], share * d["output_tokens_per_s"], m["ttft_s"]["p90"],
+                           m["tpot_s"]["p90"],
                            d["mean_context_tokens"], d["mean_prompt_tokens"], d["mean_output_tokens"])
 
     async def step(self) -> Plan:

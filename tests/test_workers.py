@@ -1,0 +1,81 @@
+"""`kvroute router --workers N`: N processes on one port, each serving, restarted when they
+die, all stopped by one SIGTERM; membership changes through the admin API are refused."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import aiohttp
+
+from tests.redis_server import free_port
+
+
+async def pids_seen(url: str, connections: int) -> tuple[set[int], int]:
+    pids, workers = set(), 0
+    for _ in range(connections):  # a fresh connection each time: the kernel spreads them over the workers
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            async with s.get(url + "/router/stats", headers={"Authorization": "Bearer k"}) as r:
+                body = await r.json()
+                pids.add(body["worker_pid"])
+                workers = body["workers"]
+    return pids, workers
+
+
+async def wait_up(url: str, tries: int = 300) -> None:
+    async with aiohttp.ClientSession() as s:
+        for _ in range(tries):
+            try:
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{url} did not come up")
+
+
+async def test_workers_share_one_port_restart_and_stop_together(start_engine):
+    engine, _ = await start_engine(time_scale=0.01)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port),
+                             "--engine", engine, "--workers", "2", "--admin-key", "k", "--log-level", "WARNING"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        await wait_up(url)
+        pids, workers = await pids_seen(url, 40)
+        assert workers == 2 and len(pids) == 2 and os.getpid() not in pids
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}) as r:
+                assert r.status == 200
+            async with s.post(url + "/router/engines", json={"url": engine},
+                              headers={"Authorization": "Bearer k"}) as r:
+                assert r.status == 409 and (await r.json())["error"]["code"] == "workers_disagree"
+        victim = min(pids)
+        os.kill(victim, signal.SIGKILL)
+        for _ in range(100):  # the supervisor starts a new worker on the dead one's socket
+            await asyncio.sleep(0.2)
+            try:
+                now, _ = await pids_seen(url, 20)
+            except aiohttp.ClientError:
+                continue
+            if len(now) == 2 and victim not in now:
+                break
+        assert len(now) == 2 and victim not in now, now
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        for pid in now:  # every worker is gone with it
+            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_workers_out_of_range_is_a_one_line_error():
+    out = subprocess.run([sys.executable, "-m", "router", "--engine", "http://127.0.0.1:1", "--workers", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--workers must be between 1 and 64" in out.stderr
+    assert "Traceback" not in out.stderr
