@@ -12,9 +12,9 @@ Each worker is a whole router: its own engines' health and load polls, its own K
 event feed into its own index (or the shared Redis index with --index redis), its own
 metrics. What the workers do not share is the router-side load of the requests in
 flight: each one counts only its own. To stay honest about the fleet, a worker that
-knows it is one of N (KVROUTE_WORKERS) charges an instance with at least the prefill
+knows it is one of N (--workers) charges an instance with at least the prefill
 queue the engine itself last reported, not only with the prefill it sent there
-(`Instance.peers`, router/instance.py; the count comes from --workers), and the engines' `running + waiting` already
+(`Instance.peers`, router/instance.py), and the engines' `running + waiting` already
 stand in for the others' requests in the decode term. Pending-block credits stay per
 worker: a sibling routed by another worker is seen once its blocks' KV events arrive.
 Dynamic membership goes through the registry (--registry), which every worker follows;
@@ -35,8 +35,7 @@ import time
 log = logging.getLogger(__name__)
 
 LISTEN_FD = "KVROUTE_LISTEN_FD"
-WORKERS = "KVROUTE_WORKERS"
-MAX_WORKERS = 64
+SUPERVISOR = "KVROUTE_SUPERVISOR_PID"
 RESTART_PAUSE_S = 1.0
 QUICK_S, MAX_QUICK_FAILURES = 10.0, 3  # exits within QUICK_S of a start, in a row, before giving up
 
@@ -46,7 +45,21 @@ def worker_socket() -> socket.socket | None:
     fd = os.environ.get(LISTEN_FD)
     if fd is None:
         return None
+    die_with_supervisor()
     return socket.socket(fileno=int(fd))
+
+
+def die_with_supervisor() -> None:
+    """In a worker: SIGTERM when the supervisor dies, even by SIGKILL (Linux prctl); exit now if it
+    is gone already."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if str(os.getppid()) != os.environ.get(SUPERVISOR):
+        raise SystemExit(0)
 
 
 def bind_reuseport(host: str, port: int, n: int) -> list[socket.socket]:
@@ -78,7 +91,7 @@ def supervise(argv: list[str], socks: list[socket.socket]) -> int:
     procs: list[subprocess.Popen | None] = [None] * len(socks)
 
     def start(i: int) -> subprocess.Popen:
-        env = dict(os.environ, **{LISTEN_FD: str(socks[i].fileno()), WORKERS: str(len(socks))})
+        env = dict(os.environ, **{LISTEN_FD: str(socks[i].fileno()), SUPERVISOR: str(os.getpid())})
         return subprocess.Popen([sys.executable, "-m", "router", *argv], env=env, pass_fds=(socks[i].fileno(),))
 
     def stop(signum, _frame) -> None:

@@ -79,3 +79,22 @@ def test_workers_out_of_range_is_a_one_line_error():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--workers must be between 1 and 64" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def test_workers_die_with_a_killed_supervisor(start_engine):
+    engine, _ = await start_engine(time_scale=0.01)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port),
+                             "--engine", engine, "--workers", "2", "--admin-key", "k", "--log-level", "WARNING"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await wait_up(f"http://127.0.0.1:{port}")
+        pids, _ = await pids_seen(f"http://127.0.0.1:{port}", 30)
+    finally:
+        proc.kill()
+        proc.wait()
+    for _ in range(100):
+        if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
+            break
+        await asyncio.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)

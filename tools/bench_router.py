@@ -1,23 +1,27 @@
 """Router benchmarks: decision time, and added latency / throughput over loopback.
 
     python tools/bench_router.py decision --out decision.json
-    python tools/bench_router.py latency --out latency.json [--requests 2000] [--concurrency 16]
+    python tools/bench_router.py latency --out latency.json [--requests 2000] [--concurrency 32] [--only kvroute]
 
 decision: the router's own prepare (limits, tokenize, hash) and decide (index lookup, candidates,
 kv_aware scoring, on_routed), in process: 8k- and 32k-token chats whose system prompt was seen
 before, never-seen 8k-token completions (against the tokenizer alone), memory and Redis index at
 64 instances; token-id prompts at 64 and 1,024 instances.
-latency: 4 sim engines (near-zero model time) behind a router process; the same closed
-loop of short non-streamed completions sent to the router and straight to an engine;
-router added latency = the difference of the medians (and p99s); with and without uvloop.
+latency: 4 sim engines (near-zero model time); 1 KB non-streamed completions from a lean
+closed-loop client (tools/http_load.py, its own process); per router (kvroute kv_aware,
+round_robin, --workers 2; sglang-router and vllm-router from their own venvs when
+installed): c=1 latency against one engine direct, measured right before in the same
+run (added = difference of the p50s and of the p99s), and requests/s at --concurrency.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -154,74 +158,106 @@ async def decision(args) -> dict:
     return {"decision": rows}
 
 
-async def closed_loop(session, url, requests, concurrency) -> tuple[list[float], float]:
-    lat: list[float] = []
-    counter = iter(range(requests))
+SGLANG_ROUTER = "/work/venv-sglang-router/bin/python"  # a venv with sglang-router 0.3.2
+VLLM_ROUTER = "/work/venv-vllm-router/bin/vllm-router"  # a venv with vllm-router 0.1.17
+PROMPT = ("Summarise what a KV-cache-aware router does for a fleet of LLM engines, in two sentences. " * 11)[:1024]
 
-    async def worker(w):
-        for i in counter:
-            body = {"prompt": f"request {i} from worker {w}: say something short", "max_tokens": 1}
-            t0 = time.perf_counter()
-            async with session.post(url + "/v1/completions", json=body) as r:
-                await r.read()
-                assert r.status == 200, r.status
-            lat.append(time.perf_counter() - t0)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    return lat, requests / (time.perf_counter() - t0)
+def load(url: str, concurrency: int, requests: int | None = None, duration: float | None = None,
+         warmup: int = 0) -> dict:
+    """tools/http_load.py in its own process: the client does not share the router's interpreter."""
+    body = json.dumps({"model": "kvroute-tiny", "prompt": PROMPT, "max_tokens": 1})
+    cmd = [sys.executable, "tools/http_load.py", "--url", url + "/v1/completions", "--body", body,
+           "--concurrency", str(concurrency), "--warmup", str(warmup)]
+    cmd += ["--requests", str(requests)] if requests else ["--duration", str(duration)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise SystemExit(f"http_load failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str, tuple[list[str], dict]]:
+    """name -> (argv, extra env) for every router to compare (those installed)."""
+    out = {}
+    kv = ["python", "-m", "router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
+          *[a for u in engines for a in ("--engine", u)]]
+    out["kvroute kv_aware"] = ([*kv], {})
+    out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
+    out["kvroute kv_aware --workers 2"] = ([*kv, "--workers", "2"], {})
+    if os.path.exists(SGLANG_ROUTER):
+        sg = [SGLANG_ROUTER, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+              "--worker-urls", *engines, "--log-level", "error", "--prometheus-port", str(free_port())]
+        out["sglang-router 0.3.2 cache_aware"] = ([*sg, "--policy", "cache_aware"], {})
+        out["sglang-router 0.3.2 round_robin"] = ([*sg, "--policy", "round_robin"], {})
+    if os.path.exists(VLLM_ROUTER):
+        from router.tokenizer import DATA_DIR
+
+        out["vllm-router 0.1.17 round_robin"] = (
+            [VLLM_ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines, "--policy",
+             "round_robin", "--prometheus-port", str(free_port()), "--log-level", "warning"],
+            {"VLLM_ROUTER_TOKENIZER": str(DATA_DIR)})
+    return {k: v for k, v in out.items() if not which or any(w in k for w in which)}
 
 
 async def latency(args) -> dict:
+    """4 sim engines; per router: c=1 latency against the engine direct (measured right before,
+    in the same run) and c=32 throughput; and the engine direct at c=32."""
     ports = [free_port() for _ in range(4)]
     engines = [spawn(["engine", "--backend", "sim", "--port", str(p), "--instance-id", f"e{i}", "--time-scale",
                       "0.001", "--log-level", "WARNING"]) for i, p in enumerate(ports)]
-    results = {}
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    rows = []
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            for p in ports:
-                await wait_ready(session, f"http://127.0.0.1:{p}")
-            for uv in ("1", "0"):
-                rport = free_port()
-                env = dict(os.environ, KVROUTE_NO_UVLOOP="0" if uv == "1" else "1")
-                router = spawn(["router", "--port", str(rport), "--log-level", "WARNING",
-                                *[a for p in ports for a in ("--engine", f"http://127.0.0.1:{p}")]], env=env)
+        async with aiohttp.ClientSession() as session:
+            for u in urls:
+                await wait_ready(session, u)
+            direct32 = load(urls[0], args.concurrency, duration=args.duration, warmup=100)
+            rows.append({"target": "one engine direct", "rps_c32": direct32["rps"], "c32": direct32})
+            print(f"{'one engine direct':<34} c={args.concurrency}: {direct32['rps']:.0f} req/s", flush=True)
+            for name, (cmd, env) in router_commands(urls, 0, set(args.only or ())).items():
+                port = free_port()
+                cmd = [str(port) if c == "0" and cmd[k - 1] == "--port" else c for k, c in enumerate(cmd)]
+                if cmd[0] == "python":
+                    cmd[0] = sys.executable
+                proc = subprocess.Popen(cmd, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+                url = f"http://127.0.0.1:{port}"
                 try:
-                    rurl = f"http://127.0.0.1:{rport}"
-                    await wait_ready(session, rurl)
-                    await closed_loop(session, rurl, 200, args.concurrency)  # warm-up
-                    via, via_rps = await closed_loop(session, rurl, args.requests, args.concurrency)
-                    direct, direct_rps = await closed_loop(session, f"http://127.0.0.1:{ports[0]}", args.requests,
-                                                           args.concurrency)
+                    await wait_ready(session, url, "/health" if "kvroute" in name else "/health", tries=600)
+                    load(url, 1, requests=300, warmup=50)  # warm-up: connections, caches, JIT-free paths
+                    direct = load(urls[0], 1, requests=args.requests, warmup=50)
+                    via = load(url, 1, requests=args.requests)
+                    c32 = load(url, args.concurrency, duration=args.duration, warmup=50)
                 finally:
-                    router.terminate()
-                    router.wait()
-                name = "uvloop" if uv == "1" else "asyncio"
-                results[name] = {
-                    "router_p50_ms": statistics.median(via) * 1e3, "router_p99_ms": pct(via, 0.99) * 1e3,
-                    "direct_p50_ms": statistics.median(direct) * 1e3, "direct_p99_ms": pct(direct, 0.99) * 1e3,
-                    "added_p50_ms": (statistics.median(via) - statistics.median(direct)) * 1e3,
-                    "added_p99_ms": (pct(via, 0.99) - pct(direct, 0.99)) * 1e3,
-                    "router_rps": via_rps, "direct_rps": direct_rps,
-                }
-                r = results[name]
-                print(f"{name:<8} router p50 {r['router_p50_ms']:.2f} ms p99 {r['router_p99_ms']:.2f} ms "
-                      f"{r['router_rps']:.0f} req/s | engine direct p50 {r['direct_p50_ms']:.2f} ms "
-                      f"p99 {r['direct_p99_ms']:.2f} ms {r['direct_rps']:.0f} req/s | added p50 "
-                      f"{r['added_p50_ms']:.2f} ms p99 {r['added_p99_ms']:.2f} ms", flush=True)
+                    proc.terminate()
+                    try:
+                        proc.wait(15)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                row = {"target": name, "added_p50_us": (via["p50_ms"] - direct["p50_ms"]) * 1e3,
+                       "added_p99_us": (via["p99_ms"] - direct["p99_ms"]) * 1e3, "rps_c32": c32["rps"],
+                       "c1": via, "direct_c1": direct, "c32": c32}
+                rows.append(row)
+                print(f"{name:<34} c=1 p50 {via['p50_ms']:.3f} ms (direct {direct['p50_ms']:.3f}: added "
+                      f"{row['added_p50_us']:+.0f} us), p99 {via['p99_ms']:.3f} (direct {direct['p99_ms']:.3f}: "
+                      f"added {row['added_p99_us']:+.0f} us); c={args.concurrency}: {c32['rps']:.0f} req/s"
+                      + (f", {c32['non_2xx']} non-2xx" if c32["non_2xx"] or via["non_2xx"] else ""), flush=True)
     finally:
         for e in engines:
             e.terminate()
             e.wait()
-    return {"latency": results, "concurrency": args.concurrency, "requests": args.requests}
+    return {"latency": rows, "concurrency": args.concurrency, "requests": args.requests,
+            "duration_s": args.duration, "prompt_bytes": len(PROMPT)}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("decision", "latency"))
     p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--requests", type=int, default=2000, help="latency: requests at concurrency 1")
+    p.add_argument("--concurrency", type=int, default=32, help="latency: connections for the throughput run")
+    p.add_argument("--duration", type=float, default=10.0, help="latency: seconds of the throughput run")
+    p.add_argument("--only", action="append", help="latency: only routers whose name contains this (repeatable)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     result = asyncio.run(decision(args) if args.what == "decision" else latency(args))
