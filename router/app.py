@@ -108,6 +108,7 @@ async def _router_ctx(app: web.Application):
     zmq_follower.close()
     await index.close()
     await session.close()
+    proxy.upstream.close()
     pool.close()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import urllib.parse
 
 import aiohttp
 from aiohttp import web
@@ -29,6 +30,7 @@ from router.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, pr
 from router.upstream_errors import describe_failure
 from router.routing import Choice, Prepared, Router
 from router.steering import strip_engine_fields, with_token_ids
+from router.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ class Proxy:
         self.router = router
         self.cluster = cluster
         self.session = session
+        self.upstream = Upstream()  # plain-http engines: the lean client (router/upstream.py)
+        self._addresses: dict[str, tuple[str, int, str] | None] = {}  # engine URL -> (host, port, path prefix)
         self.metrics = router.metrics
         self.config = cluster.config
         self.disagg = None  # router.disagg.Disaggregation, when the cluster has prefill and decode engines
@@ -164,6 +168,26 @@ class Proxy:
         return aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
                                      sock_read=self.config.read_timeout_s)
 
+    def _address(self, url: str) -> tuple[str, int, str] | None:
+        """(host, port, path prefix) of a plain-http engine URL; None: use aiohttp (https)."""
+        if url not in self._addresses:
+            u = urllib.parse.urlsplit(url)
+            self._addresses[url] = (u.hostname, u.port or 80, u.path.rstrip("/")) if u.scheme == "http" else None
+        return self._addresses[url]
+
+    async def _post(self, url: str, path: str, raw: bytes, stream: bool):
+        """POST to an engine; the answer's head is in. Non-streamed answers arrive whole at the end,
+        so only a stream's reads are bounded by --read-timeout-s (a whole body by the caller)."""
+        address = self._address(url)
+        if address is None:
+            timeout = self.client_timeout() if stream else aiohttp.ClientTimeout(
+                total=None, connect=self.config.connect_timeout_s)
+            return await self.session.post(url + path, data=raw, timeout=timeout,
+                                           headers={"Content-Type": "application/json"})
+        host, port, prefix = address
+        read_timeout = self.config.read_timeout_s if stream else self.config.request_timeout_s
+        return await self.upstream.post(host, port, prefix + path, raw, self.config.connect_timeout_s, read_timeout)
+
     async def _attempt(self, request: web.Request, raw: bytes, prepared: Prepared,
                        dispatch: Dispatch) -> web.StreamResponse | KVRouteError:
         """Relay one attempt; a KVRouteError return means "try the next instance"."""
@@ -172,8 +196,7 @@ class Proxy:
         upstream = None
         try:
             async with asyncio.timeout(wait):
-                upstream = await self.session.post(inst.url + request.path, data=raw, timeout=self.client_timeout(),
-                                                   headers={"Content-Type": "application/json"})
+                upstream = await self._post(inst.url, request.path, raw, stream)
                 if upstream.status >= 500:
                     return await self._server_error(inst, upstream)
                 if not stream or upstream.status != 200:
@@ -208,7 +231,7 @@ class Proxy:
         finally:
             upstream.close()
 
-    async def _server_error(self, inst, upstream: aiohttp.ClientResponse) -> KVRouteError:
+    async def _server_error(self, inst, upstream) -> KVRouteError:
         text = (await upstream.content.read(2048)).decode(errors="replace")
         log.warning("instance %s answered %d: %s", inst.id, upstream.status, text[:200])
         if upstream.status != 503:
@@ -218,7 +241,7 @@ class Proxy:
                               retry_after=parse_retry_after(upstream.headers["Retry-After"]))
         return Unavailable(f"instance {inst.id} answered HTTP {upstream.status}")
 
-    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
+    async def _relay(self, request: web.Request, upstream, first: bytes,
                      dispatch: Dispatch) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, headers=self._headers(upstream, dispatch.inst.id))
         await prepare_client(resp, request)
@@ -228,7 +251,7 @@ class Proxy:
         await write_client(resp)
         return resp
 
-    async def pump(self, upstream: aiohttp.ClientResponse, resp: web.StreamResponse, inst, trace) -> str:
+    async def pump(self, upstream, resp: web.StreamResponse, inst, trace) -> str:
         """Copy the rest of an upstream stream to the client; the outcome as a status label.
         A broken or stalled upstream is the engine's fault (SSE error, then [DONE]);
         a failed write is the client's (ClientGone propagates)."""
@@ -248,7 +271,7 @@ class Proxy:
             await write_client(resp, chunk)
 
     @staticmethod
-    def _headers(upstream: aiohttp.ClientResponse, instance_id: str) -> dict:
+    def _headers(upstream, instance_id: str) -> dict:
         headers = {INSTANCE_HEADER: instance_id}
         for name in ("Content-Type", "Cache-Control", "Retry-After"):
             if name in upstream.headers:

@@ -42,9 +42,16 @@ class InstrumentedIndex:
             "kvroute_index_lookup_blocks", "Blocks in each looked-up chain.", ["backend"],
             buckets=CHAIN_BUCKETS, registry=registry,
         )
+        # children bound once: a labels() lookup per call costs more than the observation
+        self._op_count: dict[str, object] = {}
+        self._lookup_chain = self._chain.labels(self.backend)
+        self._lookup_latency = self._latency.labels(self.backend)
 
     async def _run(self, op: str, coro):
-        self._ops.labels(op, self.backend).inc()
+        counter = self._op_count.get(op)
+        if counter is None:
+            counter = self._op_count[op] = self._ops.labels(op, self.backend)
+        counter.inc()
         try:
             return await coro
         except Exception:
@@ -70,12 +77,12 @@ class InstrumentedIndex:
         await self._run("remove", self.inner.remove(instance, tier, blocks))
 
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
-        self._chain.labels(self.backend).observe(len(blocks))
+        self._lookup_chain.observe(len(blocks))
         start = time.perf_counter()
         try:
             return await self._run("lookup", self.inner.lookup(blocks))
         finally:
-            self._latency.labels(self.backend).observe(time.perf_counter() - start)
+            self._lookup_latency.observe(time.perf_counter() - start)
 
     async def size(self) -> int:
         return await self._run("size", self.inner.size())
