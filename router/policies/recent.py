@@ -45,14 +45,15 @@ class RecentBlocks:
         """Remember that `blocks` were routed to `instance` at `now`."""
         self._purge(now)
         table = self._table
+        get, move = table.get, table.move_to_end
         expiry = now + self.ttl_s
         for h in reversed(blocks):  # leading blocks touched last, so evicted last
-            entry = table.get(h)
+            entry = get(h)
             if entry is None:
                 table[h] = {instance: expiry}
             else:
                 entry[instance] = expiry
-                table.move_to_end(h)
+                move(h)
         while len(table) > self.capacity:
             table.popitem(last=False)
 

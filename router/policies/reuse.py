@@ -63,16 +63,14 @@ class ReuseHistory:
         """A request for this block chain was routed at `now`."""
         if self._t0 is None:
             self._t0 = now
-        sample, seen = self.sample, self._seen
-        for h in hashes:
-            if h % sample:
-                continue
+        sample, seen, opened, gaps = self.sample, self._seen, self._open, self._gaps
+        for h in [h for h in hashes if not h % sample]:
             last = seen.pop(h, None)
             if last is not None:
-                self._open.remove(last)
-                self._gaps[bisect.bisect_right(EDGES, now - last)] += self._weight(last)
+                opened.remove(last)
+                gaps[bisect.bisect_right(EDGES, now - last)] += self._weight(last)
             seen[h] = now
-            self._open.add(now)
+            opened.add(now)
             self._fresh += 1
         while seen:
             h, last = next(iter(seen.items()))
