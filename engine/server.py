@@ -21,7 +21,7 @@ from engine.serving import CompletionService
 from engine.transfer_api import handle_transfer
 from engine.zmq_publisher import ZmqEventPublisher
 from router.errors import BadRequest
-from router.http import error_middleware, json_response, read_json
+from router.http import error_middleware, json_response, query_number, read_json
 from router.openai_request import parse_request
 from router.protocol import hash_seed
 from router.registry_record import EngineRecord
@@ -198,24 +198,11 @@ async def handle_kv_snapshot(request: web.Request) -> web.Response:
     })
 
 
-def _query_number(request: web.Request, name: str, default, cast):
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = cast(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter '{name}' must be a number, got {raw!r}", param=name) from None
-    if value < 0:
-        raise BadRequest(f"query parameter '{name}' must be >= 0", param=name)
-    return value
-
-
 async def handle_kv_events(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
-    since = _query_number(request, "since", 0, int)
-    timeout = min(_query_number(request, "timeout", 0.0, float), MAX_EVENTS_TIMEOUT_S)
-    epoch = _query_number(request, "epoch", None, int)
+    since = query_number(request, "since", 0, int)
+    timeout = min(query_number(request, "timeout", 0.0, float), MAX_EVENTS_TIMEOUT_S)
+    epoch = query_number(request, "epoch", None, int)
     batch = await engine.events.wait(since, timeout, epoch)
     return json_response({
         "instance": engine.config.instance,

@@ -17,9 +17,9 @@ from router import admin
 from router.cluster import Cluster
 from router.config import RouterConfig
 from router.disagg import Disaggregation
-from router.errors import BadRequest, Unauthorized
+from router.errors import Unauthorized
 from router.events import EventSync, PollFollower, RedisFollower
-from router.http import json_response, make_error_middleware, parse_json, read_body
+from router.http import json_response, make_error_middleware, parse_json, query_number, read_body
 from router.index import BreakerIndex, MemoryIndex, make_index
 from router.index.split import SplitIndex
 from router.index.instrumented import InstrumentedIndex
@@ -161,16 +161,7 @@ async def handle_instances(request: web.Request) -> web.Response:
 async def handle_stats(request: web.Request) -> web.Response:
     """Recent requests: rates, TTFT/TPOT percentiles and SLO attainment (?window=S&slo_ttft=S&slo_tpot=S)."""
     def number(name: str, default: float | None) -> float | None:
-        raw = request.query.get(name)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise BadRequest(f"query parameter {name!r} must be a number, got {raw!r}", param=name) from None
-        if not value > 0:
-            raise BadRequest(f"query parameter {name!r} must be positive", param=name)
-        return value
+        return query_number(request, name, default, positive=True)
 
     window = number("window", 60.0)
     stats = request.app[ROUTER].recent.stats(window, number("slo_ttft", None), number("slo_tpot", None))

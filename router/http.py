@@ -170,3 +170,18 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def sse_error(exc: KVRouteError) -> bytes:
     return sse_line(exc.to_dict())
+
+
+def query_number(request: web.Request, name: str, default, cast=float, positive: bool = False):
+    """A numeric query parameter (`default` when absent): 400 unless it parses and is >= 0 (> 0 if
+    `positive`)."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be a number, got {raw!r}", param=name) from None
+    if (value <= 0) if positive else (value < 0):
+        raise BadRequest(f"query parameter {name!r} must be {'positive' if positive else '>= 0'}", param=name)
+    return value

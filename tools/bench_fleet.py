@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loadgen.local_cluster import free_port  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
-from tools.procs import wait_ready  # noqa: E402
+from tools.procs import wait_ready, write_json  # noqa: E402
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
@@ -155,9 +155,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = asyncio.run(main_async(args))
     print(json.dumps(out, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.out, out)
     return 0
 
 

@@ -36,6 +36,9 @@ from loadgen.summary import meets_slo
 from loadgen.workloads import make_workload
 from router.planner.decide import PlannerConfig
 
+sys.path.insert(0, ".")
+from tools.procs import write_json  # noqa: E402
+
 
 def goodput(records, group: str | None, slo_ttft: float, slo_tpot: float) -> float:
     rows = [r for r in records if group is None or r.group == group]
@@ -240,9 +243,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = run_sim(args) if args.mode == "sim" else run_http(args)
     print(table(out))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.out, out)
     return 0
 
 
