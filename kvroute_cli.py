@@ -6,6 +6,7 @@ The router side never imports torch, so `kvroute router` works without it.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 SUBCOMMANDS = {
@@ -38,6 +39,16 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `kvroute router --help | head`: the reader left; say nothing more (no traceback) and
+        # keep Python's own flush at exit from failing again on the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

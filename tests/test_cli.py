@@ -2,6 +2,8 @@
 
 import argparse
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -37,6 +39,16 @@ def test_version(capsys):
     assert kvroute_cli.main(["--version"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("kvroute ") and len(out.split()) == 2
+
+
+def test_help_into_a_closed_pipe_is_not_a_traceback():
+    """`kvroute --help | head -1`: the reader is gone before the help is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvroute_cli", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(30)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 @pytest.mark.parametrize("argv, needle", [
