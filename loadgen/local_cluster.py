@@ -11,6 +11,7 @@ import atexit
 import dataclasses
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +78,8 @@ class ClusterSpec:
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, log_dir: str | None = None) -> None:
         self.spec = spec
+        # A log dir of our own is removed when the cluster ends cleanly and kept (errors name it) otherwise.
+        self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="kvroute-cluster-")
         self.procs: list[subprocess.Popen] = []
         self.engine_urls: list[str] = []
@@ -144,5 +147,7 @@ class LocalCluster:
             self.close()
             raise
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, exc_type, *exc) -> None:
         self.close()
+        if exc_type is None and self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)

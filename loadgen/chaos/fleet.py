@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 
@@ -43,8 +44,8 @@ class Fleet:
         os.makedirs(self.log_dir, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **{SECRET_ENV: secrets.token_hex(16)})
         port = free_port()
-        redis_dir = tempfile.mkdtemp(prefix="kvroute-chaos-redis-")
-        self.redis = Proc("redis", redis_argv(binary, port, redis_dir), port, self._log("redis"))
+        self._redis_dir = tempfile.mkdtemp(prefix="kvroute-chaos-redis-")
+        self.redis = Proc("redis", redis_argv(binary, port, self._redis_dir), port, self._log("redis"))
         self.redis_url = f"redis://127.0.0.1:{port}/0"
         self.engines = [self._python(f"e{i}", ["engine", "--instance-id", f"e{i}", "--redis", self.redis_url,
                                                *ENGINE_ARGS, *engine_args], env) for i in range(engines)]
@@ -119,6 +120,7 @@ class Fleet:
     def close(self) -> None:
         for proc in reversed(self.procs):
             proc.terminate(grace_s=5.0)
+        shutil.rmtree(self._redis_dir, ignore_errors=True)  # redis' working dir; the logs stay in log_dir
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float = 1.0) -> dict | None:
