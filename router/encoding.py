@@ -34,10 +34,11 @@ class Encoding:
     prefix_tokens: int = 0
 
     @classmethod
-    def of(cls, ids: Sequence[int]) -> "Encoding":
-        """Ids that did not come from the cache (a client's token ids, a full encode)."""
+    def of(cls, ids: Sequence[int], data: bytes = b"") -> "Encoding":
+        """Ids that did not come from the cache (a client's token ids, a full encode); `data`, when
+        given, is `ids` packed already."""
         ids = list(ids)
-        return cls(ids, u32le(ids))
+        return cls(ids, data or u32le(ids))
 
 
 class EncodePlan(Protocol):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 from router.errors import BadRequest, ContextTooLong
 from router.openai_request import CompletionRequest
 
@@ -79,10 +81,14 @@ def check_token_count(n: int, limits: Limits) -> None:
                              param="prompt")
 
 
-def check_vocabulary(ids: Sequence[int], limits: Limits) -> None:
-    """A client's token ids must be in the model's vocabulary."""
-    if limits.vocab_size and ids and max(ids) >= limits.vocab_size:
-        raise BadRequest(f"token id {max(ids)} is out of the vocabulary (size {limits.vocab_size})", param="prompt")
+def check_vocabulary(ids: Sequence[int] | bytes, limits: Limits) -> None:
+    """A client's token ids must be in the model's vocabulary. `ids` may be packed (little-endian
+    uint32 bytes, as `token_ids` returns them): their maximum is then one numpy call."""
+    if not limits.vocab_size or not ids:
+        return
+    top = int(np.frombuffer(ids, "<u4").max()) if isinstance(ids, bytes) else max(ids)
+    if top >= limits.vocab_size:
+        raise BadRequest(f"token id {top} is out of the vocabulary (size {limits.vocab_size})", param="prompt")
 
 
 def check_token_ids(ids: Sequence[int], limits: Limits) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from router.errors import BadRequest
 from router.openai_sampling import sampling_fields
+from router.protocol import u32le
 
 KINDS = ("completion", "chat")
 MAX_TOKEN_ID = 0xFFFFFFFF  # ids are hashed as little-endian uint32 (router/protocol.py)
@@ -25,6 +26,7 @@ class CompletionRequest:
     model: str | None
     prompt: str | None = None
     prompt_ids: tuple[int, ...] | None = None
+    prompt_ids_le: bytes = b""  # prompt_ids as little-endian uint32 (packed once, while checking their range)
     messages: tuple[dict, ...] | None = None
     stream: bool = False
     include_usage: bool = False
@@ -91,7 +93,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
+def _prompt(body: dict) -> tuple[str | None, tuple[tuple[int, ...], bytes] | None]:
     prompt = body.get("prompt")
     if prompt is None:
         raise BadRequest("'prompt' is required", param="prompt")
@@ -102,7 +104,7 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
             raise BadRequest("'prompt' must not be empty", param="prompt")
         return prompt, None
     if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:  # C speed; bools excluded
-        return None, token_ids(prompt, "prompt")
+        return None, token_ids(prompt, "prompt", typed=True)
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest("only one prompt per request is supported", param="prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(p, (int, float)) for p in prompt):
@@ -110,12 +112,18 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
     raise BadRequest("'prompt' must be a string or a non-empty list of token ids", param="prompt")
 
 
-def token_ids(ids: list, param: str) -> tuple[int, ...]:
-    if not ids or set(map(type, ids)) != {int}:
+def token_ids(ids: list, param: str, typed: bool = False) -> tuple[tuple[int, ...], bytes]:
+    """A client's token ids, checked (ints, not bools; 0 <= id <= MAX_TOKEN_ID), and packed as
+    little-endian uint32: the packing is the range check (it refuses anything outside it), and
+    the packed bytes are what the block hashes are computed from. `typed`: the caller has checked
+    the element types already."""
+    if not ids or not (typed or set(map(type, ids)) == {int}):  # one C pass; bools excluded
         raise BadRequest(f"'{param}' must be a non-empty list of integer token ids", param=param)
-    if min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
-        raise BadRequest(f"token ids in '{param}' must be between 0 and {MAX_TOKEN_ID}", param=param)
-    return tuple(ids)
+    try:
+        packed = u32le(ids)
+    except OverflowError:
+        raise BadRequest(f"token ids in '{param}' must be between 0 and {MAX_TOKEN_ID}", param=param) from None
+    return tuple(ids), packed
 
 
 def _messages(body: dict) -> tuple[dict, ...]:
@@ -167,9 +175,11 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     if kind == "chat":
         fields["messages"] = _messages(body)
         if FORWARDED_IDS in body:  # the router's tokenization of these messages (router/steering.py)
-            fields["prompt_ids"] = token_ids(body[FORWARDED_IDS], FORWARDED_IDS)
+            fields["prompt_ids"], fields["prompt_ids_le"] = token_ids(body[FORWARDED_IDS], FORWARDED_IDS)
     else:
-        fields["prompt"], fields["prompt_ids"] = _prompt(body)
+        fields["prompt"], ids = _prompt(body)
+        if ids is not None:
+            fields["prompt_ids"], fields["prompt_ids_le"] = ids
     return CompletionRequest(
         kind=kind,
         body=body,

@@ -102,7 +102,7 @@ class Router:
         ids = enc.ids
         check_token_count(len(ids), limits)
         if req.prompt_ids is not None:  # ids from this router's tokenizer are in its vocabulary
-            check_vocabulary(ids, limits)
+            check_vocabulary(enc.data, limits)
         block_size = self.cluster.block_size(model)
         hashes = self.hashes.of(enc, block_size, hash_seed(model, req.cache_salt))
         route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
@@ -121,7 +121,7 @@ class Router:
     async def _tokenize(self, req: CompletionRequest, chars: int) -> Encoding:
         """Look the prompt's pieces up here; encode what is missing inline or in the pool, by its size."""
         if req.prompt_ids is not None:
-            return Encoding.of(req.prompt_ids)
+            return Encoding.of(req.prompt_ids, req.prompt_ids_le)
         try:
             if req.messages is not None:
                 plan = self.tokenizer.plan_chat(list(req.messages))

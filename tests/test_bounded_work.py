@@ -70,7 +70,7 @@ async def test_prompt_over_the_character_cap_is_refused_before_tokenizing(router
 
 @pytest.mark.parametrize("target", ["router", "engine"])
 @pytest.mark.parametrize("bad_id,needle", [(2**32, b"between 0 and"), (8192, b"out of the vocabulary"),
-                                           (2**64, b"between 0 and")])
+                                           (2**64, b"between 0 and"), (-1, b"between 0 and")])
 async def test_out_of_range_token_ids_are_400(router_url, http, target, bad_id, needle):
     url = router_url[0] if target == "router" else router_url[1]
     ids = [5] * 40 + [bad_id]  # the bad id sits inside a full block, so it would be hashed
