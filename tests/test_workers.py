@@ -10,6 +10,7 @@ import sys
 import aiohttp
 
 from tests.redis_server import free_port
+from tools.procs import wait_ready
 
 
 async def pids_seen(url: str, connections: int) -> tuple[set[int], int]:
@@ -23,17 +24,9 @@ async def pids_seen(url: str, connections: int) -> tuple[set[int], int]:
     return pids, workers
 
 
-async def wait_up(url: str, tries: int = 300) -> None:
+async def wait_up(url: str) -> None:
     async with aiohttp.ClientSession() as s:
-        for _ in range(tries):
-            try:
-                async with s.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"{url} did not come up")
+        await wait_ready(s, url)
 
 
 async def test_workers_share_one_port_restart_and_stop_together(start_engine):
