@@ -81,7 +81,8 @@ class EventSync:
                 inst.needs_resync = True
                 return
             inst.seq = event.seq
-            inst.blocks_indexed += len(event.blocks) if event.type == "stored" else -len(event.blocks)
+            if not (event.tier == "remote" and event.store):  # a shared store's blocks are not the instance's
+                inst.blocks_indexed += len(event.blocks) if event.type == "stored" else -len(event.blocks)
             if event.type == "cleared":
                 inst.blocks_indexed = 0
             self.metrics.events.labels(event.type if result == "applied" else "duplicate").inc()

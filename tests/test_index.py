@@ -432,3 +432,23 @@ async def test_instrumented_index_records_calls_errors_and_latency():
     assert value("kvroute_index_lookup_seconds_count") == 2
     assert value("kvroute_index_lookup_blocks_sum") == 6
     await idx.close()
+
+
+async def test_an_instances_indexed_block_count_leaves_out_the_shared_stores_blocks():
+    """/router/instances' blocks_indexed is the instance's own blocks, after a snapshot (which puts
+    the store's under its owner) and after events alike."""
+    from router.cluster import Cluster
+    from router.config import RouterConfig
+    from router.events import EventSync
+    from router.metrics import RouterMetrics
+
+    cluster = Cluster(RouterConfig(engines=("http://127.0.0.1:9",)), make_index("memory"), "fp", RouterMetrics())
+    inst, sync = cluster.instances[0], EventSync(cluster)
+    await sync.load_snapshot(inst, {"epoch": 1, "seq": 0, "store": "S#ns",
+                                    "tiers": {"device": CHAIN[:2], "remote": CHAIN[:6]}})
+    assert inst.blocks_indexed == 2
+    await sync.apply(inst, [ev(1, "stored", instance=inst.id, blocks=tuple(CHAIN[2:4])),
+                            ev(2, "stored", instance=inst.id, tier="remote", blocks=tuple(CHAIN[6:9]), store="S#ns"),
+                            ev(3, "removed", instance=inst.id, tier="remote", blocks=tuple(CHAIN[:6]), store="S#ns")])
+    assert inst.seq == 3 and inst.blocks_indexed == 4
+    assert by_tier(await cluster.index.lookup(CHAIN[:4])) == {inst.id: {"device": 4}}
