@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ import aiohttp
 from loadgen.bench import Run, apply_defaults, run_one
 from loadgen.bench import build_parser as bench_parser
 from loadgen.cli import check_load_args
-from loadgen.local_cluster import _live, _stop, free_port
+from loadgen.local_cluster import free_port, spawn, stop_process
 from loadgen.report import markdown_table, write_report
 from router.tokenizer import DATA_DIR
 
@@ -56,13 +57,8 @@ class Fleet:
         self.router_url = ""
 
     def spawn(self, name: str, cmd: list[str], env: dict | None = None) -> None:
-        log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=full_env, start_new_session=True)
-        log.close()
-        self.procs.append(proc)
-        _live.add(proc)
+        self.procs.append(spawn(cmd, os.path.join(self.log_dir, f"{name}.log"), full_env))
 
     async def start_engines(self) -> None:
         for i in range(self.engines):  # ZeroMQ sockets on free ports; /kv/info says which
@@ -123,7 +119,7 @@ class Fleet:
 
     def close(self) -> None:
         for proc in reversed(self.procs):
-            _stop(proc)
+            stop_process(proc)
         self.procs.clear()
 
 
@@ -181,8 +177,11 @@ async def main_async(args, bench_args) -> tuple[list[Run], dict]:
                       f"{a['reported_cached_tokens']} cached tokens", file=sys.stderr, flush=True)
             else:
                 runs.append(await run_one(name, fleet.router_url, bench_args, config, workload, False))
-        finally:
-            fleet.close()
+        except BaseException:
+            fleet.close()  # the logs stay for the error's "see ..."
+            raise
+        fleet.close()
+        shutil.rmtree(fleet.log_dir, ignore_errors=True)
     return runs, out
 
 

@@ -8,6 +8,7 @@ request) and serializing one stream chunk (what the engine writes per token).
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import timeit
@@ -31,4 +32,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

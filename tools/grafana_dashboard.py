@@ -10,9 +10,9 @@ tests/test_deploy.py checks every metric named here exists and the file is up to
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
-import sys
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "kvroute-dashboard.json"
 RATE = "[$__rate_interval]"
@@ -123,6 +123,8 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    out = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", type=pathlib.Path, default=OUT, help=f"where to write it (default: {OUT})")
+    out = parser.parse_args().out
     out.write_text(render())
     print(f"wrote {out}")

@@ -15,6 +15,7 @@ pre-tokenizer: single digits, then GPT-2 byte-level), plus the chat template. No
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import pathlib
@@ -129,7 +130,6 @@ def main(out_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python tools/smollm2_checkpoint.py OUT_DIR", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", help="the checkpoint directory to write (created if missing)")
+    sys.exit(main(parser.parse_args().out_dir))
