@@ -56,13 +56,20 @@ class Dispatch:
             self.inst.nonstreamed.add(self)
         router.metrics.bound(router.metrics.inflight, self.inst.id).set(self.inst.inflight)
 
+    def _release_prefill(self) -> bool:
+        """Stop charging the instance with this request's prefill; False if that happened already
+        (once only: a first byte, a load report and the end may each try)."""
+        if self.first_seen:
+            return False
+        self.first_seen = True
+        self.inst.queued_prefill_tokens -= self.uncached
+        return True
+
     def first_byte(self, is_ttft: bool = True) -> None:
         """The prefill is done. `is_ttft=False` for whole (non-streamed) bodies, whose arrival
         time includes the decode and must not teach the policy a prefill rate."""
-        if self.first_seen:
+        if not self._release_prefill():
             return
-        self.first_seen = True
-        self.inst.queued_prefill_tokens -= self.uncached
         if is_ttft:
             ttft = time.monotonic() - self.sent
             self.router.metrics.observe_first_token(self.prepared.model, self.inst.id, ttft)
@@ -72,8 +79,7 @@ class Dispatch:
         if self.ended:
             return
         self.ended = True
-        if not self.first_seen:
-            self.inst.queued_prefill_tokens -= self.uncached
+        self._release_prefill()  # a request that failed, was retried or cancelled before its prefill was seen
         self.inst.inflight -= 1
         m = self.router.metrics
         m.bound(m.inflight, self.inst.id).set(self.inst.inflight)

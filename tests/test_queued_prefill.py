@@ -3,6 +3,7 @@ done, not when the whole body (decode included) arrives (router/queued_prefill.p
 
 import asyncio
 import dataclasses
+import time
 
 from router.protocol import LoadRecord
 from router.queued_prefill import QueuedPrefill
@@ -56,3 +57,26 @@ async def test_a_decoding_non_streamed_request_stops_counting_as_queued_prefill(
     assert any(q > 0 for _, q in seen)  # charged while the prefill was queued ...
     assert seen[-1][0] == 1 and seen[-1][1] == 0, seen  # ... released while it still decodes
     resp.release()
+
+
+def test_a_failed_non_streamed_request_is_uncharged_once():
+    """It ended before its prefill was seen (error, retry, cancel): the end releases its charge,
+    and a later load report must not release it a second time."""
+    import types
+
+    from router.instance import Instance
+    from router.metrics import RouterMetrics
+    from router.proxy import Dispatch
+
+    inst = Instance("http://127.0.0.1:9")
+    inst.kind = "kvroute"
+    policy = types.SimpleNamespace(on_finished=lambda *a: None)
+    router = types.SimpleNamespace(metrics=RouterMetrics(), policy=policy, policy_name="kv_aware")
+    choice = types.SimpleNamespace(instance=inst, uncached_tokens=500)
+    prepared = types.SimpleNamespace(model="m", route=None)
+    dispatch = Dispatch(router, prepared, choice, whole_body=True)
+    assert inst.queued_prefill_tokens == 500 and len(inst.nonstreamed) == 1
+    dispatch.end("error")
+    assert inst.queued_prefill_tokens == 0 and inst.inflight == 0
+    assert inst.nonstreamed.release(load(time.time() + 1.0, queued=0)) == []
+    assert inst.queued_prefill_tokens == 0
