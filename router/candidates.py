@@ -78,12 +78,20 @@ class RecentSenders:
         self._table: dict[int, dict[Hashable, float]] = {}
         self._order: collections.deque[tuple[float, int, Hashable]] = collections.deque()
 
+    def __len__(self) -> int:
+        return len(self._order)
+
     def record(self, first_block: int, member: Hashable, now: float) -> None:
+        self._purge(now)  # here too: a fleet that never needs match() must not grow the table
         expiry = now + self.ttl_s
         self._table.setdefault(first_block, {})[member] = expiry
         self._order.append((expiry, first_block, member))
 
     def match(self, first_block: int, now: float) -> Iterable[Hashable]:
+        self._purge(now)
+        return self._table.get(first_block, ())
+
+    def _purge(self, now: float) -> None:
         order, table = self._order, self._table
         while order and order[0][0] <= now:
             expiry, block, member = order.popleft()
@@ -92,7 +100,6 @@ class RecentSenders:
                 del entry[member]
                 if not entry:
                     del table[block]
-        return table.get(first_block, ())
 
 
 def pick(holders: Iterable[Hashable], recent: Iterable[Hashable], least: LeastLoaded, k: int) -> list:

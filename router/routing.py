@@ -143,8 +143,11 @@ class Router:
         if not group.members:
             what = f" in role {'/'.join(roles)}" if roles else ""
             raise Unavailable(f"no healthy instance{what} serves {prepared.model!r}")
-        matches = await self._lookup(prepared) if self.policy.uses_index else {}
         limit = self.cluster.config.max_inflight
+        if limit and not exclude and all(i.inflight >= limit for i in group.load.least(1)):
+            self.metrics.errors.labels("overloaded").inc()  # before the lookup it would waste
+            raise Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
+        matches = await self._lookup(prepared) if self.policy.uses_index else {}
         candidates = self._candidates(group, prepared, matches, record)
         if exclude or limit:
             usable = lambda i: i.id not in exclude and (not limit or i.inflight < limit)  # noqa: E731
@@ -159,7 +162,7 @@ class Router:
         if record:
             self.policy.on_routed(prepared.route, chosen.id)
             hashes = prepared.route.block_hashes
-            if self.recent_senders is not None and hashes:
+            if self.recent_senders is not None and hashes and self.policy.uses_index:
                 self.recent_senders.record(hashes[0], chosen.id, time.monotonic())
             if not prepared.trace.decided:  # once per request, not per retry
                 prepared.trace.decided = True

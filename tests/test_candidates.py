@@ -26,6 +26,14 @@ def test_recent_senders_expire():
     assert list(recent.match(11, now=5.0)) == []
 
 
+def test_recent_senders_stay_bounded_without_matches():
+    """A fleet at or below the fast-candidate k only records: the table must not grow per request."""
+    recent = RecentSenders(ttl_s=1.0)
+    for i in range(10_000):
+        recent.record(i, "a", now=i * 0.01)
+    assert len(recent) <= 101
+
+
 def test_pick_is_holders_then_recent_then_least_loaded_each_once():
     load = LeastLoaded(["h1", "r1", "x", "y", "z"])
     load.set("h1", 9)
