@@ -182,6 +182,23 @@ def load(url: str, concurrency: int, requests: int | None = None, duration: floa
     return json.loads(out.stdout)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, its threads and its live child processes (router workers)."""
+    ticks, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str, tuple[list[str], dict]]:
     """name -> (argv, extra env) for every router to compare (those installed)."""
     out = {}
@@ -190,6 +207,9 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
     out["kvroute kv_aware"] = ([*kv], {})
     out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
     out["kvroute kv_aware --workers 2"] = ([*kv, "--workers", "2"], {})
+    for server in ("aiohttp", "raw"):  # no routing at all: what the HTTP server and upstream client cost
+        out[f"floor: {server} server + upstream.py"] = (
+            ["python", "tools/proxy_floor.py", "--server", server, "--port", str(port), "--engine", engines[0]], {})
     if os.path.exists(SGLANG_ROUTER):
         sg = [SGLANG_ROUTER, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
               "--worker-urls", *engines, "--log-level", "error", "--prometheus-port", str(free_port())]
@@ -233,7 +253,10 @@ async def latency(args) -> dict:
                     load(url, 1, requests=300, warmup=50)  # warm-up: connections, caches, JIT-free paths
                     direct = load(urls[0], 1, requests=args.requests, warmup=50)
                     via = load(url, 1, requests=args.requests)
+                    cpu0 = cpu_seconds(proc.pid)
                     c32 = load(url, args.concurrency, duration=args.duration, warmup=50)
+                    # the warm-up requests are timed out of c32 but not out of the CPU: counted in
+                    cpu_us = (cpu_seconds(proc.pid) - cpu0) / (c32["requests"] + 50) * 1e6
                 finally:
                     proc.terminate()
                     try:
@@ -242,11 +265,13 @@ async def latency(args) -> dict:
                         proc.kill()
                 row = {"target": name, "added_p50_us": (via["p50_ms"] - direct["p50_ms"]) * 1e3,
                        "added_p99_us": (via["p99_ms"] - direct["p99_ms"]) * 1e3, "rps_c32": c32["rps"],
+                       "cpu_us_per_request_c32": cpu_us,
                        "c1": via, "direct_c1": direct, "c32": c32}
                 rows.append(row)
                 print(f"{name:<34} c=1 p50 {via['p50_ms']:.3f} ms (direct {direct['p50_ms']:.3f}: added "
                       f"{row['added_p50_us']:+.0f} us), p99 {via['p99_ms']:.3f} (direct {direct['p99_ms']:.3f}: "
-                      f"added {row['added_p99_us']:+.0f} us); c={args.concurrency}: {c32['rps']:.0f} req/s"
+                      f"added {row['added_p99_us']:+.0f} us); c={args.concurrency}: {c32['rps']:.0f} req/s, "
+                      f"{cpu_us:.0f} us CPU/request"
                       + (f", {c32['non_2xx']} non-2xx" if c32["non_2xx"] or via["non_2xx"] else ""), flush=True)
     finally:
         for e in engines:
