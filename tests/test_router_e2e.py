@@ -5,7 +5,7 @@ import asyncio
 import orjson
 import pytest
 
-from router.app import CLUSTER
+from router.app import CLUSTER, ROUTER
 
 FAST = 0.01  # sim engines' time scale
 
@@ -288,11 +288,17 @@ async def test_router_metrics_follow_what_engines_report(start_engine, start_rou
 
 async def test_fast_candidates_keep_holders_and_the_least_loaded(start_engine, start_router, http):
     url, server, _ = await cluster(start_engine, start_router, n=4, fast_candidates=1)
+    policy, scored = server.app[ROUTER].policy, []
+    select = policy.select
+    policy.select = lambda request, candidates, matches: (scored.append({c.id for c in candidates}),
+                                                          select(request, candidates, matches))[1]
     for q in range(3):  # one group: it sticks to its holder although only 1 least-loaded extra is scored
         status, inst, body = await complete(http, url, prompt(50, q))
         assert status == 200
         if q == 0:
             holder = inst
         assert inst == holder
+    assert len(scored[0]) == 1  # nothing held yet: the one least loaded
+    assert all(len(ids) == 2 and holder in ids for ids in scored[1:]), scored  # the holder + 1 least loaded
     group = server.app[CLUSTER].group("kvroute-tiny")
     assert len(group.members) == 4 and {i.inflight for i in group.members} == {0}
