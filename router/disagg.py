@@ -27,6 +27,8 @@ from aiohttp import web
 from router.cluster import Cluster
 from router.errors import KVRouteError, Unavailable
 from router.http import SSE_DONE, ClientGone, json_response, prepare_client, sse_error, sse_line, write_client
+from router import decode_choice
+from router.decode_choice import DECODE_ROLES, decode_load
 from router.kv_auth import make_grant
 from router.steering import with_token_ids
 from router.upstream_errors import describe_failure
@@ -38,20 +40,11 @@ from router.routing import Choice, Prepared
 log = logging.getLogger(__name__)
 
 PREFILL_HEADER = "x-kvroute-prefill-instance"
-# While the fleet is disaggregated, "both" engines (e.g. halfway through the planner's role
-# changes) take what decode engines take: decode stages and whole short requests.
-DECODE_ROLES = ("decode", "both")
 
 
 def pick_decode(candidates: list[Instance], rng: random.Random) -> Instance:
     """Decode load: fewest requests (router in-flight, engine running + waiting), then KV usage."""
-
-    def load(i: Instance) -> tuple[int, float]:
-        engine = (i.load.running + i.load.waiting) if i.load else 0
-        return max(i.inflight, engine), i.load.kv_usage if i.load else 0.0
-
-    best = min(load(i) for i in candidates)
-    return rng.choice([i for i in candidates if load(i) == best])
+    return decode_choice.pick_decode(candidates, lambda i: decode_load(i.inflight, i.load), rng)
 
 
 def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) -> dict:

@@ -31,10 +31,10 @@ from engine.sequence import Sequence, SeqStatus
 from loadgen.sim.cluster import CALL, Cluster
 from loadgen.sim.instance import SimInstance
 from loadgen.sim.load_view import LoadView
+from router.decode_choice import DECODE_ROLES, decode_load, pick_decode
 from router.index.base import PrefixMatch
 from router.policies.base import Decision, InstanceState, Policy, RouteRequest
 
-DECODE_ROLES = ("decode", "both")  # as router/disagg.py
 
 
 def uncached_tokens(decision: Decision, matches: Mapping[str, PrefixMatch], n: int, block_size: int) -> int:
@@ -92,14 +92,8 @@ class Disagg:
 
     def pick_decode(self) -> int:
         view = self.view
-        decodes = self.decodes
-        loads = []
-        for inst in decodes:
-            load = view.engine[inst.index]
-            engine_load = load.running + load.waiting if load else 0
-            loads.append((max(view.inflight[inst.index], engine_load), load.kv_usage if load else 0.0))
-        best = min(loads)
-        return self.rng.choice([inst.index for inst, load in zip(decodes, loads) if load == best])
+        return pick_decode([inst.index for inst in self.decodes],
+                           lambda i: decode_load(view.inflight[i], view.engine[i]), self.rng)
 
     # -- prefill -> decode ----------------------------------------------------------
 
