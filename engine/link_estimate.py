@@ -28,7 +28,6 @@ class LinkEstimate:
         self.prior = prior
         self.prior_weight = prior_weight
         self._w = self._x = self._y = self._xx = self._xy = 0.0  # decayed sums over observations
-        self.samples = 0
         self.link = prior
 
     def observe(self, nbytes: float, seconds: float) -> None:
@@ -41,7 +40,6 @@ class LinkEstimate:
         self._y = self._y * keep + seconds
         self._xx = self._xx * keep + x * x
         self._xy = self._xy * keep + x * seconds
-        self.samples += 1
         self.link = self._fit()
 
     def time(self, nbytes: float) -> float:

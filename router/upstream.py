@@ -283,7 +283,6 @@ class Response:
         elif conn.transport is not None:
             conn.transport.close()
 
-    release = close
 
 
 def _expire(waiter: asyncio.Future) -> None:

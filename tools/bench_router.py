@@ -72,7 +72,7 @@ def make_router(tok, index, n_inst: int, max_model_len: int = 131072):
     return Router(cluster, make_policy("kv_aware"), tok, RouterMetrics(), "kv_aware")
 
 
-async def hold_prefixes(index, tok, n_inst: int, ids: list[int], holders: int) -> None:
+async def hold_prefixes(index, ids: list[int], holders: int) -> None:
     """`holders` instances hold growing shares of the prompt's prefix; the rest hold nothing."""
     from router.protocol import block_hashes, hash_seed
 
@@ -123,7 +123,7 @@ async def decision(args) -> dict:
                 router = make_router(tok, index, 64)
                 system = {"role": "system", "content": text_of(n_tokens, tok)}
                 first = [system, {"role": "user", "content": "question 0"}]
-                await hold_prefixes(index, tok, 64, tok.encode_chat(first), 8)
+                await hold_prefixes(index, tok.encode_chat(first), 8)
                 await router.prepare({"messages": first, "max_tokens": 1}, "chat")  # the system prompt is seen
                 bodies = [{"messages": [system, {"role": "user", "content": f"question {i} about caches"}],
                            "max_tokens": 1} for i in range(args.reps)]
@@ -155,7 +155,7 @@ async def decision(args) -> dict:
             index = make_index("memory")
             router = make_router(tok, index, n_inst)
             base = text_of(1024, tok)
-            await hold_prefixes(index, tok, n_inst, tok.encode(base), 8)
+            await hold_prefixes(index, tok.encode(base), 8)
             bodies = [{"prompt": [*tok.encode(base), 5 + i % 50, 6, 7], "max_tokens": 1} for i in range(args.reps)]
             prep, dec = await time_decisions(router, bodies, "completion")
             rows.append(scenario("token ids, 8 holders", "memory", n_inst, len(bodies[0]["prompt"]), prep, dec))

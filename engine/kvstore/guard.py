@@ -38,7 +38,6 @@ class GuardedStore:
         self.on_state = on_state or (lambda up: None)
         self.down_since: float | None = None
         self.skip_until = 0.0
-        self.outages = 0
 
     @property
     def up(self) -> bool:
@@ -55,7 +54,7 @@ class GuardedStore:
             self.on_error(op)
             self.failures += 1
             if self.down_since is None and self.failures >= self.trip_after:
-                self.down_since, self.outages = now, self.outages + 1
+                self.down_since = now
                 self.on_state(False)
                 log.warning("kv store %s unavailable (%s: %s): recomputing instead of loading and dropping "
                             "writes until it answers again", self.store_id, type(e).__name__, e or "timed out")

@@ -14,7 +14,6 @@ class Proc:
     def __init__(self, name: str, argv: list[str], port: int, log_path: str, env: dict | None = None) -> None:
         self.name, self.argv, self.port, self.log_path, self.env = name, argv, port, log_path, env
         self.popen: subprocess.Popen | None = None
-        self.starts = 0
         self.expected_exit = False  # set before a deliberate kill, so a death is not mistaken for a crash
 
     @property
@@ -33,7 +32,6 @@ class Proc:
         if self.alive:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         self.popen = spawn(self.argv, self.log_path, self.env)
-        self.starts += 1
         self.expected_exit = False
         return self
 

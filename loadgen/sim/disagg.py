@@ -52,7 +52,6 @@ class Disagg:
             raise ValueError(f"--prefill-instances must leave at least one decode instance, got {num_prefill} "
                              f"of {len(cluster.instances)}")
         self.cluster, self.view, self.policy = cluster, view, policy
-        self.num_prefill = num_prefill
         self.min_uncached = min_uncached
         self.rng = random.Random(seed)
         for inst in cluster.instances:

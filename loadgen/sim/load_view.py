@@ -21,7 +21,7 @@ of these candidates only.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from router.candidates import LeastLoaded, RecentSenders, pick
 from router.index.base import PrefixMatch
@@ -92,6 +92,3 @@ class LoadView:
         recent = self.recent.match(first_block, now) if first_block is not None else ()
         holders = (position[inst] for inst in matches if inst in position)  # not a shared store's owner
         return [states[i] for i in pick(holders, recent, self.load_levels, self.fast_k)]
-
-    def least_loaded(self, k: int, skip: Mapping[int, None] | frozenset = frozenset()) -> Iterable[int]:
-        return self.load_levels.least(k, skip)

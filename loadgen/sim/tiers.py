@@ -29,8 +29,6 @@ from engine.tiers import CacheTiers
 class SimStore:
     def __init__(self) -> None:
         self.blocks: set[int] = set()
-        self.writes = 0
-        self.reads = 0
 
 
 class SimTierIO:
@@ -74,7 +72,6 @@ class SimTierIO:
             return
         delay = self.runner.store_delay(len(loads))
         self._count("store_read", len(loads) * self.tiers.recovery.bytes_per_block, delay)
-        self.store.reads += len(loads)
 
         def arrive() -> None:
             for load in loads:
@@ -85,7 +82,6 @@ class SimTierIO:
 
     def _written(self, hashes: list[int]) -> None:
         self.store.blocks.update(hashes)
-        self.store.writes += len(hashes)
         self.publish([KVChange("stored", hashes, None, "remote", self.tiers.store_key)])
 
     def _count(self, direction: str, nbytes: float, seconds: float) -> None:
