@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-import socket
 
 import aiohttp
 import pytest
@@ -10,12 +9,7 @@ from aiohttp import web
 
 from router.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 from tests.conftest import LoopbackServer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.redis_server import free_port
 
 
 async def instances(http, url) -> list[dict]:

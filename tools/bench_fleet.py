@@ -25,7 +25,8 @@ import aiohttp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loadgen.local_cluster import free_port  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from loadgen.redis_server import RedisServer  # noqa: E402
+from router.kinds.prometheus import metric_sum  # noqa: E402
 from tools.procs import wait_ready, write_json  # noqa: E402
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
@@ -116,11 +117,8 @@ async def drain(session, redis_url: str, router: str) -> dict:
 
 
 async def metric(session, router: str, name: str) -> float:
-    async with session.get(router + "/metrics") as r:
-        for line in (await r.text()).splitlines():
-            if line.startswith(name):
-                return float(line.split()[-1])
-    return 0.0
+    async with session.get(router + "/metrics", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+        return metric_sum(await r.text(), name) or 0.0
 
 
 async def main_async(args) -> dict:

@@ -130,7 +130,7 @@ def main() -> None:
 
     server = None
     if args.redis is None and "redis" in args.backends:
-        from tests.redis_server import RedisServer
+        from loadgen.redis_server import RedisServer
 
         server = RedisServer()
     try:

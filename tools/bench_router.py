@@ -29,7 +29,7 @@ sys.path.insert(0, ".")
 
 import aiohttp  # noqa: E402
 
-from tests.redis_server import RedisServer, free_port  # noqa: E402
+from loadgen.redis_server import RedisServer, free_port  # noqa: E402
 from tools.procs import spawn, wait_ready, write_json  # noqa: E402
 
 WORDS = "the router hashes blocks of tokens and sends each request where its prefix is cached".split()

@@ -21,6 +21,7 @@ import aiohttp
 from loadgen.chaos.procs import Proc
 from loadgen.local_cluster import free_port
 from loadgen.redis_server import find_redis_server, redis_argv
+from router.kinds.prometheus import metric_sum
 from router.kv_auth import SECRET_ENV
 
 # Sim engines with a tenth of the tiny model's CPU time (a 512-token answer takes ~0.8 s, so faults
@@ -145,6 +146,4 @@ async def metric(session: aiohttp.ClientSession, router_url: str, name: str) -> 
             text = await r.text()
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name) and line[len(name): len(name) + 1] in ("{", " ")]
-    return sum(values) if values else None
+    return metric_sum(text, name)
