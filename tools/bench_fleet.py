@@ -24,7 +24,8 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loadgen.local_cluster import free_port  # noqa: E402
+from loadgen.local_cluster import free_port, stop_process  # noqa: E402
+from loadgen.local_cluster import spawn as local_spawn  # noqa: E402
 from loadgen.redis_server import RedisServer  # noqa: E402
 from router.kinds.prometheus import metric_sum  # noqa: E402
 from tools.procs import wait_ready, write_json  # noqa: E402
@@ -32,9 +33,18 @@ from tools.procs import wait_ready, write_json  # noqa: E402
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
 
-def spawn(*args: str, log: str = os.devnull) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvroute_cli", *args], env=ENV, stdout=open(log, "ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+def spawn(*args: str) -> subprocess.Popen:
+    """kvroute in its own process group, killed at exit at the latest (loadgen.local_cluster.spawn)."""
+    return local_spawn([sys.executable, "-m", "kvroute_cli", *args], os.devnull, ENV)
+
+
+async def until(check, what: str, timeout_s: float = 60.0, poll_s: float = 0.02) -> None:
+    """Poll `check()` (async) until it holds; a bench that would wait forever says what it waited for."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench_fleet: {what} did not happen within {timeout_s:.0f} s")
+        await asyncio.sleep(poll_s)
 
 
 def engine(redis_url: str, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -62,13 +72,17 @@ async def routable(session, router: str) -> set[str]:
 async def join_and_kill(session, redis_url: str, router: str, k: int) -> tuple[float, float]:
     t0 = time.monotonic()
     proc, _ = engine(redis_url, f"join-{k}")
-    while await served_by(session, router) != f"join-{k}":
-        await asyncio.sleep(0.02)
+    async def served_by_it() -> bool:
+        return await served_by(session, router) == f"join-{k}"
+
+    async def gone() -> bool:
+        return f"join-{k}" not in await routable(session, router)
+
+    await until(served_by_it, f"a request served by join-{k}")
     joined = time.monotonic() - t0
     t1 = time.monotonic()
     os.killpg(proc.pid, signal.SIGKILL)
-    while f"join-{k}" in await routable(session, router):
-        await asyncio.sleep(0.02)
+    await until(gone, f"join-{k} leaving the routable set after kill -9")
     return joined, time.monotonic() - t1
 
 
@@ -93,8 +107,10 @@ async def drain(session, redis_url: str, router: str) -> dict:
     procs = [engine(redis_url, f"drain-{i}", "--drain-timeout-s", "30") for i in range(4)]
     for _, url in procs:
         await wait_ready(session, url)
-    while len(await routable(session, router)) < 4:
-        await asyncio.sleep(0.05)
+    async def all_routable() -> bool:
+        return len(await routable(session, router)) >= 4
+
+    await until(all_routable, "4 routable engines", poll_s=0.05)
     retries0 = await metric(session, router, "kvroute_router_retries_total")
     stop, results = asyncio.Event(), []
     load = asyncio.ensure_future(steady_load(session, router, stop, results))
@@ -102,16 +118,17 @@ async def drain(session, redis_url: str, router: str) -> dict:
     victim = procs[0][0]
     t0 = time.monotonic()
     victim.send_signal(signal.SIGTERM)
-    while victim.poll() is None:
-        await asyncio.sleep(0.02)
+    async def exited() -> bool:
+        return victim.poll() is not None
+
+    await until(exited, "the drained engine's exit")
     exit_s, code = time.monotonic() - t0, victim.returncode
     await asyncio.sleep(2.0)
     stop.set()
     await load
     retried = await metric(session, router, "kvroute_router_retries_total") - retries0
     for proc, _ in procs[1:]:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        stop_process(proc, grace_s=30.0)
     return {"requests": len(results), "lost": results.count(False), "retried": retried, "exit_s": exit_s,
             "exit_code": code}
 
@@ -139,8 +156,7 @@ async def main_async(args) -> dict:
             drained = await drain(session, redis.url, router)
             print(f"  drain: {drained}", file=sys.stderr)
     finally:
-        os.killpg(router_proc.pid, signal.SIGTERM)
-        router_proc.wait(10)
+        stop_process(router_proc, grace_s=10.0)
         redis.stop()
     return {"join_s": joins, "join_s_median": statistics.median(joins), "kill_excluded_s": kills,
             "kill_excluded_s_median": statistics.median(kills), "drain": drained}
