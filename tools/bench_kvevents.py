@@ -88,7 +88,10 @@ def publisher(endpoint_q, go, payloads: list[bytes], rate: float, core: int) -> 
 def _restamp(payload: bytes) -> bytes:
     """The batch with `ts` = now (lag is measured from the publish time)."""
     obj = msgpack.unpackb(payload)
-    obj["ts"] = time.time()
+    if isinstance(obj, list):  # a positional batch: [ts, events, data_parallel_rank]
+        obj[0] = time.time()
+    else:
+        obj["ts"] = time.time()
     return msgpack.packb(obj)
 
 
@@ -115,10 +118,15 @@ async def consume(payloads: list[bytes], rate: float = 0.0) -> dict:
     feed.on_batch = timed  # the subscriber looks the sink's method up per batch
     task = asyncio.create_task(follower.run())
     stats = feed.subscribers[0].stats
+    deadline = time.monotonic() + 30.0  # a publisher that died or never started must not hang the bench
     while stats.state != "live":
+        if time.monotonic() > deadline or not proc.is_alive():
+            raise SystemExit("bench_kvevents: the subscriber never went live (publisher gone?)")
         await asyncio.sleep(0.01)
     go.set()
     while stats.batches == 0:
+        if time.monotonic() > deadline:
+            raise SystemExit("bench_kvevents: no batch arrived from the publisher")
         await asyncio.sleep(0)
     t0, c0 = time.perf_counter(), time.process_time()
     while stats.batches < len(payloads) and time.perf_counter() - t0 < 120:
