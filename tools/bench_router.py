@@ -202,14 +202,14 @@ def cpu_seconds(pid: int) -> float:
 def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str, tuple[list[str], dict]]:
     """name -> (argv, extra env) for every router to compare (those installed)."""
     out = {}
-    kv = ["python", "-m", "router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
+    kv = [sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
           *[a for u in engines for a in ("--engine", u)]]
     out["kvroute kv_aware"] = ([*kv], {})
     out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
     out["kvroute kv_aware --workers 2"] = ([*kv, "--workers", "2"], {})
     for server in ("aiohttp", "raw"):  # no routing at all: what the HTTP server and upstream client cost
         out[f"floor: {server} server + upstream.py"] = (
-            ["python", "tools/proxy_floor.py", "--server", server, "--port", str(port), "--engine", engines[0]], {})
+            [sys.executable, "tools/proxy_floor.py", "--server", server, "--port", str(port), "--engine", engines[0]], {})
     if os.path.exists(SGLANG_ROUTER):
         sg = [SGLANG_ROUTER, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
               "--worker-urls", *engines, "--log-level", "error", "--prometheus-port", str(free_port())]
@@ -240,16 +240,15 @@ async def latency(args) -> dict:
             direct32 = load(urls[0], args.concurrency, duration=args.duration, warmup=100)
             rows.append({"target": "one engine direct", "rps_c32": direct32["rps"], "c32": direct32})
             print(f"{'one engine direct':<34} c={args.concurrency}: {direct32['rps']:.0f} req/s", flush=True)
-            for name, (cmd, env) in router_commands(urls, 0, set(args.only or ())).items():
+            which = set(args.only or ())
+            for name in router_commands(urls, 0, which):
                 port = free_port()
-                cmd = [str(port) if c == "0" and cmd[k - 1] == "--port" else c for k, c in enumerate(cmd)]
-                if cmd[0] == "python":
-                    cmd[0] = sys.executable
+                cmd, env = router_commands(urls, port, which)[name]
                 proc = subprocess.Popen(cmd, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
                 url = f"http://127.0.0.1:{port}"
                 try:
-                    await wait_ready(session, url, "/health" if "kvroute" in name else "/health", tries=600)
+                    await wait_ready(session, url, "/health", tries=600)
                     load(url, 1, requests=300, warmup=50)  # warm-up: connections, caches, JIT-free paths
                     direct = load(urls[0], 1, requests=args.requests, warmup=50)
                     via = load(url, 1, requests=args.requests)
