@@ -16,9 +16,10 @@ from loadgen.chaos.invariants import LogWatch, check_rows
 from loadgen.chaos.procs import Proc
 from loadgen.chaos.rows import Row, markdown
 from loadgen.chaos.scenarios.fuzzing import catalog
+from router.limits import Limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIMITS = fc.Limits(vocab_size=8192, max_model_len=4096, max_body_bytes=1 << 20, max_prompt_chars=32768)
+LIMITS = Limits(vocab_size=8192, max_model_len=4096, max_body_bytes=1 << 20, max_prompt_chars=32768)
 CATEGORIES = {"json", "utf8", "types", "range", "tokens", "huge", "deep", "kv"}
 
 

@@ -24,6 +24,7 @@ import orjson
 
 from loadgen.chaos.fuzz_fields import BASE, FIELDS, OUT_OF_RANGE, PATHS, POOL
 from loadgen.chaos.httpraw import RawRequest
+from router.limits import Limits
 
 MB = 1 << 20
 HOLE = "@@fuzz@@"
@@ -35,16 +36,6 @@ class FuzzCase:
     name: str
     request: RawRequest
     expect: str = "4xx"  # or "stripped", or "4xx-or-close" (the client itself hung up mid-body)
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """What the target advertises (engine /kv/info, router limits derived from it)."""
-
-    vocab_size: int
-    max_model_len: int
-    max_body_bytes: int
-    max_prompt_chars: int
 
 
 def with_raw(kind: str, path: tuple, raw: str | bytes, stream: bool = False, extra: dict | None = None) -> bytes:

@@ -17,7 +17,7 @@ from router.limits import Limits
 TIMEOUT_S = 10.0  # an answer slower than this is a hang
 
 
-def catalog(limits: fc.Limits, canary: str, target: str) -> list[fc.FuzzCase]:
+def catalog(limits: Limits, canary: str, target: str) -> list[fc.FuzzCase]:
     cases: list[fc.FuzzCase] = []
     for part in (fc.json_cases(), fc.utf8_cases(), fc.type_cases(), fc.range_cases(), fc.token_cases(limits),
                  fc.huge_cases(limits), fc.deep_cases(), kv_cases(canary, target)):
@@ -43,8 +43,7 @@ class Fuzz:
     async def run(self, ctx: Context) -> Outcome:
         engine, router = ctx.fleet.engines[0], ctx.fleet.routers[0]
         info = await get_json(ctx.session, engine.url + "/kv/info")
-        derived = Limits.derive(int(info["max_model_len"]), int(info["vocab_size"]))
-        limits = fc.Limits(derived.vocab_size, derived.max_model_len, derived.max_body_bytes, derived.max_prompt_chars)
+        limits = Limits.derive(int(info["max_model_len"]), int(info["vocab_size"]))  # what the targets enforce
         canary = await Canary().start()
         out = Outcome()
         try:
