@@ -7,6 +7,7 @@ import os
 import sys
 
 from engine.config import BACKENDS, ROLES, EngineConfig
+from router.kvevents.encode import ENCODINGS
 from engine.cost_model import COST_MODELS
 from engine.sim import LINKS
 from engine.tiers import STORE_WRITE_MODES
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also publish KV events in vLLM's ZeroMQ format, binding this endpoint")
     p.add_argument("--kv-events-replay", default=d.kv_events_replay, metavar="ENDPOINT",
                    help="bind a replay socket for missed batches (vLLM's replay_endpoint)")
-    p.add_argument("--kv-events-encoding", choices=("map", "array", "map-batch"), default=d.kv_events_encoding,
+    p.add_argument("--kv-events-encoding", choices=ENCODINGS, default=d.kv_events_encoding,
                    help="map: vLLM 0.26 (maps in a positional batch); array: older vLLM, SGLang; "
                         "map-batch: maps throughout (newer vLLM)")
     p.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of the ZeroMQ messages")

@@ -8,9 +8,11 @@ import socket
 from engine.cost_model import COST_MODELS
 from engine.devices import check_device_syntax
 from engine.sim import LINKS
+from router.kvevents.encode import ENCODINGS
+from router.kvevents.sources import SCHEMES
+from router.protocol import ROLES
 
 BACKENDS = ("torch", "sim")
-ROLES = ("both", "prefill", "decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +116,11 @@ class EngineConfig:
 
     def _check_kv_events(self) -> None:
         for flag, endpoint in (("--kv-events-zmq", self.kv_events_zmq), ("--kv-events-replay", self.kv_events_replay)):
-            if endpoint is not None and not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            if endpoint is not None and not endpoint.startswith(SCHEMES):
                 raise ValueError(f"{flag} must be a ZeroMQ endpoint to bind (tcp://127.0.0.1:5557), got {endpoint!r}")
         if self.kv_events_replay and not self.kv_events_zmq:
             raise ValueError("--kv-events-replay needs --kv-events-zmq")
-        if self.kv_events_encoding not in ("map", "array", "map-batch"):
+        if self.kv_events_encoding not in ENCODINGS:
             raise ValueError(f"--kv-events-encoding must be map, array or map-batch, got {self.kv_events_encoding!r}")
         if self.kv_events_buffer_steps < 1:
             raise ValueError("--kv-events-buffer-steps must be at least 1")

@@ -31,11 +31,11 @@ from aiohttp import web
 from router.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from router.http import json_response, read_json
 from router.instance import Instance
+from router.protocol import ROLES
 from router.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 
-ROLES = ("both", "prefill", "decode")
 WORKER_TYPES = {"regular": "both", "prefill": "prefill", "decode": "decode"}
 SOURCE = "admin"
 

@@ -33,6 +33,7 @@ import xxhash
 
 DEFAULT_BLOCK_SIZE = 16
 TIERS = ("device", "host", "remote")
+ROLES = ("both", "prefill", "decode")  # an engine's prefill/decode disaggregation role
 EVENT_TYPES = ("stored", "removed", "cleared")
 REDIS_EVENT_STREAM = "kvroute:events"
 MAX_EVICTABLE_BUCKETS = 64
