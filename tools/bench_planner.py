@@ -42,7 +42,7 @@ from loadgen.workloads import make_workload
 from router.planner.decide import PlannerConfig
 
 sys.path.insert(0, ".")
-from tools.procs import write_json  # noqa: E402
+from tools.procs import wait_ready, write_json  # noqa: E402
 
 
 def goodput(records, group: str | None, slo_ttft: float, slo_tpot: float) -> float:
@@ -120,10 +120,9 @@ KEY = "bench-admin"
 
 async def http_run(args, specs, roles: tuple[str, ...], planner_profile: str | None):
     """One fresh local cluster with `roles`, the workload through its router, optionally a planner."""
-    import asyncio
-    import subprocess
+    import aiohttp
 
-    from loadgen.local_cluster import ClusterSpec, LocalCluster, free_port
+    from loadgen.local_cluster import ClusterSpec, LocalCluster, free_port, spawn, stop_process
     from loadgen.runner import LoadConfig, run_load
 
     spec = ClusterSpec(engines=len(roles), backend="sim", num_blocks=args.num_blocks, roles=roles, admin_key=KEY,
@@ -133,13 +132,14 @@ async def http_run(args, specs, roles: tuple[str, ...], planner_profile: str | N
         planner = None
         if planner_profile:
             port = free_port()
-            planner = subprocess.Popen(
+            planner = spawn(
                 [sys.executable, "-m", "kvroute_cli", "planner", "--router", cluster.router_url, "--admin-key", KEY,
                  "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot), "--profile", planner_profile,
                  "--interval-s", str(args.interval_s), "--window-s", str(args.window_s), "--hold", str(args.hold),
                  "--cooldown-s", str(args.cooldown_s), "--port", str(port), "--log-level", "WARNING"],
-                stdout=subprocess.DEVNULL, stderr=open(f"{cluster.log_dir}/planner.log", "ab"))
-            await asyncio.sleep(1.0)
+                f"{cluster.log_dir}/planner.log")
+            async with aiohttp.ClientSession() as session:
+                await wait_ready(session, f"http://127.0.0.1:{port}", "/planner")
         try:
             workload = _Fixed(specs)
             config = LoadConfig(target=cluster.router_url, arrival=ArrivalConfig(rate=args.rate), seed=args.seed)
@@ -148,8 +148,7 @@ async def http_run(args, specs, roles: tuple[str, ...], planner_profile: str | N
             decisions = _planner_decisions(port) if planner else None
         finally:
             if planner:
-                planner.terminate()
-                planner.wait(10)
+                stop_process(planner, grace_s=10.0)
     return result.records, decisions, started
 
 
