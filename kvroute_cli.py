@@ -10,8 +10,8 @@ import os
 import sys
 
 SUBCOMMANDS = {
-    "engine": ("engine.cli", "Run an engine server (paged KV cache, prefix caching, KV events)."),
-    "router": ("router.cli", "Run the KV-cache-aware OpenAI-compatible router."),
+    "engine": ("engine.service.cli", "Run an engine server (paged KV cache, prefix caching, KV events)."),
+    "router": ("router.service.cli", "Run the KV-cache-aware OpenAI-compatible router."),
     "loadgen": ("loadgen.cli", "Drive an OpenAI-compatible endpoint with a workload."),
     "bench": ("loadgen.bench", "Start a local cluster and compare routing policies."),
     "demo": ("loadgen.demo", "Quick policy comparison on real torch engines."),

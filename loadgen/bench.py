@@ -24,7 +24,7 @@ from loadgen.local_cluster import ClusterSpec, LocalCluster
 from loadgen.progress import Progress
 from loadgen.report import Run, markdown_table, verdict, write_report, write_run
 from loadgen.runner import run_load
-from router.cli_help import HelpFormatter
+from router.contract.cli_help import HelpFormatter
 
 PROG = "kvroute bench"
 DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"
@@ -201,7 +201,7 @@ async def transfer_stats(engine_urls: list[str], summary: dict) -> dict:
 def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace, list[str], list[tuple[str, str]]]:
     """Validated (args, policies, extra targets); UsageError or ValueError with a one-line message."""
     args = apply_defaults(build_parser(prog).parse_args(argv))
-    from router.policies import POLICIES
+    from router.decision.policies import POLICIES
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]

@@ -24,7 +24,7 @@ from loadgen.report import write_run
 from loadgen.runner import LoadConfig, LoadResult, run_load
 from loadgen.summary import format_summary
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
-from router.cli_help import HelpFormatter
+from router.contract.cli_help import HelpFormatter
 
 PROG = "kvroute loadgen"
 CLOSED_LOOP_CAP = 10_000  # requests generated for --concurrency with --duration and no --num-requests

@@ -64,7 +64,7 @@ async def probe_target(session: aiohttp.ClientSession, target: str, timeout_s: f
 
 def request_body(spec: RequestSpec, model: str | None, api: str = "completions", prompt_format: str = "tokens",
                  tokenizer=None, temperature: float | None = None) -> bytes:
-    """The JSON body for one spec; `tokenizer` (router.tokenizer) is needed for text prompts and chat."""
+    """The JSON body for one spec; `tokenizer` (router.contract.tokenizer) is needed for text prompts and chat."""
     body: dict = {"max_tokens": spec.max_tokens, "ignore_eos": True, "stream": True,
                   "stream_options": {"include_usage": True}}
     if temperature is not None:

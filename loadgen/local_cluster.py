@@ -20,7 +20,7 @@ import tempfile
 
 import aiohttp
 
-from router.kv_auth import SECRET_ENV
+from router.contract.kv_auth import SECRET_ENV
 
 _live: set[subprocess.Popen] = set()
 
@@ -84,7 +84,7 @@ class LocalCluster:
         self.procs: list[subprocess.Popen] = []
         self.engine_urls: list[str] = []
         self.router_url = ""
-        # One shared secret per cluster signs its prefill/decode transfers (router/kv_auth.py).
+        # One shared secret per cluster signs its prefill/decode transfers (router/contract/kv_auth.py).
         self.kv_secret = os.environ.get(SECRET_ENV) or secrets.token_hex(16)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:

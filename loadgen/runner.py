@@ -167,7 +167,7 @@ class _Run:
 def _body_maker(config: LoadConfig, model: str | None):
     tokenizer = None
     if config.api == "chat" or config.prompt_format == "text":
-        from router.tokenizer import load_tokenizer
+        from router.contract.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer()
     return lambda spec: request_body(spec, model, config.api, config.prompt_format, tokenizer, config.temperature)

@@ -1,5 +1,5 @@
 import sys
 
-from router.cli import main
+from router.service.cli import main
 
 sys.exit(main())

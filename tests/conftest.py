@@ -53,8 +53,8 @@ class LoopbackServer:
 @pytest.fixture
 async def start_engine():
     """Start engine apps on loopback; yields a factory returning (base URL, server)."""
-    from engine.config import EngineConfig
-    from engine.server import create_app
+    from engine.core.config import EngineConfig
+    from engine.service.server import create_app
 
     servers = []
 
@@ -82,8 +82,8 @@ async def http():
 @pytest.fixture
 async def start_router():
     """Start router apps on loopback over given engine URLs; yields (base URL, server)."""
-    from router.app import create_app
-    from router.config import RouterConfig
+    from router.service.app import create_app
+    from router.service.config import RouterConfig
 
     servers = []
 

@@ -40,7 +40,7 @@ from loadgen.bench import build_parser as bench_parser
 from loadgen.cli import check_load_args
 from loadgen.local_cluster import free_port, spawn, stop_process
 from loadgen.report import markdown_table, write_report
-from router.tokenizer import DATA_DIR
+from router.contract.tokenizer import DATA_DIR
 
 VLLM_ROUTER = "/work/venv-vllm-router/bin/vllm-router"
 

@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for tests.redis_server
 
 from router.index import make_index
-from router.protocol import TIERS
+from router.contract.protocol import TIERS
 
 
 def layout_holdings(layout: str, n: int, num_instances: int):

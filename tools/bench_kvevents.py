@@ -26,12 +26,12 @@ import timeit
 import msgpack
 
 from router.index.memory import MemoryIndex
-from router.instance import EngineInfo, Instance
-from router.kvevents.encode import BatchEncoder
+from router.fleet.instance import EngineInfo, Instance
+from router.contract.kv_encode import BatchEncoder
 from router.kvevents.follower import ZmqFollower
 from router.kvevents.sources import EventSource
-from router.kvevents.wire import BatchDecoder
-from router.protocol import hash_seed
+from router.contract.kv_wire import BatchDecoder
+from router.contract.protocol import hash_seed
 
 SEED = hash_seed("m")
 

@@ -33,7 +33,7 @@ import json
 import sys
 import time
 
-from engine.cost_model import get_cost_model
+from engine.runners.cost_model import get_cost_model
 from loadgen.arrivals import ArrivalConfig
 from loadgen.sim.profile import profile
 from loadgen.sim.runner import SimConfig, simulate

@@ -53,13 +53,13 @@ def pct(xs, q):
 
 
 def make_router(tok, index, n_inst: int, max_model_len: int = 131072):
-    from router.cluster import Cluster
-    from router.config import RouterConfig
-    from router.instance import EngineInfo
-    from router.metrics import RouterMetrics
-    from router.policies import make_policy
-    from router.protocol import hash_seed
-    from router.routing import Router
+    from router.fleet.cluster import Cluster
+    from router.service.config import RouterConfig
+    from router.fleet.instance import EngineInfo
+    from router.service.metrics import RouterMetrics
+    from router.decision.policies import make_policy
+    from router.contract.protocol import hash_seed
+    from router.service.routing import Router
 
     model = "kvroute-tiny"
     urls = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(n_inst))
@@ -74,7 +74,7 @@ def make_router(tok, index, n_inst: int, max_model_len: int = 131072):
 
 async def hold_prefixes(index, ids: list[int], holders: int) -> None:
     """`holders` instances hold growing shares of the prompt's prefix; the rest hold nothing."""
-    from router.protocol import block_hashes, hash_seed
+    from router.contract.protocol import block_hashes, hash_seed
 
     hashes = block_hashes(ids, 16, hash_seed("kvroute-tiny"))
     for i in range(holders):
@@ -111,7 +111,7 @@ def scenario(name, index_name, n_inst, tokens, prep, dec, alone=None) -> dict:
 
 async def decision(args) -> dict:
     from router.index import make_index
-    from router.tokenizer import DATA_DIR, load_tokenizer
+    from router.contract.tokenizer import DATA_DIR, load_tokenizer
 
     redis = RedisServer()
     rows = []
@@ -216,7 +216,7 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
         out["sglang-router 0.3.2 cache_aware"] = ([*sg, "--policy", "cache_aware"], {})
         out["sglang-router 0.3.2 round_robin"] = ([*sg, "--policy", "round_robin"], {})
     if os.path.exists(VLLM_ROUTER):
-        from router.tokenizer import DATA_DIR
+        from router.contract.tokenizer import DATA_DIR
 
         out["vllm-router 0.1.17 round_robin"] = (
             [VLLM_ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines, "--policy",

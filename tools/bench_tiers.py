@@ -11,7 +11,7 @@ SET) and the file store (one file per block, write + rename), entries encoded an
 every read entry checked -- and fits seconds = latency + bytes / bandwidth over
 the medians (least squares on relative error, so the small batches that show the
 latency count as much as the large ones that show the bandwidth). These are
-engine/sim.py's cpu-memcpy, cpu-redis and cpu-file (file reads come from the page
+engine/runners/sim.py's cpu-memcpy, cpu-redis and cpu-file (file reads come from the page
 cache here: a cold NVMe read would be slower).
 
 `ttft` runs one torch engine per case (tiny model, 1 thread, device pool of 256
@@ -86,9 +86,9 @@ def memcpy_links(reps: int) -> dict:
 
 async def store_links(url: str, reps: int, block: int) -> dict:
     """The engine's own store path: `put_many` of encoded entries; `get_many` plus checking every entry."""
-    from engine.kv_copies import StoredBlock
-    from engine.kvstore import make_store
-    from engine.kvstore.entry import decode, encode
+    from engine.kv.kv_copies import StoredBlock
+    from engine.kv.store import make_store
+    from engine.kv.store.entry import decode, encode
 
     ns = "00000000000000a1"
     store = make_store(url, ns, timeout_s=10.0)

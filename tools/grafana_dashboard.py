@@ -5,7 +5,7 @@
 Labels it relies on (deploy/prometheus/prometheus.yml and deploy/k8s/monitoring.yaml set them):
 engine series have `instance` = the engine's --instance-id; router series keep their own
 `instance` (the engine a request went to, honor_labels) and `router` names the replica.
-tests/test_deploy.py checks every metric named here exists and the file is up to date.
+tests/unit/test_deploy.py checks every metric named here exists and the file is up to date.
 """
 
 from __future__ import annotations

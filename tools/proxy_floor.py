@@ -3,7 +3,7 @@
     python tools/proxy_floor.py --server aiohttp|raw --port P --engine http://127.0.0.1:E
 
 It forwards every POST to one engine through kvroute's own upstream client
-(router/upstream.py) and answers with the engine's body, nothing else: no parsing,
+(router/service/upstream.py) and answers with the engine's body, nothing else: no parsing,
 tokenizing, hashing, lookup, metrics or trace. `aiohttp` serves it with aiohttp's
 web server (what kvroute's router uses); `raw` with a bare asyncio protocol (HTTP/1.1,
 Content-Length bodies only). tools/bench_router.py latency measures both next to the
@@ -21,8 +21,8 @@ sys.path.insert(0, ".")
 
 from aiohttp import web  # noqa: E402
 
-from router.serve import install_uvloop  # noqa: E402
-from router.upstream import Upstream  # noqa: E402
+from router.contract.serve import install_uvloop  # noqa: E402
+from router.service.upstream import Upstream  # noqa: E402
 
 TIMEOUT_S = 30.0
 

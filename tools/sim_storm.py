@@ -5,7 +5,7 @@
 Llama-2-7B on A100-80GB instances (`--cost-model a100-llama2-7b`: 8 MiB of K/V per
 16-token block), 7,000 device blocks each (the ~56 GiB left after the weights),
 16,000 host blocks (128 GiB of host memory per GPU), a PCIe Gen4 host link and an
-RDMA store over 200 Gb/s InfiniBand, or a shared NVMe store (engine/sim.py LINKS
+RDMA store over 200 Gb/s InfiniBand, or a shared NVMe store (engine/runners/sim.py LINKS
 gives the published figures). Workload: 1,024 sessions of 2-3k tokens, 2,048 idle
 requests of 3k tokens that push them out of device memory, then all 1,024 return
 within 2 s. Each row is one deterministic `simulate()` run (the same as `kvroute

@@ -1,8 +1,8 @@
-"""Train kvroute's built-in byte-level BPE tokenizer (router/data/tokenizer.json).
+"""Train kvroute's built-in byte-level BPE tokenizer (router/contract/data/tokenizer.json).
 
 A one-off: the file is committed and the runtime only loads it. Reproduce it with
 
-    python tools/train_tokenizer.py --out router/data/tokenizer.json
+    python tools/train_tokenizer.py --out router/contract/data/tokenizer.json
 
 and check a fresh run against the committed file with
 
@@ -20,8 +20,8 @@ project's Debian base); the script prints a digest of the corpus to compare.
 Vocabulary: 8192 ids, including 256 byte symbols and the special tokens
 <|pad|> <|bos|> <|eos|> <|im_start|> <|im_end|> at ids 0..4.
 
-The other files of router/data/ (tokenizer_config.json, generation_config.json,
-chat_template.jinja) are written by hand: together they make router/data/ a Hugging Face
+The other files of router/contract/data/ (tokenizer_config.json, generation_config.json,
+chat_template.jinja) are written by hand: together they make router/contract/data/ a Hugging Face
 style model directory, loaded by router.tokenizer like any other.
 """
 
@@ -42,7 +42,7 @@ MAX_FILE_BYTES = 64 * 1024
 SOURCE_CAP_BYTES = 5 * 1024 * 1024
 DOC_NAMES = ("copyright",)
 DOC_SUFFIXES = (".md", ".txt", ".rst")
-DEFAULT_OUT = pathlib.Path(__file__).resolve().parent.parent / "router" / "data" / "tokenizer.json"
+DEFAULT_OUT = pathlib.Path(__file__).resolve().parent.parent / "router" / "contract" / "data" / "tokenizer.json"
 
 
 def _code_files() -> list[pathlib.Path]:

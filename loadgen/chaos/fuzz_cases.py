@@ -24,7 +24,7 @@ import orjson
 
 from loadgen.chaos.fuzz_fields import BASE, FIELDS, OUT_OF_RANGE, PATHS, POOL
 from loadgen.chaos.httpraw import RawRequest
-from router.limits import Limits
+from router.contract.limits import Limits
 
 MB = 1 << 20
 HOLE = "@@fuzz@@"

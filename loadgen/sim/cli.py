@@ -28,9 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-from engine.cost_model import COST_MODELS, get_cost_model
-from engine.sim import LINKS
-from engine.tiers import STORE_WRITE_MODES
+from engine.runners.cost_model import COST_MODELS, get_cost_model
+from engine.runners.sim import LINKS
+from engine.kv.tiers import STORE_WRITE_MODES
 from loadgen.arrivals import ArrivalConfig
 from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.profile import profile
@@ -39,7 +39,7 @@ from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
 from loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 
-from router.cli_help import HelpFormatter
+from router.contract.cli_help import HelpFormatter
 from router.planner.decide import PlannerConfig
 
 PROG = "kvroute sim"

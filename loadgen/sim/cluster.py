@@ -25,9 +25,9 @@ import itertools
 import math
 from typing import Callable, Iterator, Protocol
 
-from engine.kv_events import KVChange
-from engine.config import EngineConfig
-from engine.sequence import Sequence
+from engine.core.kv_events import KVChange
+from engine.core.config import EngineConfig
+from engine.core.sequence import Sequence
 from loadgen.sim.instance import QUEUE_FULL, SimInstance
 from loadgen.sim.tiers import SimStore, SimTierIO
 from loadgen.workload_base import RequestSpec

@@ -1,9 +1,9 @@
-"""Prefill/decode disaggregation on the virtual clock, as router/disagg.py and the engines do it.
+"""Prefill/decode disaggregation on the virtual clock, as router/service/disagg.py and the engines do it.
 
 Instances 0..P-1 start prefill-role, the rest decode-role (P = 0: every instance "both");
 roles may change while it runs (the planner, loadgen/sim/planning.py), as POST /admin/role
 does: what runs keeps going, new work follows the new roles. "both" instances take what
-decode instances take, as router/disagg.py does; with no prefill instance left, requests
+decode instances take, as router/service/disagg.py does; with no prefill instance left, requests
 run whole, chosen by the policy among all. Per arrival (`plan`):
 the policy picks a prefill instance among the prefill ones; if the prompt's
 predicted uncached tokens there are fewer than `min_uncached`, the policy picks a
@@ -27,13 +27,13 @@ from __future__ import annotations
 import random
 from typing import Mapping
 
-from engine.sequence import Sequence, SeqStatus
+from engine.core.sequence import Sequence, SeqStatus
 from loadgen.sim.cluster import CALL, Cluster
 from loadgen.sim.instance import SimInstance
 from loadgen.sim.load_view import LoadView
-from router.decode_choice import DECODE_ROLES, decode_load, pick_decode
+from router.decision.decode_choice import DECODE_ROLES, decode_load, pick_decode
 from router.index.base import PrefixMatch
-from router.policies.base import Decision, InstanceState, Policy, RouteRequest
+from router.decision.policies.base import Decision, InstanceState, Policy, RouteRequest
 
 
 

@@ -1,8 +1,8 @@
 """One simulated engine: the real BlockManager and Scheduler, step times from the sim runner's cost model.
 
-This is the loop of engine/llm_engine.py without asyncio or sleeping, split at the
+This is the loop of engine/core/llm_engine.py without asyncio or sleeping, split at the
 two instants the virtual clock needs: `start_step` schedules a step and prices it
-with the engine's cost model (that of the `SimRunner` that `engine.runners` builds
+with the engine's cost model (that of the `SimRunner` that `engine.runners.registry` builds
 from an `EngineConfig`, exactly as `kvroute engine --backend sim` does);
 `finish_step`, at the step's end time, runs the scheduler's postprocess. KV
 changes are drained with `block_manager.drain_events()` after each of the two,
@@ -12,7 +12,7 @@ blocks after a step).
 Speed: building `Step.works()` (copies of every chunk's tokens and block table)
 for `SimRunner.execute_sync` costs more than the rest of a step, so `step_time`
 reads the same features straight from the step -- `CostModel.features`' rule,
-checked equal to `cost_model.step_time(step.works())` in tests/test_sim.py -- and
+checked equal to `cost_model.step_time(step.works())` in tests/unit/test_sim.py -- and
 every sampled token is one fixed ordinary id: the runner's tokens are never read
 (generation runs to max_tokens either way, as with SimRunner's, which are never
 special), only hashed into output blocks that no prompt shares.
@@ -34,16 +34,16 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-from engine.block_manager import BlockManager
-from engine.tier_setup import build_tiers
-from engine.config import EngineConfig
-from engine.runners import RUNNERS
-from engine.scheduler import Scheduler, SchedulerConfig, Step
-from engine.cost_model import CostModel
-from engine.sequence import Sequence, SeqStatus
-from engine.sim import NUM_SPECIAL_TOKENS
+from engine.core.block_manager import BlockManager
+from engine.kv.tier_setup import build_tiers
+from engine.core.config import EngineConfig
+from engine.runners.registry import RUNNERS
+from engine.core.scheduler import Scheduler, SchedulerConfig, Step
+from engine.runners.cost_model import CostModel
+from engine.core.sequence import Sequence, SeqStatus
+from engine.runners.sim import NUM_SPECIAL_TOKENS
 from loadgen.sim.tiers import SimTierIO
-from router.protocol import LoadRecord
+from router.contract.protocol import LoadRecord
 
 QUEUE_FULL = "engine queue is full"
 NO_FIT = "prompt does not fit in the KV block pool"
@@ -158,7 +158,7 @@ class SimInstance:
         return self.tiers.recovery.costs() if self.tiers is not None else None
 
     def load(self) -> LoadRecord:
-        """What the engine's GET /load reports (engine/llm_engine.py), `ts` on the virtual clock."""
+        """What the engine's GET /load reports (engine/core/llm_engine.py), `ts` on the virtual clock."""
         bm, sched = self.block_manager, self.scheduler
         kv_free, kv_evictable = bm.kv_load()
         return LoadRecord(self.id, len(sched.running), len(sched.waiting) + len(self.remote), bm.num_used,

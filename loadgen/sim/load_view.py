@@ -1,6 +1,6 @@
 """The simulated router's view of every instance: `InstanceState`s kept current incrementally.
 
-Router-side load is what the real router's proxy tracks (router/proxy.py): on
+Router-side load is what the real router's proxy tracks (router/service/proxy.py): on
 dispatch an instance gets +1 inflight and the request's predicted uncached tokens
 as queued prefill work, removed at its first token (or its end, if none came).
 Engine-side `running`, `waiting`, `kv_usage` and the eviction profile
@@ -13,7 +13,7 @@ handed to the policy) instead of rebuilt: O(changed instances) per decision, not
 O(instances).
 
 Fast path (`fast_k > 0`, policies that use the index only): the router's own
-candidate choice (router/candidates.py `pick`): index holders of the prompt's first
+candidate choice (router/decision/candidates.py `pick`): index holders of the prompt's first
 block, recent senders of it, and the `fast_k` least loaded. A policy's view of "the
 others" shrinks with it: kv_aware's hot-spot guard compares against the mean inflight
 of these candidates only.
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from router.candidates import LeastLoaded, RecentSenders, pick
+from router.decision.candidates import LeastLoaded, RecentSenders, pick
 from router.index.base import PrefixMatch
-from router.policies.base import InstanceState
-from router.protocol import LoadRecord
+from router.decision.policies.base import InstanceState
+from router.contract.protocol import LoadRecord
 
 
 class LoadView:

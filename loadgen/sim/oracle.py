@@ -18,7 +18,7 @@ For each instance i, with the request's `num_tokens` and chained block hashes:
                + prefill_token_s * work_i
                + prefill_pair_s * uncached_i * (cached_i + (uncached_i + 1) / 2)
 
-with the instance's own cost model (engine/cost_model.py): decodes share every step
+with the instance's own cost model (engine/runners/cost_model.py): decodes share every step
 with the prefill (they go first in the scheduler's budget). An instance whose
 waiting queue is full is never chosen unless all are. The lowest ttft_i wins;
 exact ties are broken at random. `Decision.uncached_tokens` is the winner's.
@@ -43,7 +43,7 @@ from loadgen.sim.cluster import Cluster, KVEvents
 from loadgen.sim.instance import SimInstance
 from router.index.base import PrefixMatch
 from router.index.memory import MemoryIndex
-from router.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 class OraclePolicy(PolicyBase):

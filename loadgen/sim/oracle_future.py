@@ -38,8 +38,8 @@ from loadgen.sim.cluster import Cluster
 from loadgen.sim.oracle import OraclePolicy
 from loadgen.workload_base import RequestSpec
 from router.index.base import PrefixMatch
-from router.policies.base import Decision, InstanceState, RouteRequest
-from router.protocol import block_hashes, hash_seed
+from router.decision.policies.base import Decision, InstanceState, RouteRequest
+from router.contract.protocol import block_hashes, hash_seed
 
 
 class FutureUses:

@@ -1,8 +1,8 @@
 """The simulated router: the real index and policy, driven by the cluster's callbacks.
 
-Per arrival: hash the prompt's blocks (router/protocol.py), look them up in the
+Per arrival: hash the prompt's blocks (router/contract/protocol.py), look them up in the
 real `MemoryIndex` (sync methods), pick candidates (`LoadView`), let the policy
-select, then dispatch as router/proxy.py does: `on_routed`, +1 inflight and the
+select, then dispatch as router/service/proxy.py does: `on_routed`, +1 inflight and the
 predicted uncached tokens queued; at the first token `on_first_token` with the
 TTFT and those tokens, which leave the queue; at the end `on_finished`. The CPU
 time of lookup + candidates + select is measured with `time.perf_counter` (real
@@ -20,8 +20,8 @@ import collections
 import time
 from array import array
 
-from engine.sequence import Sequence
-from engine.work import SamplingParams
+from engine.core.sequence import Sequence
+from engine.core.work import SamplingParams
 from loadgen.record import RequestRecord
 from loadgen.sim.cluster import ARRIVE, Cluster, KVEvents
 from loadgen.sim.disagg import Disagg, uncached_tokens
@@ -30,8 +30,8 @@ from loadgen.sim.load_view import LoadView
 from loadgen.workload_base import RequestSpec
 from router.index.base import event_owner
 from router.index.memory import MemoryIndex
-from router.policies.base import Policy, RouteRequest
-from router.protocol import block_hashes, hash_seed
+from router.decision.policies.base import Policy, RouteRequest
+from router.contract.protocol import block_hashes, hash_seed
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
 

@@ -19,9 +19,9 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.config import EngineConfig
-from engine.cost_model import get_cost_model
-from engine.sim import LINKS
+from engine.core.config import EngineConfig
+from engine.runners.cost_model import get_cost_model
+from engine.runners.sim import LINKS
 from loadgen.arrivals import ArrivalConfig, arrival_times
 from loadgen.record import RequestRecord
 from loadgen.sim.cluster import Cluster
@@ -33,8 +33,8 @@ from loadgen.sim.router import SimRouter
 from loadgen.summary import summarize
 from loadgen.workload_base import RequestSpec
 from router.planner.decide import PlannerConfig
-from router.policies import POLICIES, make_policy, policy_params
-from router.policies.base import Policy
+from router.decision.policies import POLICIES, make_policy, policy_params
+from router.decision.policies.base import Policy
 
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
 # planned (send time, spec) of every request that is not a follow-up.
@@ -61,14 +61,14 @@ class SimConfig:
     request_overhead_s: float = 0.0
     # Prefill/decode disaggregation (disagg.py): instances 0..P-1 prefill, the rest decode; 0 = colocated.
     prefill_instances: int = 0
-    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/sim.py LINKS
+    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/runners/sim.py LINKS
     pd_min_uncached: int = 256  # fewer predicted uncached prompt tokens: run whole on a decode instance
-    # KV tiers, as kvroute engine's flags (engine/config.py); the store is modelled, never contacted.
+    # KV tiers, as kvroute engine's flags (engine/core/config.py); the store is modelled, never contacted.
     host_blocks: int = 0
     kv_store: str | None = None  # any redis:// or file:/// URL: one store shared by every instance
     kv_store_write: str = "through"
     kv_load_budget_bytes: int = 0
-    kv_host_link: str = ""  # engine/sim.py LINKS; "" = by device (cpu-memcpy)
+    kv_host_link: str = ""  # engine/runners/sim.py LINKS; "" = by device (cpu-memcpy)
     kv_store_link: str = ""  # "" = by the store URL's scheme
     policy_args: tuple[tuple[str, object], ...] = ()  # (name, value) parameters for every policy that takes them
 

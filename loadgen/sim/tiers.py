@@ -1,9 +1,9 @@
 """KV tiers on the virtual clock: the engine's own `CacheTiers`, with modelled transfer times.
 
 Each simulated instance runs the real block manager with the real tiers (host
-pool, load queue, cost-based recovery: engine/tier_setup.py builds them from the
-same `EngineConfig`), and this module does for it what engine/tier_service.py does
-for a real engine, with times from the sim runner's links (engine/sim.py LINKS):
+pool, load queue, cost-based recovery: engine/kv/tier_setup.py builds them from the
+same `EngineConfig`), and this module does for it what engine/kv/tier_service.py does
+for a real engine, with times from the sim runner's links (engine/runners/sim.py LINKS):
 
 - a copy batch (evictions to the host, host hits and store bytes into the device,
   reads for the store) lengthens the step it precedes by its modelled time, as it
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from engine.kv_events import KVChange
-from engine.kv_copies import CopyPlan
-from engine.sequence import Sequence
-from engine.tiers import CacheTiers
+from engine.core.kv_events import KVChange
+from engine.kv.kv_copies import CopyPlan
+from engine.core.sequence import Sequence
+from engine.kv.tiers import CacheTiers
 
 
 class SimStore:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-VOCAB_SIZE = 8192  # the built-in BPE (router/tokenizer.py); any larger vocabulary holds these ids too
+VOCAB_SIZE = 8192  # the built-in BPE (router/contract/tokenizer.py); any larger vocabulary holds these ids too
 FIRST_ID = 5  # ids 0-4 are special tokens
 _MAX_REDRAWS = 64
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
-from router.protocol import TIERS, KVEvent
-from router.tier_costs import store_owner
+from router.contract.protocol import TIERS, KVEvent
+from router.contract.tier_costs import store_owner
 
 TIER_RANK = {tier: i for i, tier in enumerate(TIERS)}  # lower is better: device < host < remote
 
@@ -82,8 +82,8 @@ class BlockIndex(Protocol):
 def event_owner(instance: str, tier: str, store: str | None) -> str:
     """Whose blocks an event changes: a shared store's (tier "remote" with a store key), else the instance's.
 
-    A store's blocks are indexed once, under `router.tier_costs.store_owner(key)`, and count
-    for every instance advertising that store key (router/policies/tier_credit.py); an
+    A store's blocks are indexed once, under `router.contract.tier_costs.store_owner(key)`, and count
+    for every instance advertising that store key (router/decision/policies/tier_credit.py); an
     instance's "cleared" (a restart) never clears the store. The event's (epoch, seq) still
     orders the writing instance's stream: the index advances that instance's watermark and
     writes the blocks under the store's owner, unordered (store events are advisory: a

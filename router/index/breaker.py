@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from router.index.base import Applied, BlockIndex, IndexUnavailable, PrefixMatch
-from router.protocol import KVEvent
+from router.contract.protocol import KVEvent
 
 
 class BreakerIndex:

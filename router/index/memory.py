@@ -21,7 +21,7 @@ import time
 from typing import Iterable, Mapping, Sequence
 
 from router.index.base import TIER_RANK, Applied, PrefixMatch, event_owner
-from router.protocol import TIERS, KVEvent
+from router.contract.protocol import TIERS, KVEvent
 
 # BEST_TIER[mask] = index into TIERS of the best (lowest) tier set in mask; mask 0 unused.
 BEST_TIER = tuple(

@@ -44,11 +44,11 @@ from typing import Iterable, Mapping, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from router.cancellation import raise_if_cancelled
+from router.contract.cancellation import raise_if_cancelled
 from router.index import redis_scripts as lua
 from router.index.base import Applied, IndexUnavailable, PrefixMatch, event_owner
 from router.index.memory import tier_bit, to_match
-from router.protocol import TIERS, KVEvent
+from router.contract.protocol import TIERS, KVEvent
 
 WRITE_CHUNK = 4096  # blocks per write script: bounds how long one script blocks Redis
 GC_CHUNK = 4096
@@ -82,7 +82,7 @@ class RedisIndex:
             result = await self._scripts[script](args=(self.prefix, *args))
         except RedisError as e:
             raise IndexUnavailable(f"redis index unavailable: {type(e).__name__}: {e}") from e
-        raise_if_cancelled()  # redis-py on Python 3.11 may have swallowed it (router/cancellation.py)
+        raise_if_cancelled()  # redis-py on Python 3.11 may have swallowed it (router/contract/cancellation.py)
         return result
 
     # -- ordered writes (what the router uses) ------------------------------------

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from router.index.base import Applied, BlockIndex, PrefixMatch
 from router.index.memory import MemoryIndex
-from router.protocol import KVEvent
+from router.contract.protocol import KVEvent
 
 
 class SplitIndex:

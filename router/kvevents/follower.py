@@ -25,13 +25,13 @@ from typing import Mapping, Sequence
 import zmq.asyncio
 
 from router.index.base import IndexUnavailable
-from router.instance import Instance
+from router.fleet.instance import Instance
 from router.kvevents.metrics import ZmqMetrics
 from router.kvevents.sources import EventSource
 from router.kvevents.subscriber import SourceStats, Subscriber
 from router.kvevents.translate import BlockMap
-from router.kvevents.wire import Batch
-from router.protocol import KVEvent, hash_seed, new_epoch
+from router.contract.kv_wire import Batch
+from router.contract.protocol import KVEvent, hash_seed, new_epoch
 
 log = logging.getLogger(__name__)
 

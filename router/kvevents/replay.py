@@ -15,7 +15,7 @@ import logging
 import zmq
 import zmq.asyncio
 
-from router.kvevents.wire import WireError, split_replay
+from router.contract.kv_wire import WireError, split_replay
 
 log = logging.getLogger(__name__)
 

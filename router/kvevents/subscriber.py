@@ -33,7 +33,7 @@ import zmq
 import zmq.asyncio
 
 from router.kvevents.replay import fetch_replay
-from router.kvevents.wire import Batch, BatchDecoder, WireError, split_message
+from router.contract.kv_wire import Batch, BatchDecoder, WireError, split_message
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The router never reproduces an engine's hash function (vLLM's changes between versions
 and depends on its settings). A `BlockStored` carries the stored blocks' `token_ids`, so
-the router recomputes its own chained hashes (router/protocol.py) from them, and keeps,
+the router recomputes its own chained hashes (router/contract/protocol.py) from them, and keeps,
 per instance, a map from each engine block hash to what it knows about that block:
 
     base    router hash of the last router block that ends at or before the block's end
@@ -34,8 +34,8 @@ from __future__ import annotations
 import collections
 from typing import Iterator
 
-from router.kvevents.wire import Cleared, Event, Removed, Stored
-from router.protocol import TIERS, block_hashes
+from router.contract.kv_wire import Cleared, Event, Removed, Stored
+from router.contract.protocol import TIERS, block_hashes
 
 MEDIUM_TIERS = {
     "GPU": "device",

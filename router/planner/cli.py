@@ -8,7 +8,7 @@ import json
 import sys
 
 from router.planner.decide import PlannerConfig
-from router.serve import bind_socket, run_app, setup_logging
+from router.contract.serve import bind_socket, run_app, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ window's finished requests show:
     mean context     = prompt + half the expected output, over the arrivals
 
 (without finished requests yet: no cache, outputs at max_tokens). The router
-(router/request_trace.py) and the simulator (loadgen/sim/planning.py) both call this.
+(router/service/request_trace.py) and the simulator (loadgen/sim/planning.py) both call this.
 """
 
 from __future__ import annotations

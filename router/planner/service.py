@@ -19,9 +19,9 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from router.http import json_response
+from router.contract.http import json_response
 from router.planner.decide import ROLES, EngineView, Observation, Plan, Planner, PlannerConfig
-from router.upstream_errors import describe_failure
+from router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 def create_app(service: PlannerService) -> web.Application:
-    from router.http import error_middleware
+    from router.contract.http import error_middleware
 
     app = web.Application(middlewares=[error_middleware])
     app[PLANNER] = service

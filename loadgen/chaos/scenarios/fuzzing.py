@@ -12,7 +12,7 @@ from loadgen.chaos.fuzz_kv import kv_cases
 from loadgen.chaos.procs import Proc
 from loadgen.chaos.rows import Row
 from loadgen.chaos.scenario_base import Context, Outcome
-from router.limits import Limits
+from router.contract.limits import Limits
 
 TIMEOUT_S = 10.0  # an answer slower than this is a hang
 

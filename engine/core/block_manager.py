@@ -1,0 +1,278 @@
+"""Paged KV block pool with prefix caching (the free list doubles as the cache), plus optional lower tiers.
+
+Blocks are reference counted. A full block whose K/V has been computed gets the
+chained hash of its tokens (router/contract/protocol.py) and stays findable by that hash
+after its last user frees it; such free cached blocks are evicted least recently
+freed first, and only when a fresh block is needed. A hit is confirmed by
+comparing the stored token ids and the block's parent (the previous block's hash,
+or the chain seed for a first block, which carries model and salt), so a hash
+collision never serves wrong K/V: same tokens after another prefix, or under
+another salt, is a different block.
+Free cached blocks remember when they were freed, summarised in `idle` (router/contract/idle_ages.py),
+so `kv_load()` can tell a router how much it can allocate without evicting and how
+long the blocks it would evict have been idle (GET /load, router/contract/protocol.py).
+
+With `tiers` (engine/kv/tiers.py), evicted blocks go to the host pool and/or the
+store, and a prefix continues into them: those blocks are loaded into fresh device
+blocks (`Sequence.pending_loads`: copies still to come) or recomputed, as the cost
+model decides. Changes are queued as `KVChange`s (engine/core/kv_events.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable
+
+from engine.kv.kv_copies import CopyPlan, StoredBlock
+from engine.core.kv_events import KVChange
+from engine.core.prefix_hit import PrefixHit
+from engine.core.sequence import Sequence
+from engine.kv.tiers import CacheTiers
+from router.contract.idle_ages import IdleAges
+from router.contract.protocol import block_hashes
+
+
+@dataclasses.dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    parent: int | None = None  # hash of the previous block, or the chain seed for block 0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, tiers: CacheTiers | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.block_size = block_size
+        self.clock = clock
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_plain: collections.deque[int] = collections.deque(range(num_blocks))
+        self.free_cached: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU first: freed at
+        self.idle = IdleAges()
+        self.hash_to_block: dict[int, int] = {}
+        self.pending_events: list[KVChange] = []
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+        self.tiers = tiers
+        if tiers is not None:
+            tiers.attach(self)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_plain) + len(self.free_cached)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def cached_hashes(self) -> list[int]:
+        return list(self.hash_to_block)
+
+    def kv_load(self) -> tuple[int, tuple[tuple[int, float], ...]]:
+        """(free blocks holding nothing, (blocks, idle seconds) of the evictable ones, next evicted first)."""
+        return len(self.free_plain), self.idle.profile(self.clock())
+
+    def emit(self, kind: str, blocks: list[int], parent: int | None, tier: str = "device") -> None:
+        self.pending_events.append(KVChange(kind, blocks, parent, tier))
+
+    # -- prefix matching and allocation ---------------------------------------------
+
+    def match_prefix(self, seq: Sequence) -> PrefixHit:
+        """The longest reusable prefix, leaving at least one token to compute."""
+        bs = self.block_size
+        usable = (len(seq.token_ids) - 1) // bs
+        hashes = block_hashes(seq.token_ids[: usable * bs], bs, seq.hash_seed)
+        hit = PrefixHit()
+        parent = seq.hash_seed
+        for i, h in enumerate(hashes):
+            block_id = self.hash_to_block.get(h)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.parent != parent or block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+                break
+            hit.device.append(block_id)
+            parent = h
+        if self.tiers is not None and len(hit.device) < len(hashes):
+            self.tiers.extend(seq, hit, hashes, parent)
+        return hit
+
+    def can_allocate(self, seq: Sequence, hits: PrefixHit) -> bool:
+        reused_free = sum(1 for b in hits.device if self.blocks[b].ref_count == 0)
+        fresh = self.blocks_needed(len(seq.token_ids)) - len(hits.device)
+        return fresh + reused_free <= self.num_free
+
+    def allocate(self, seq: Sequence, hits: PrefixHit) -> None:
+        """Give `seq` its prefix hits, fresh blocks for the loads, and fresh blocks for the rest."""
+        assert not seq.block_table, "sequence already holds blocks"
+        for block_id in hits.device:
+            self._take(block_id)
+        seq.block_table = list(hits.device)
+        seq.block_hashes = [self.blocks[b].hash for b in hits.device]
+        if hits.num_loads:
+            self.tiers.take_host(hits.host)  # out of the host pool before a fresh block can evict into it
+            dests = [self._take_fresh() for _ in range(hits.num_loads)]
+            seq.block_table.extend(dests)
+            host, remote = iter(hits.host), iter(hits.remote)
+            seq.block_hashes.extend(next(host if t == "host" else remote).hash for t in hits.order)
+        seq.num_computed = len(hits) * self.block_size
+        for _ in range(self.blocks_needed(len(seq.token_ids)) - len(hits)):
+            seq.block_table.append(self._take_fresh())
+        if self.tiers is not None:
+            self.tiers.admitted(seq, hits)
+            if hits.num_loads:
+                self.tiers.start_loads(seq, hits, dests)
+        self.num_queried_tokens += len(seq.token_ids)
+        self.num_hit_tokens += seq.num_computed
+
+    def can_append(self, seq: Sequence, num_new_slots: int = 1) -> bool:
+        need = self.blocks_needed(seq.num_computed + num_new_slots) - len(seq.block_table)
+        return need <= self.num_free
+
+    def append_slots(self, seq: Sequence, num_new_slots: int = 1) -> None:
+        """Grow the block table so `num_new_slots` more tokens after num_computed fit."""
+        while len(seq.block_table) < self.blocks_needed(seq.num_computed + num_new_slots):
+            seq.block_table.append(self._take_fresh())
+
+    def free(self, seq: Sequence) -> None:
+        if seq.pending_loads:
+            self.tiers.cancel(seq)
+        # Tail blocks first, so they are evicted before the (more shareable) head.
+        now = self.clock()
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is None:
+                    self.free_plain.append(block_id)
+                else:
+                    self.free_cached[block_id] = now
+                    self.idle.add(now)
+        seq.block_table = []
+        seq.block_hashes = []
+
+    # -- hashing computed and loaded blocks ---------------------------------------------
+
+    def commit_computed(self, seq: Sequence) -> None:
+        """Hash and register every block of `seq` that is full and computed but not hashed yet."""
+        bs = self.block_size
+        start = len(seq.block_hashes)
+        end = seq.num_computed // bs
+        if end <= start:
+            return
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        new = block_hashes(seq.token_ids[start * bs : end * bs], bs, seq.hash_seed, parent=parent)
+        stored, first = [], None
+        for i, h in enumerate(new, start):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self.hash_to_block:
+                self._set_hash(block, h, tuple(seq.token_ids[i * bs : (i + 1) * bs]),
+                               new[i - start - 1] if i > start else (parent if i else seq.hash_seed))
+                stored.append((i, h, block.block_id))
+                first = i if first is None else first
+        seq.block_hashes.extend(new)
+        if stored:
+            self.emit("stored", [h for _, h, _ in stored], seq.block_hashes[first - 1] if first else None)
+            if self.tiers is not None:
+                self.tiers.on_commit(seq, stored)
+
+    def register(self, block_id: int, meta: StoredBlock) -> None:
+        """A load into `block_id` is done (its copy is planned): the block is findable by its hash."""
+        block = self.blocks[block_id]
+        if block.hash is None and meta.hash not in self.hash_to_block:
+            self._set_hash(block, meta.hash, meta.token_ids, meta.parent)
+            self.emit("stored", [meta.hash], meta.parent)
+
+    def drain_loads(self) -> None:
+        if self.tiers is not None:
+            self.tiers.loads.drain(self.tiers.plan)
+
+    @property
+    def has_pending_loads(self) -> bool:
+        return self.tiers is not None and len(self.tiers.loads) > 0
+
+    def take_copy_plan(self) -> CopyPlan:
+        """Copies to run before the next step (engine/kv/kv_copies.py)."""
+        return self.tiers.take_copy_plan() if self.tiers is not None else CopyPlan()
+
+    def take_ahead_plan(self, max_fresh: int) -> CopyPlan:
+        """Copies to run while the next step computes (engine/kv/prestage.py); `max_fresh`: blocks a step may take."""
+        return self.tiers.take_ahead_plan(max_fresh) if self.tiers is not None else CopyPlan()
+
+    def clear_cache(self) -> None:
+        """Forget every cached hash of free blocks (blocks in use keep theirs) and the host pool."""
+        while self.free_cached:
+            block_id, _ = self.free_cached.popitem(last=False)
+            self._unhash(self.blocks[block_id], emit=False)
+            self.free_plain.append(block_id)
+        self.idle.clear()
+        if self.tiers is not None and self.tiers.host is not None:
+            self.tiers.prestager.clear()
+            self.tiers.host.clear()
+        self.emit("cleared", [], None)
+        for h in list(self.hash_to_block):
+            self.emit("stored", [h], None)
+
+    def drain_events(self) -> list[KVChange]:
+        """Queued changes, consecutive removals from one tier merged into one."""
+        events: list[KVChange] = []
+        for ev in self.pending_events:
+            last = events[-1] if events else None
+            if ev.kind == "removed" and last is not None and last.kind == "removed" and last.tier == ev.tier:
+                last.blocks.extend(ev.blocks)
+            else:
+                events.append(ev._replace(blocks=list(ev.blocks)))
+        self.pending_events = []
+        return events
+
+    # -- internals ----------------------------------------------------------------
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            freed_at = self.free_cached.pop(block_id, None)
+            if freed_at is not None:
+                self.idle.remove(freed_at)
+            if self.tiers is not None and self.tiers.prestager is not None:
+                self.tiers.prestager.reused(block_id)
+        block.ref_count += 1
+
+    def _take_fresh(self) -> int:
+        if self.free_plain:
+            block_id = self.free_plain.popleft()
+        elif self.free_cached:
+            block_id, freed_at = self.free_cached.popitem(last=False)
+            self.idle.remove(freed_at)
+            block = self.blocks[block_id]
+            if self.tiers is not None:
+                self.tiers.on_evict(block)
+            self._unhash(block, emit=True)
+        else:
+            raise RuntimeError("KV block pool exhausted: the scheduler must check before allocating")
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def _set_hash(self, block: Block, h: int, token_ids: tuple[int, ...], parent: int | None) -> None:
+        block.hash, block.token_ids, block.parent = h, token_ids, parent
+        self.hash_to_block[h] = block.block_id
+
+    def _unhash(self, block: Block, emit: bool) -> None:
+        if block.hash is not None:
+            del self.hash_to_block[block.hash]
+            if emit:
+                self.emit("removed", [block.hash], None)
+            block.hash = None
+            block.token_ids = ()
+            block.parent = None

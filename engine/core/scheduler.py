@@ -1,0 +1,186 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Each step spends a token budget (`max_batched_tokens`): running sequences first,
+decodes (one token each) before unfinished prefills, then waiting requests in
+arrival order while the budget, `max_running` and free blocks allow. A sequence
+whose next tokens need a block when none is free preempts the most recently
+admitted running sequence: its blocks are freed (they stay in the prefix cache)
+and it goes back to the front of the waiting queue to be recomputed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence, SeqStatus
+from engine.core.work import SeqWork
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    max_batched_tokens: int = 2048
+    max_running: int = 64
+    max_model_len: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.max_batched_tokens < 1:
+            raise ValueError("max_batched_tokens must be at least 1")
+        if self.max_running < 1:
+            raise ValueError("max_running must be at least 1")
+
+
+@dataclasses.dataclass(slots=True)
+class Step:
+    seqs: list[Sequence]
+    num_tokens: list[int]
+
+    def works(self) -> list[SeqWork]:
+        out = []
+        for seq, n in zip(self.seqs, self.num_tokens):
+            c = seq.num_computed
+            sample = c + n == len(seq.token_ids)
+            history = sample and seq.sampling.needs_history
+            out.append(
+                SeqWork(
+                    seq_id=seq.seq_id,
+                    token_ids=tuple(seq.token_ids[c : c + n]),
+                    start_pos=c,
+                    block_table=tuple(seq.block_table),
+                    sample=sample,
+                    sampling=seq.sampling,
+                    num_generated=seq.num_generated,
+                    prompt_ids=tuple(seq.token_ids[: seq.num_prompt]) if history else (),
+                    output_ids=tuple(seq.output_ids) if history else (),
+                )
+            )
+        return out
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, stop_token_ids: frozenset[int]) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.stop_token_ids = stop_token_ids
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.dropped: list[Sequence] = []  # finished while scheduling (could never fit); engine drains
+        self.pinned_out: list[Sequence] = []  # finished prefills whose blocks stay for a pull; engine drains
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        pending = sum(len(s) - s.num_computed for s in self.waiting)
+        return pending + sum(len(s) - s.num_computed for s in self.running if s.is_prefilling)
+
+    def abort(self, seq: Sequence, reason: str = "abort") -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            self.block_manager.free(seq)
+        self._finish(seq, reason)
+
+    def schedule(self) -> Step:
+        step = Step([], [])
+        budget = self.config.max_batched_tokens
+        self.block_manager.drain_loads()  # loads ready since the last step go into this step's copy batch
+        # Decodes first so a long prefill never stalls them; then unfinished prefills.
+        self.running.sort(key=lambda s: s.is_prefilling)
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status != SeqStatus.RUNNING or seq.pending_loads:
+                continue  # preempted earlier in this loop, or waiting for blocks to be loaded
+            n = min(len(seq) - seq.num_computed, budget)
+            if not self._make_room(seq, n, step):
+                continue
+            self.block_manager.append_slots(seq, n)
+            step.seqs.append(seq)
+            step.num_tokens.append(n)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            seq = self.waiting[0]
+            hits = self.block_manager.match_prefix(seq)
+            if not self.block_manager.can_allocate(seq, hits):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq, hits)
+            if seq.num_preemptions == 0:
+                seq.num_cached, seq.cached_by_tier = seq.num_computed, hits.tokens_by_tier(self.block_manager.block_size)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            if seq.pending_loads:
+                continue  # runs once its loads are copied (engine/kv/load_queue.py)
+            n = min(len(seq) - seq.num_computed, budget)
+            step.seqs.append(seq)
+            step.num_tokens.append(n)
+            budget -= n
+        return step
+
+    def postprocess(self, step: Step, sampled: list[int | None]) -> list[Sequence]:
+        """Advance each scheduled sequence; returns those that got a new token."""
+        advanced = []
+        for seq, n, token in zip(step.seqs, step.num_tokens, sampled):
+            if seq.status != SeqStatus.RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed += n
+            self.block_manager.commit_computed(seq)
+            if token is None:
+                continue
+            seq.token_ids.append(token)
+            advanced.append(seq)
+            reason = self._stop_reason(seq, token)
+            if reason:
+                self.running.remove(seq)
+                if seq.pin_kv and reason == "length":
+                    self.pinned_out.append(seq)
+                else:
+                    self.block_manager.free(seq)
+                self._finish(seq, reason)
+        return advanced
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in self.stop_token_ids and not seq.sampling.ignore_eos:
+            return "stop"
+        if seq.num_generated >= seq.sampling.max_tokens or len(seq) >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _make_room(self, seq: Sequence, n: int, step: Step) -> bool:
+        """Preempt later sequences until `seq` can take `n` more tokens; False if `seq` itself went."""
+        while not self.block_manager.can_append(seq, n):
+            victims = [s for s in self.running if s is not seq and s not in step.seqs]
+            if not victims and not step.seqs:
+                # Alone and still out of blocks: it can never grow, so end it rather than livelock.
+                self.running.remove(seq)
+                self.block_manager.free(seq)
+                self._finish(seq, "length")
+                self.dropped.append(seq)
+                return False
+            victim = victims[-1] if victims else seq
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,254 @@
+"""The engine's I/O for its KV tiers: copy batches, store lookups, fetches and writes, tier events.
+
+- `admit(seq, enqueue)`: when the device and host pools lack part of a prompt and
+  a store is configured, one `contains_many` asks the store for the rest before
+  the request is queued (`Sequence.store_hits`); a store that is down or slow
+  answers "none" at once (engine/kv/store/guard.py) and the request recomputes.
+- `run_copies()`, after every schedule: hands the block manager's copy batch to
+  the runner (same thread as the steps, so in order with them), records bytes and
+  seconds per direction, feeds the link estimates, and queues the blocks read out
+  for the store; then starts the ahead batch (engine/kv/prestage.py) that runs while
+  the step computes, which `settle()` awaits after the step. It also starts
+  fetching the store loads just admitted: one
+  `get_many` per chunk (at most `FETCH_CHUNK_BYTES`) for all requests together,
+  each entry checked (engine/kv/store/entry.py) before its bytes are used.
+- The writer task drains the write queue into `put_many` calls off the TTFT path
+  and publishes `stored` events with tier "remote" and the store key; a write
+  that fails is dropped (counted) and forgotten, the queue is bounded in bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from engine.kv.kv_copies import CopyPlan, StoredBlock
+from engine.kv.store.base import StoreUnavailable
+from engine.kv.store.entry import BadEntry, decode, encode
+from engine.kv.store.guard import GuardedStore
+from engine.kv.load_queue import Load
+from engine.core.sequence import Sequence
+from engine.kv.tier_metrics import TierMetrics
+from engine.kv.tiers import CacheTiers
+
+if TYPE_CHECKING:
+    from engine.core.llm_engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+FETCH_CHUNK_BYTES = 8 << 20  # bytes per store read call
+WRITE_CHUNK_BYTES = 8 << 20  # bytes per store write call
+MAX_QUEUED_WRITE_BYTES = 256 << 20  # beyond this, blocks are not written (counted as dropped)
+MAX_FETCHES = 2  # store read calls in flight
+SLOW_READ_FACTOR = 4.0  # a read may take this many times its expected transfer time (plus the read timeout)
+
+
+class TierService:
+    def __init__(self, engine: "LLMEngine", tiers: CacheTiers, store: GuardedStore | None, namespace: str,
+                 metrics: TierMetrics, wake: Callable[[], None]) -> None:
+        self.engine, self.tiers, self.store, self.namespace = engine, tiers, store, namespace
+        self.bm, self.runner, self.metrics, self.wake = engine.block_manager, engine.runner, metrics, wake
+        self.payload_bytes = engine.runner.payload_bytes_per_block
+        self.tasks: set[asyncio.Task] = set()
+        self.writes: list[tuple[StoredBlock, bytes]] = []
+        self.write_bytes = 0
+        self._write_ready = asyncio.Event()
+        self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
+        self._ahead: asyncio.Future | None = None
+        self._ahead_plan: CopyPlan | None = None
+        self.max_fresh = -(-engine.config.max_batched_tokens // engine.config.block_size)  # blocks a step takes
+        if store is not None:
+            metrics.store_up.set(1)
+
+    async def start(self) -> None:
+        """Refuses to start (ValueError naming the store) when the store cannot be reached now."""
+        if self.store is not None:
+            from engine.kv.store import check_reachable
+
+            await asyncio.to_thread(check_reachable, self.engine.config.kv_store)
+            self._spawn(self._writer(), "kv-store-writer")
+
+    async def stop(self) -> None:
+        if self._ahead is not None:
+            await asyncio.gather(self._ahead, return_exceptions=True)
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.store is not None:
+            await self.store.close()
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -- store lookups before queueing --------------------------------------------------
+
+    def admit(self, seq: Sequence, enqueue: Callable[[Sequence], None]) -> None:
+        hashes = self.tiers.missing_hashes(seq) if self.store is not None else []
+        if not hashes:
+            enqueue(seq)
+            return
+        self._spawn(self._lookup(seq, hashes, enqueue), f"kv-lookup-{seq.request_id}")
+
+    async def _lookup(self, seq: Sequence, hashes: list[int], enqueue: Callable[[Sequence], None]) -> None:
+        try:
+            present = await self.store.contains_many(hashes)
+        except StoreUnavailable:
+            present = [False] * len(hashes)
+        hits = [h for h, p in zip(hashes, present) if p]
+        self.metrics.lookups(len(hits), len(hashes) - len(hits))
+        for h in hits:
+            self.tiers.known.add(h)
+        if self.store.up:  # entries the store dropped (evicted, pruned): routers stop crediting them
+            gone = [h for h, p in zip(hashes, present) if not p and h in self.tiers.known]
+            for h in gone:
+                self.tiers.known.discard(h)
+            if gone:
+                self._emit_remote("removed", gone)
+        seq.store_hits = frozenset(hits)
+        if not seq.is_finished:
+            enqueue(seq)
+
+    # -- copy batches and store fetches ---------------------------------------------------
+
+    async def run_copies(self) -> None:
+        """Before the step: start the ahead batch (runs while this batch and the step do), run this batch."""
+        await self.settle()  # an ahead batch started while the engine was idle
+        plan = self.bm.take_copy_plan()
+        ahead = self.bm.take_ahead_plan(self.max_fresh)
+        if ahead:  # touches neither this batch's blocks nor its slots: runs alongside it and the step
+            self._ahead = asyncio.ensure_future(self.runner.run_ahead(ahead))
+            self._ahead_plan = ahead
+        if plan:
+            self._record(plan, await self.runner.run_copies(plan))
+        self.metrics.observe_recovery(self.tiers.recovery.runs, self.tiers.recovery.blocks)
+        loads = self.tiers.loads.fetches()
+        if loads:
+            self._spawn(self._fetch(loads), "kv-store-fetch")
+
+    async def settle(self) -> None:
+        """After the step: wait for the ahead batch (the next step may reuse what it copied)."""
+        if self._ahead is not None:
+            task, plan, self._ahead = self._ahead, self._ahead_plan, None
+            self._record(plan, await task)
+
+    def _record(self, plan: CopyPlan, times) -> None:
+        bpb, recovery, m = self.tiers.recovery.bytes_per_block, self.tiers.recovery, self.metrics
+        for direction, blocks, seconds in (("d2h", len(plan.reads) + len(plan.d2h), times.read_s + times.d2h_s),
+                                           ("h2d", plan.num_loaded, times.h2d_s)):
+            if blocks:
+                m.transfer(direction, blocks * bpb, seconds)
+                recovery.observe(direction, blocks * bpb, seconds)
+        for block, payload in zip(plan.reads, times.payloads):
+            self._queue_write(block, payload)
+
+    async def _fetch(self, loads: list[Load]) -> None:
+        per_call = max(1, FETCH_CHUNK_BYTES // max(self.tiers.recovery.bytes_per_block, 1))
+        async with self._fetch_slots:
+            for i in range(0, len(loads), per_call):
+                chunk = [ld for ld in loads[i:i + per_call] if not ld.done]
+                if chunk:
+                    await self._fetch_chunk(chunk)
+
+    async def _fetch_chunk(self, loads: list[Load]) -> None:
+        t0 = time.perf_counter()
+        expected = self.tiers.recovery.links["store_read"].time(len(loads) * self.tiers.recovery.bytes_per_block)
+        try:  # slow is allowed up to 4x the measured link, then the blocks are recomputed
+            values = await self.store.get_many([ld.block.hash for ld in loads], SLOW_READ_FACTOR * expected)
+        except StoreUnavailable:  # counted and logged by the guard; nothing is known about the entries
+            for load in loads:
+                self.tiers.loads.arrived(load, None)
+            self.wake()
+            return
+        delay = self.runner.store_delay(len(loads))  # the sim runner's entries carry no K/V: model them
+        if delay:
+            await asyncio.sleep(delay)
+        self.observe_store("store_read", len(loads), time.perf_counter() - t0)
+        bad, reasons = [], []
+        for load, value in zip(loads, values):
+            payload = None
+            try:
+                payload = None if value is None else decode(value, self.namespace, load.block, self.payload_bytes)
+            except BadEntry as e:
+                reasons.append(str(e))
+            if payload is None:
+                self.tiers.known.discard(load.block.hash)
+                bad.append(load.block.hash)
+            self.tiers.loads.arrived(load, payload)
+        if bad:  # missing (evicted, pruned) or refused: routers stop crediting them
+            self.metrics.store_rejected.inc(len(bad))
+            self._emit_remote("removed", bad)
+        if reasons:
+            log.warning("%d store entries refused (%s); their blocks are recomputed", len(reasons), reasons[0])
+        self.wake()
+
+    # -- store writes --------------------------------------------------------------------
+
+    def _queue_write(self, block: StoredBlock, payload: bytes) -> None:
+        if self.store is None or not self.store.up or self.write_bytes + len(payload) > MAX_QUEUED_WRITE_BYTES:
+            self.metrics.store_dropped.inc()
+            self.tiers.write_failed([block])
+            return
+        self.writes.append((block, payload))
+        self.write_bytes += len(payload)
+        self._write_ready.set()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._write_ready.wait()
+            self._write_ready.clear()
+            while self.writes:
+                batch, size = [], 0
+                while self.writes and (not batch or size + len(self.writes[0][1]) <= WRITE_CHUNK_BYTES):
+                    block, payload = self.writes.pop(0)
+                    batch.append((block, payload))
+                    size += len(payload)
+                self.write_bytes -= size
+                await self._put(batch)
+
+    async def _put(self, batch: list[tuple[StoredBlock, bytes]]) -> None:
+        items = [(b.hash, encode(self.namespace, b, p)) for b, p in batch]
+        t0 = time.perf_counter()
+        try:
+            await self.store.put_many(items)
+        except StoreUnavailable:
+            self.metrics.store_dropped.inc(len(batch))
+            self.tiers.write_failed([b for b, _ in batch])
+            return
+        self.observe_store("store_write", len(batch), time.perf_counter() - t0)
+        self._emit_remote("stored", [b.hash for b, _ in batch])
+
+    def _emit_remote(self, kind: str, hashes: list[int]) -> None:
+        self.engine.events.append(kind, hashes, None, tier="remote", store=self.tiers.store_key)
+        self.engine.metrics.kv_events.labels(kind).inc()
+
+    # -- measurements and reports ---------------------------------------------------------
+
+    def observe_step(self, prefill_tokens: int, seconds: float) -> None:
+        self.tiers.recovery.prefill.observe(prefill_tokens, seconds)
+        host = self.tiers.host
+        if host is not None:
+            self.metrics.host_used.set(host.num_used)
+            self.metrics.host_usage.set(host.num_used / host.num_slots)
+        self.metrics.load_queue.set(len(self.tiers.loads))
+
+    def observe_store(self, op: str, num_blocks: int, seconds: float) -> None:
+        """A store call moved `num_blocks` blocks (counted as K/V bytes, like the copies) in `seconds`."""
+        nbytes = num_blocks * self.tiers.recovery.bytes_per_block
+        self.metrics.transfer(op, nbytes, seconds)
+        self.tiers.recovery.observe(op, nbytes, seconds)
+
+    def kv_tiers(self) -> dict:
+        host = self.tiers.host
+        return self.tiers.recovery.to_wire({"blocks": host.num_slots, "used": host.num_used} if host else None)
+
+    def snapshot(self) -> dict[str, list[int]]:
+        out = {}
+        if self.tiers.host is not None:
+            out["host"] = self.tiers.host.hashes()
+        if self.store is not None:
+            out["remote"] = self.tiers.known.hashes()
+        return out

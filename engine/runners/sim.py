@@ -1,0 +1,146 @@
+"""Simulated model runner: the real scheduler and block manager, model time from a cost model.
+
+Each step sleeps for `cost_model.step_time(works)` instead of computing. Sampled
+tokens are pseudo-random but deterministic per (seed, sequence, position) and
+never a special token, so generation always runs to `max_tokens`.
+
+The sim has no logits: temperature, top-k/p, penalties and logit_bias do not change its
+tokens. Its model is a uniform distribution over the non-special tokens, and the logprobs
+it reports say so: every token has log(1 / (vocab - special)); the `top` N are the sampled
+token and the N - 1 ids after it (all tied).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Sequence
+
+import xxhash
+
+from engine.runners.cost_model import CostModel
+from engine.kv.kv_copies import CopyPlan, CopyTimes
+from engine.core.work import RunnerInfo, SampledTokens, SeqWork, TokenLogprobs
+
+NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special tokens
+
+# Modelled KV links for prefill -> decode pulls: (bytes/s, seconds of latency per pull).
+# NVLink 4 (H100: 900 GB/s bidirectional, ~450 GB/s one way; we take 300 GB/s achieved),
+# 200 Gb/s InfiniBand NDR per GPU (~25 GB/s achieved), and this machine's loopback as
+# measured by tools/bench_disagg.py with the torch runner (about 1 GB/s, 2 ms per pull).
+#
+# Tier links (the host pool and the shared store, DESIGN.md section 6), from published figures:
+# PCIe 4.0 x16 (A100 hosts): 31.5 GB/s per direction theoretical, ~25 GB/s measured with pinned
+# memory (CUDA bandwidthTest); PCIe 5.0 x16 (H100 hosts): 63 GB/s theoretical, ~50 GB/s measured;
+# a PCIe 4.0 NVMe SSD: ~7 GB/s sequential read (Samsung 990 PRO: 7.45 GB/s read, 6.9 GB/s write),
+# ~100 us to the first byte; an RDMA-attached store over 200 Gb/s InfiniBand: "infiniband" above.
+# The cpu-* links are this machine (tiny model, 32 KiB blocks), medians of 3 runs of
+# `python tools/bench_tiers.py links`: torch index_select/index_copy_ between two host tensors, and
+# the engine's own store path (engine/kv/store: a local redis-server, one file per block; reads
+# include checking every entry).
+LINKS: dict[str, tuple[float, float]] = {
+    "nvlink": (300e9, 10e-6),
+    "infiniband": (25e9, 20e-6),
+    "loopback": (1e9, 2e-3),
+    "pcie4": (25e9, 10e-6),
+    "pcie5": (50e9, 10e-6),
+    "nvme": (7e9, 100e-6),
+    "cpu-memcpy": (5.5e9, 5e-6),  # host-to-device 5.8 GB/s, 4.6 us; device-to-host 5.4 GB/s, 7 us
+    "cpu-redis": (0.57e9, 70e-6),  # MGET + entry checks; writes (pipelined SET) 0.66 GB/s, 120 us
+    "cpu-file": (0.81e9, 130e-6),  # reads (page cache, one thread hop) + entry checks; writes 0.10 GB/s
+}
+DEFAULT_HOST_LINK = {"cpu": "cpu-memcpy", "cuda": "pcie4"}  # by device type
+DEFAULT_STORE_LINK = {"redis": "cpu-redis", "rediss": "cpu-redis", "file": "cpu-file"}  # by URL scheme
+
+
+class SimRunner:
+    payload_bytes_per_block = 0  # no K/V exists here: store entries carry headers only
+
+    def __init__(self, cost_model: CostModel, info: RunnerInfo, seed: int = 0, time_scale: float = 1.0,
+                 block_size: int = 16, link: str = "loopback", host_link: str = "cpu-memcpy",
+                 store_link: str = "cpu-redis") -> None:
+        for name in (link, host_link, store_link):
+            if name not in LINKS:
+                raise ValueError(f"unknown KV link {name!r}; choose from {', '.join(LINKS)}")
+        self.host_link, self.store_link = LINKS[host_link], LINKS[store_link]
+        self.cost_model = cost_model
+        self.info = info
+        self.seed = seed
+        self.time_scale = time_scale
+        self.busy_s = 0.0
+        self.link = LINKS[link]
+        dtype_bytes = 2 if info.dtype in ("bfloat16", "float16") else 4
+        per_token = cost_model.kv_bytes_per_token or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes
+        self.kv_bytes_per_block = per_token * block_size
+
+    transfer_payload_bytes = 0  # per block on the wire: nothing moves, `transfer_time` stands for it
+
+    def read_blocks(self, block_ids: Sequence[int]) -> bytes:
+        """No K/V exists here: a pull moves empty payloads and `transfer_time` stands for the bytes."""
+        return b""
+
+    def write_blocks(self, block_ids: Sequence[int], data: bytes) -> None:
+        pass
+
+    def transfer_time(self, num_blocks: int) -> float:
+        return self._link_time(self.link, num_blocks)
+
+    def _link_time(self, link: tuple[float, float], num_blocks: int) -> float:
+        bandwidth, latency = link
+        return (latency + num_blocks * self.kv_bytes_per_block / bandwidth) * self.time_scale if num_blocks else 0.0
+
+    def copy_times(self, plan: CopyPlan) -> CopyTimes:
+        """Modelled times of a batch of tier copies over the host link (reads for the store count as D2H)."""
+        return CopyTimes([b"" for _ in plan.reads],
+                         read_s=self._link_time(self.host_link, len(plan.device_reads) + len(plan.host_reads)),
+                         d2h_s=self._link_time(self.host_link, len(plan.d2h)),
+                         h2d_s=self._link_time(self.host_link, plan.num_loaded))
+
+    async def run_copies(self, plan: CopyPlan) -> CopyTimes:
+        times = self.copy_times(plan)
+        await asyncio.sleep(times.read_s + times.d2h_s + times.h2d_s)
+        return times
+
+    async def run_ahead(self, plan: CopyPlan) -> CopyTimes:
+        return await self.run_copies(plan)  # concurrently with the step's sleep: overlapped
+
+    @property
+    def prefill_rate_hint(self) -> float:
+        """Prefill tokens/s the cost model predicts for long chunks (what recovery starts from)."""
+        return 1.0 / max(self.cost_model.prefill_token_s * self.time_scale, 1e-12)
+
+    def store_delay(self, num_blocks: int) -> float:
+        """Modelled time of reading `num_blocks` from the store (the entries here carry no K/V)."""
+        return self._link_time(self.store_link, num_blocks)
+
+    def sample(self, work: SeqWork) -> int:
+        key = f"{self.seed}:{work.sampling.seed}:{work.token_ids[-1]}:{work.context_len}"
+        span = self.info.vocab_size - NUM_SPECIAL_TOKENS
+        return NUM_SPECIAL_TOKENS + xxhash.xxh3_64_intdigest(key.encode()) % span
+
+    def logprobs(self, work: SeqWork, token: int) -> TokenLogprobs | None:
+        n = work.sampling.logprobs
+        if n is None:
+            return None
+        span = self.info.vocab_size - NUM_SPECIAL_TOKENS
+        lp = -math.log(span)
+        top = tuple((NUM_SPECIAL_TOKENS + (token - NUM_SPECIAL_TOKENS + k) % span, lp) for k in range(min(n, span)))
+        return TokenLogprobs(token, lp, top)
+
+    def execute_sync(self, works: Sequence[SeqWork]) -> tuple[float, list[int | None]]:
+        """Modelled step time and tokens, without sleeping (for the virtual-clock simulator)."""
+        duration = self.cost_model.step_time(works) * self.time_scale
+        tokens = [self.sample(w) if w.sample else None for w in works]
+        if any(w.sampling.logprobs is not None for w in works):
+            tokens = SampledTokens(tokens, [self.logprobs(w, t) if t is not None else None
+                                            for w, t in zip(works, tokens)])
+        return duration, tokens
+
+    async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
+        duration, tokens = self.execute_sync(works)
+        self.busy_s += duration
+        await asyncio.sleep(duration)
+        return tokens
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,280 @@
+"""The engine's aiohttp application: OpenAI endpoints, KV info/snapshot/events, load, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from engine.core.config import EngineConfig
+from engine.service.admin import handle_drain, handle_role
+from engine.service.drain import Drain
+from engine.service.event_publisher import RedisEventPublisher
+from engine.core.llm_engine import LLMEngine
+from engine.service.metrics import EngineMetrics
+from engine.service.registration import Registration
+from engine.runners.registry import RUNNERS
+from engine.service.serving import CompletionService
+from engine.transfer.transfer_api import handle_transfer
+from engine.service.zmq_publisher import ZmqEventPublisher
+from router.contract.errors import BadRequest
+from router.contract.http import error_middleware, json_response, query_number, read_json
+from router.contract.openai_request import parse_request
+from router.contract.protocol import hash_seed
+from router.contract.registry_record import EngineRecord
+from router.contract.serve import SHUTDOWN
+from router.contract.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", EngineConfig)
+ENGINE = web.AppKey("engine", LLMEngine)
+DRAIN = web.AppKey("drain", Drain)
+REGISTRATION = web.AppKey("registration", Registration)
+SERVICE = web.AppKey("service", CompletionService)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+METRICS = web.AppKey("metrics", EngineMetrics)
+ZMQ_PUBLISHER = web.AppKey("zmq_publisher", ZmqEventPublisher)
+
+MAX_EVENTS_TIMEOUT_S = 30.0
+
+
+def model_name(app: web.Application) -> str:
+    return app[CONFIG].served_model_name or app[ENGINE].runner.info.model
+
+
+async def _engine_ctx(app: web.Application):
+    config = app[CONFIG]
+    runner = RUNNERS[config.backend](config)
+    tokenizer = load_tokenizer(config.model)
+    name = config.served_model_name or runner.info.model
+    metrics = EngineMetrics(name, max_model_len=runner.info.max_model_len)
+    stop_ids = frozenset(tokenizer.stop_token_ids) | (
+        {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
+    engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
+    app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
+    app[SERVICE] = CompletionService(engine, tokenizer, name)
+    await engine.start(kv_info(app))
+    app[DRAIN] = Drain(engine, config.drain_timeout_s, app[SHUTDOWN])
+    log.info("engine %s ready: backend=%s model=%s blocks=%d x %d", config.instance, config.backend, name,
+             config.num_blocks, config.block_size)
+    yield
+    await engine.stop()
+    app[SERVICE].pool.close()
+
+
+async def _zmq_ctx(app: web.Application):
+    config = app[CONFIG]
+    publisher = ZmqEventPublisher(app[ENGINE], model_name(app), config.kv_events_zmq, config.kv_events_replay,
+                                  config.kv_events_encoding, config.kv_events_topic, config.kv_events_buffer_steps)
+    app[ZMQ_PUBLISHER] = publisher
+    await publisher.start()
+    yield
+    await publisher.stop()
+
+
+async def _redis_ctx(app: web.Application):
+    publisher = RedisEventPublisher(app[CONFIG].redis, app[ENGINE])
+    await publisher.start()
+    app[DRAIN].flush = publisher.flush
+    yield
+    await publisher.stop()
+
+
+async def _registry_ctx(app: web.Application):
+    config = app[CONFIG]
+    registration = Registration(config.registry, lambda: registry_record(app), config.registry_refresh_s,
+                                config.registry_ttl_s)
+    await registration.start()
+    app[REGISTRATION] = registration
+    app[DRAIN].deregister = registration.leave
+    log.info("registered as %s at %s in %s", config.instance, registry_record(app).url, config.registry)
+    yield
+    await registration.stop()
+
+
+def registry_record(app: web.Application) -> EngineRecord:
+    config, engine = app[CONFIG], app[ENGINE]
+    return EngineRecord(config.instance, config.advertise, engine.role, model_name(app), config.cluster,
+                        engine.events.epoch, "draining" if engine.draining else "ready")
+
+
+def kv_info(app: web.Application) -> dict:
+    config, engine, tok = app[CONFIG], app[ENGINE], app[TOKENIZER]
+    info = engine.runner.info
+    return {
+        "instance_id": config.instance,
+        "cluster_id": config.cluster,
+        "model": model_name(app),
+        "block_size": config.block_size,
+        "hash_seed": hash_seed(model_name(app)),
+        "hash_algo": "xxh3_64-chained-u32le",
+        "tokenizer": tok.fingerprint,
+        "role": engine.role,
+        "state": "draining" if engine.draining else "ready",
+        "backend": config.backend,
+        "num_blocks": config.num_blocks,
+        "max_model_len": info.max_model_len,
+        "vocab_size": info.vocab_size,
+        "dtype": info.dtype,
+        "num_layers": info.num_layers,
+        "num_kv_heads": info.num_kv_heads,
+        "head_dim": info.head_dim,
+        "epoch": engine.events.epoch,
+        **_zmq_info(app),
+        **({"kv_tiers": engine.kv.kv_tiers()} if engine.kv is not None else {}),
+    }
+
+
+def _zmq_info(app: web.Application) -> dict:
+    publisher = app.get(ZMQ_PUBLISHER)
+    if publisher is None:
+        return {}
+    return {"kv_events_zmq": publisher.endpoint, "kv_events_replay": publisher.replay_endpoint,
+            "kv_events_encoding": app[CONFIG].kv_events_encoding}
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVICE].handle(request, "completion")
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVICE].handle(request, "chat")
+
+
+def model_card(app: web.Application) -> dict:
+    return {"id": model_name(app), "object": "model", "created": int(time.time()), "owned_by": "kvroute",
+            "max_model_len": app[ENGINE].runner.info.max_model_len}
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [model_card(request.app)]})
+
+
+async def handle_model(request: web.Request) -> web.Response:
+    request.app[SERVICE].check_model(request.match_info["model"])
+    return json_response(model_card(request.app))
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    """503 while draining or while the step loop is stuck (a hung model step): routers stop sending."""
+    config, engine = request.app[CONFIG], request.app[ENGINE]
+    if engine.draining:
+        return json_response({"status": "draining", "instance_id": config.instance,
+                              "running": len(engine.requests)}, status=503)
+    stalled = engine.stalled_for()
+    if stalled > config.stall_timeout_s:
+        return json_response({"status": "stalled", "instance_id": config.instance,
+                              "stalled_s": round(stalled, 1)}, status=503)
+    return json_response({"status": "ok", "instance_id": config.instance})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    request.app[METRICS].observe_state(request.app[ENGINE])
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def handle_load(request: web.Request) -> web.Response:
+    return json_response(request.app[ENGINE].load().to_dict())
+
+
+async def handle_kv_info(request: web.Request) -> web.Response:
+    return json_response(kv_info(request.app))
+
+
+async def handle_kv_snapshot(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    return json_response({
+        "instance": engine.config.instance,
+        "epoch": engine.events.epoch,
+        "seq": engine.events.seq,
+        "tiers": {"device": engine.block_manager.cached_hashes(), **(engine.kv.snapshot() if engine.kv else {})},
+        "store": (engine.block_manager.tiers.store_key or None) if engine.kv is not None else None,
+        "load": engine.load().to_dict(),
+    })
+
+
+async def handle_kv_events(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    since = query_number(request, "since", 0, int)
+    timeout = min(query_number(request, "timeout", 0.0, float), MAX_EVENTS_TIMEOUT_S)
+    epoch = query_number(request, "epoch", None, int)
+    batch = await engine.events.wait(since, timeout, epoch)
+    return json_response({
+        "instance": engine.config.instance,
+        "epoch": batch.epoch,
+        "seq": batch.seq,
+        "resync": batch.resync,
+        "events": [e.to_dict() for e in batch.events],
+        "load": engine.load().to_dict(),
+    })
+
+
+async def handle_tokenize(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    body = await read_json(request, service.limits.max_body_bytes)
+    service.check_model(body.get("model"))
+    if "messages" in body:
+        req = parse_request(body, "chat")
+    elif isinstance(body.get("prompt"), str):
+        req = parse_request(body, "completion")
+    else:
+        raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
+    tokens = await service.prompt_ids(req)
+    return json_response({"count": len(tokens), "max_model_len": service.max_model_len, "tokens": tokens})
+
+
+async def handle_get_model_info(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    return json_response({"model_path": config.model or model_name(request.app),
+                          "tokenizer_path": config.model or "builtin", "is_generation": True})
+
+
+async def handle_get_server_info(request: web.Request) -> web.Response:
+    import dataclasses
+
+    info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items()
+            if k not in ("redis", "registry", "kv_secret", "admin_key", "kv_store")}  # may carry credentials
+    info.update(kv_info(request.app), version="kvroute-0.1.0")
+    return json_response(info)
+
+
+async def handle_get_load(request: web.Request) -> web.Response:
+    load = request.app[ENGINE].load()
+    return json_response({"load": load.running + load.waiting, "num_reqs": load.running,
+                          "num_waiting_reqs": load.waiting, "num_tokens": load.queued_prefill_tokens})
+
+
+def create_app(config: EngineConfig) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=1 << 40)  # bodies go through read_body
+    app[CONFIG] = config
+    app[SHUTDOWN] = asyncio.Event()  # set when a drain is done: the server stops (router/contract/serve.py)
+    app.cleanup_ctx.append(_engine_ctx)
+    if config.redis:
+        app.cleanup_ctx.append(_redis_ctx)
+    if config.registry:
+        app.cleanup_ctx.append(_registry_ctx)
+    if config.kv_events_zmq:
+        app.cleanup_ctx.append(_zmq_ctx)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/v1/models/{model:.+}", handle_model)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/load", handle_load)
+    app.router.add_get("/kv/info", handle_kv_info)
+    app.router.add_get("/kv/snapshot", handle_kv_snapshot)
+    app.router.add_get("/kv/events", handle_kv_events)
+    app.router.add_post("/kv/transfer", handle_transfer)
+    app.router.add_post("/tokenize", handle_tokenize)
+    app.router.add_get("/get_model_info", handle_get_model_info)
+    app.router.add_get("/get_server_info", handle_get_server_info)
+    app.router.add_get("/get_load", handle_get_load)
+    app.router.add_post("/admin/drain", handle_drain)
+    app.router.add_post("/admin/role", handle_role)
+    return app

@@ -1,0 +1,140 @@
+"""Decode side of disaggregation: admit requests prefilled elsewhere and pull their K/V.
+
+Pull-based: a request waits here until this engine has the blocks free (then it
+takes them, FIFO), so a decode engine never accepts K/V it has no room for. Blocks
+its own prefix cache already holds are not pulled. If the pull fails (prefill gone,
+a block fails verification), the missing blocks are computed here instead: the
+request still completes, only later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from engine.transfer.kv_transfer import LinkMismatch, Links, TransferError, TransferHandle, read_frames
+from engine.core.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.core.llm_engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+
+class RemotePrefill:
+    def __init__(self, engine: "LLMEngine", local_info: dict) -> None:
+        self.engine = engine
+        self.links = Links(local_info)
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.session: aiohttp.ClientSession | None = None
+        self.tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60, connect=5))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.session:
+            await self.session.close()
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def admit(self) -> None:
+        """Take blocks for waiting requests in arrival order; time out those that waited too long."""
+        bm = self.engine.block_manager
+        while self.waiting:
+            seq = self.waiting[0]
+            if seq.is_finished:  # aborted while waiting
+                self.waiting.popleft()
+                continue
+            hits = bm.match_prefix(seq)
+            if not bm.can_allocate(seq, hits):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq, hits)
+            seq.pulling = True
+            task = asyncio.create_task(self._pull(seq, len(hits)), name=f"kv-pull-{seq.request_id}")
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        limit = time.monotonic() - self.engine.config.kv_admit_timeout_s
+        while self.waiting and self.waiting[0].arrival < limit:
+            seq = self.waiting.popleft()
+            self.engine.fail_overloaded(seq, f"no free KV blocks for {self.engine.config.kv_admit_timeout_s:g}s "
+                                             "to receive the prefilled request")
+
+    async def _pull(self, seq: Sequence, first_block: int) -> None:
+        """Pull the blocks this engine lacks, then run the sequence. Whatever happens, the
+        request ends up in a defined state: resumed with pulled K/V, resumed to compute the
+        missing blocks here, or failed; never left `pulling` with its blocks held."""
+        handle: TransferHandle = seq.remote
+        metrics, bs = self.engine.metrics, self.engine.block_manager.block_size
+        num_blocks = -(-handle.num_tokens // bs)
+        metrics.kv_pull_skipped.inc(first_block)
+        t0 = time.perf_counter()
+        computed = first_block * bs  # if the pull fails: compute the rest here
+        try:
+            await self.links.ensure(self.session, handle)
+            if first_block < num_blocks:
+                received = await self._receive(seq, handle, first_block, num_blocks)
+                delay = getattr(self.engine.runner, "transfer_time", None)
+                if delay is not None:  # the sim runner models the link instead of moving bytes
+                    await asyncio.sleep(delay(num_blocks - first_block))
+                    received = (num_blocks - first_block) * self.engine.runner.kv_bytes_per_block
+                metrics.kv_pull_bytes.inc(received)
+                metrics.kv_pull_blocks.inc(num_blocks - first_block)
+            computed = handle.num_tokens
+            metrics.kv_pull_seconds.observe(time.perf_counter() - t0)
+        except LinkMismatch as e:  # refused link: fail this request with the reason
+            seq.pulling = False
+            self.engine.fail_request(seq, e.message, LinkMismatch)
+            return
+        except asyncio.CancelledError:
+            seq.pulling = False
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of the pull means: compute it here
+            log.warning("KV pull for %s from %s failed (%s: %s); computing it here", seq.request_id,
+                        handle.address, type(e).__name__, e)
+            metrics.kv_pull_failures.labels(type(e).__name__).inc()
+        seq.pulling = False
+        if seq.is_finished:
+            return
+        seq.num_computed = computed
+        self.engine.block_manager.commit_computed(seq)
+        self.engine.resume(seq)
+
+    async def _receive(self, seq: Sequence, handle: TransferHandle, first: int, end: int) -> int:
+        """Pull blocks [first, end) into this sequence's blocks; returns payload bytes."""
+        from router.contract.protocol import block_hashes
+
+        bm, runner = self.engine.block_manager, self.engine.runner
+        expected = block_hashes(seq.token_ids[: handle.num_tokens], bm.block_size, seq.hash_seed)
+        body = {"request_id": handle.request_id, "from_block": first, "signature": handle.signature}
+        received, block_ids, payloads = 0, [], []
+        async with self.session.post(handle.address + "/kv/transfer", json=body) as r:
+            if r.status != 200:
+                raise TransferError(f"prefill answered HTTP {r.status}: {(await r.content.read(200))!r}")
+            async for index, block_hash, payload in read_frames(r.content, runner.transfer_payload_bytes):
+                want = expected[index] if index < len(expected) else 0
+                if not first <= index < end or block_hash != want or index in block_ids:
+                    raise TransferError(f"block {index} does not match the prompt (hash {block_hash} != {want})")
+                block_ids.append(index)
+                payloads.append(payload)
+                received += len(payload)
+        if len(block_ids) != end - first:
+            raise TransferError(f"received {len(block_ids)} of {end - first} blocks")
+        if received:  # one write, one wait for the runner between steps
+            targets = [seq.block_table[i] for i in block_ids]
+            await asyncio.to_thread(runner.write_blocks, targets, b"".join(payloads))
+        return received
+
+    def queued_tokens(self) -> int:
+        return sum(len(s) for s in self.waiting)
+

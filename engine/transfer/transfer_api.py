@@ -1,0 +1,55 @@
+"""POST /kv/transfer: stream a pinned prefill's blocks to the decode engine that pulls them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from engine.transfer.kv_transfer import encode_frames
+from router.contract.errors import BadRequest, Forbidden, NotFound
+from router.contract.http import prepare_client, read_json, write_client
+
+
+async def read_pinned(engine, request_id: str, from_block: int) -> list[tuple[int, int, bytes]] | None:
+    """(index, hash, payload) of a pinned prompt's blocks from `from_block` on; None if not pinned."""
+    seq = engine.pinned.get(request_id)
+    if seq is None:
+        return None
+    bs = engine.block_manager.block_size
+    ids = seq.block_table[from_block : -(-seq.num_prompt // bs)]
+    data = await asyncio.to_thread(engine.runner.read_blocks, ids)
+    size = len(data) // len(ids) if ids else 0
+    full = seq.num_prompt // bs
+    return [(i, seq.block_hashes[i] if i < full else 0, data[(i - from_block) * size:(i - from_block + 1) * size])
+            for i in range(from_block, from_block + len(ids))]
+
+
+async def handle_transfer(request: web.Request) -> web.StreamResponse:
+    from engine.service.server import ENGINE
+
+    engine = request.app[ENGINE]
+    body = await read_json(request)
+    request_id, from_block = body.get("request_id"), body.get("from_block", 0)
+    if not isinstance(request_id, str) or isinstance(from_block, bool) or not isinstance(from_block, int) \
+            or from_block < 0:
+        raise BadRequest("body must be {'request_id': str, 'from_block': int >= 0, 'signature': str}")
+    seq = engine.pinned.get(request_id)
+    if seq is None:
+        raise NotFound(f"no pinned KV for request {request_id!r}: it was pulled already or its TTL expired",
+                       code="kv_handle_not_found")
+    try:
+        engine.auth.check_pull(seq.transfer_signature, body.get("signature"), request.remote)
+    except PermissionError as e:
+        raise Forbidden(str(e), code="kv_transfer_refused") from None
+    frames = await read_pinned(engine, request_id, from_block)
+    if frames is None:
+        raise NotFound(f"no pinned KV for request {request_id!r}: it was pulled already or its TTL expired",
+                       code="kv_handle_not_found")
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    await prepare_client(resp, request)
+    for frame in encode_frames(frames):
+        await write_client(resp, frame)
+    await write_client(resp)
+    engine.release_pinned(request_id)
+    return resp

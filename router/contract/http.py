@@ -1,0 +1,187 @@
+"""aiohttp edge helpers shared by engine and router: JSON responses, error mapping, SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import math
+import time
+from typing import Callable
+
+import orjson
+from aiohttp import web
+
+from router.contract.errors import (BadRequest, Conflict, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge, Unauthorized,
+                           Unavailable)
+
+log = logging.getLogger(__name__)
+
+STATUS = {PayloadTooLarge: 413, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404, Conflict: 409,
+          Unavailable: 503}
+READ_CHUNK = 1 << 16
+CONTROL_BODY_LIMIT = 1 << 20  # admin, transfer and tokenize bodies
+
+
+def status_of(exc: KVRouteError) -> int:
+    if isinstance(exc, Overloaded):
+        return 429 if exc.too_many else 503
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def json_response(data, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
+
+
+def error_response(exc: KVRouteError, headers: dict | None = None) -> web.Response:
+    headers = dict(headers or {})
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    return json_response(exc.to_dict(), status=status_of(exc), headers=headers)
+
+
+class ClientGone(Exception):
+    """The client closed its connection mid-response; nobody else is at fault."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("client closed the connection")
+        self.response = response
+
+
+async def prepare_client(resp: web.StreamResponse, request: web.Request) -> None:
+    """Send a streamed response's headers; ClientGone if the client has left (its connection
+    may be closing before aiohttp has cancelled the handler)."""
+    try:
+        await resp.prepare(request)
+    except ConnectionResetError:
+        raise ClientGone(resp) from None
+
+
+async def write_client(resp: web.StreamResponse, data: bytes | None = None) -> None:
+    """Write to the client (`None`: end the response); ClientGone if it has left."""
+    try:
+        if data is None:
+            await resp.write_eof()
+        else:
+            await resp.write(data)
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
+        raise ClientGone(resp) from None
+
+
+def make_error_middleware(on_error: Callable[[int], None] | None = None):
+    """Every error leaves as an OpenAI-shaped body; anything unexpected is a logged 500.
+    A client that left gets its (already started) response back, which aiohttp closes
+    quietly: no traceback for a client that hangs up. `on_error(status)` is told of every
+    error answered here (the router counts the requests it rejects itself)."""
+
+    def answered(response: web.Response) -> web.Response:
+        if on_error is not None:
+            on_error(response.status)
+        return response
+
+    @web.middleware
+    async def error_middleware(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except ClientGone as gone:
+            return gone.response
+        except KVRouteError as exc:
+            return answered(error_response(exc))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            err = NotFound(exc.reason) if exc.status == 404 else KVRouteError(exc.reason)
+            if exc.status == 413:
+                err = PayloadTooLarge(exc.reason)
+            return answered(json_response(err.to_dict(), status=exc.status))
+        except asyncio.CancelledError:
+            raise  # the client left before any answer (aiohttp cancels the handler)
+        except Exception as exc:
+            log.exception("unexpected error in %s %s", request.method, request.path)
+            err = KVRouteError(f"internal error: {type(exc).__name__}", code="internal_error")
+            return answered(json_response(err.to_dict(), status=500))
+
+    return error_middleware
+
+
+error_middleware = make_error_middleware()
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes
+    (from Content-Length before reading anything, or while reading a chunked body)."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} (--max-body-bytes)")
+    parts, size = [], 0
+    while True:
+        chunk = await request.content.read(READ_CHUNK)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (--max-body-bytes)")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_json(body: bytes) -> dict:
+    if not body:
+        raise BadRequest("request body is empty: expected a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    return data
+
+
+async def read_json(request: web.Request, limit: int = CONTROL_BODY_LIMIT) -> dict:
+    return parse_json(await read_body(request, limit))
+
+
+def parse_retry_after(value: str | None, default: float = 1.0) -> float:
+    """Seconds from a Retry-After header: delta-seconds or an HTTP date; `default` if absent or bad."""
+    if not value:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return default
+    if when is None:
+        return default
+    return max(0.0, when.timestamp() - time.time())
+
+
+def sse_line(data) -> bytes:
+    return b"data: " + (data if isinstance(data, bytes) else orjson.dumps(data)) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(exc: KVRouteError) -> bytes:
+    return sse_line(exc.to_dict())
+
+
+def query_number(request: web.Request, name: str, default, cast=float, positive: bool = False):
+    """A numeric query parameter (`default` when absent): 400 unless it parses and is >= 0 (> 0 if
+    `positive`)."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be a number, got {raw!r}", param=name) from None
+    if (value <= 0) if positive else (value < 0):
+        raise BadRequest(f"query parameter {name!r} must be {'positive' if positive else '>= 0'}", param=name)
+    return value

@@ -1,0 +1,237 @@
+"""The contract shared by engines and routers: block hashing, KV events, load records.
+
+Imports neither torch nor aiohttp: both sides (and the simulator) use it.
+
+Block hashing (DESIGN.md section 2):
+
+    seed_bytes = hash_seed(model, salt) as 8 bytes little-endian
+    h[0] = xxh3_64(seed_bytes + tokens[0:bs] as little-endian uint32)
+    h[i] = xxh3_64(h[i-1] as 8 bytes little-endian + tokens of block i as little-endian uint32)
+
+Only full blocks are hashed. Hashes are unsigned 64-bit integers (decimal in JSON).
+
+Load records (GET /load) carry DESIGN.md's fields plus, from engines that have
+them (defaults mean "not reported"), what a placement would evict:
+`kv_free_blocks`, blocks holding nothing (allocated without evicting), and
+`kv_evictable`, the cached blocks no request holds as [[blocks, idle seconds], ...]
+in eviction order (least recently used first; at most MAX_EVICTABLE_BUCKETS
+pairs, each the mean idle time of that many blocks): an allocation of n blocks
+takes the free ones first, then the first n - kv_free_blocks of those.
+"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import struct
+import sys
+import time
+from typing import Iterable, Literal, Sequence
+
+import numpy as np
+import xxhash
+
+DEFAULT_BLOCK_SIZE = 16
+TIERS = ("device", "host", "remote")
+ROLES = ("both", "prefill", "decode")  # an engine's prefill/decode disaggregation role
+EVENT_TYPES = ("stored", "removed", "cleared")
+REDIS_EVENT_STREAM = "kvroute:events"
+MAX_EVICTABLE_BUCKETS = 64
+
+Tier = Literal["device", "host", "remote"]
+EventType = Literal["stored", "removed", "cleared"]
+
+_U64 = struct.Struct("<Q")
+
+
+def hash_seed(model: str, salt: str | None = None) -> int:
+    """The chain's seed for a model and optional salt (LoRA name, request `cache_salt`)."""
+    text = "kvroute-v1\x00" + model
+    if salt:
+        text += "\x00" + salt
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8"))
+
+
+def block_hashes(
+    tokens: Sequence[int] | np.ndarray, block_size: int, seed: int, parent: int | None = None
+) -> list[int]:
+    """Chained hashes of every full block of `tokens` (a partial tail is never hashed).
+
+    `parent` continues an existing chain: pass the hash of the block before `tokens[0]`.
+    """
+    n_full = len(tokens) // block_size
+    if n_full == 0:
+        return []
+    return block_hashes_of_bytes(u32le(tokens[: n_full * block_size]), block_size, seed, parent)
+
+
+def block_hashes_of_bytes(data: bytes, block_size: int, seed: int, parent: int | None = None) -> list[int]:
+    """`block_hashes` of token ids already encoded as little-endian uint32 bytes."""
+    step = block_size * 4
+    n_full = len(data) // step
+    pack, digest = _U64.pack, xxhash.xxh3_64_intdigest
+    prev = pack(seed if parent is None else parent)
+    out = [0] * n_full
+    offset = 0
+    for i in range(n_full):
+        h = digest(prev + data[offset : offset + step])
+        out[i] = h
+        prev = pack(h)
+        offset += step
+    return out
+
+
+def u32le(tokens) -> bytes:
+    """Token ids as little-endian uint32 bytes (array('I') is 3x faster than numpy from a list).
+    An id outside 0..2**32-1 raises OverflowError."""
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype("<u4", copy=False).tobytes()
+    ids = array.array("I", tokens)
+    if ids.itemsize != 4:
+        return np.asarray(tokens, dtype="<u4").tobytes()
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return ids.tobytes()
+
+
+def _u64s(values) -> tuple[int, ...]:
+    out = tuple(int(v) for v in values)
+    if any(not 0 <= v <= 0xFFFFFFFFFFFFFFFF for v in out):
+        raise ValueError("block hashes are unsigned 64-bit integers")
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KVEvent:
+    """One change to an instance's cache: blocks stored, blocks removed, or all cleared."""
+
+    instance: str
+    epoch: int
+    seq: int
+    type: EventType
+    tier: Tier = "device"
+    blocks: tuple[int, ...] = ()
+    parent: int | None = None
+    store: str | None = None  # tier "remote": the store key (router/contract/tier_costs.py); shared by its instances
+
+    def __post_init__(self) -> None:
+        if self.type not in EVENT_TYPES:
+            raise ValueError(f"event type must be one of {EVENT_TYPES}, got {self.type!r}")
+        if self.tier not in TIERS:
+            raise ValueError(f"event tier must be one of {TIERS}, got {self.tier!r}")
+
+    def to_dict(self) -> dict:
+        d = {
+            "instance": self.instance,
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "type": self.type,
+            "tier": self.tier,
+            "blocks": list(self.blocks),
+            "parent": self.parent,
+        }
+        if self.store is not None:
+            d["store"] = self.store
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KVEvent":
+        try:
+            return cls(
+                instance=str(d["instance"]),
+                epoch=int(d["epoch"]),
+                seq=int(d["seq"]),
+                type=d["type"],
+                tier=d.get("tier", "device"),
+                blocks=_u64s(d.get("blocks") or ()),
+                parent=None if d.get("parent") is None else int(d["parent"]),
+                store=None if d.get("store") is None else str(d["store"]),
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed KV event: {e!r}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """An instance's load, as served at GET /load and sent along with events."""
+
+    instance: str
+    running: int
+    waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    queued_prefill_tokens: int
+    ts: float = dataclasses.field(default_factory=time.time)
+    state: str = "ready"  # "draining": taking no new requests (routers stop sending at once)
+    role: str = ""  # the engine's role now ("" from engines that do not say); routers regroup on change
+    kv_free_blocks: int = -1  # blocks holding nothing; -1: not reported
+    kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
+    kv_tiers: dict = dataclasses.field(default_factory=dict)  # measured tier links, router/contract/tier_costs.py
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not asdict: no deep copy
+        d["kv_evictable"] = [list(pair) for pair in self.kv_evictable]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoadRecord":
+        """Parse and type-check a record from another process (unknown keys are ignored)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a load record must be an object, got {type(d).__name__}")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in d:
+                continue
+            value, want = d[f.name], _NUMBER_TYPES.get(f.type)
+            if f.name == "kv_evictable":
+                try:
+                    value = _evictable(value)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"malformed load record: {e}") from None
+            elif f.name == "kv_tiers":
+                if not isinstance(value, dict):
+                    raise ValueError(f"malformed load record: kv_tiers must be an object, got {value!r}")
+            elif f.name == "kv_free_blocks":  # -1: not reported
+                if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                    raise ValueError(f"malformed load record: kv_free_blocks must be an integer >= -1, got {value!r}")
+            elif want is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise ValueError(f"malformed load record: {f.name} must be a non-negative number, got {value!r}")
+                value = want(value)
+            elif f.type == "str":
+                value = str(value)
+            values[f.name] = value
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"malformed load record: {e}") from None
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
+
+
+_NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
+
+
+def _evictable(value: object) -> tuple[tuple[int, float], ...]:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_EVICTABLE_BUCKETS:
+        raise ValueError(f"kv_evictable must be a list of at most {MAX_EVICTABLE_BUCKETS} [blocks, idle_s] pairs")
+    out = []
+    for pair in value:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"kv_evictable entries are [blocks, idle seconds] pairs, got {pair!r}")
+        blocks, idle = int(pair[0]), float(pair[1])
+        if blocks < 0 or not idle >= 0:
+            raise ValueError(f"kv_evictable entries are [blocks >= 0, idle seconds >= 0], got {pair!r}")
+        out.append((blocks, idle))
+    return tuple(out)
+
+
+def new_epoch() -> int:
+    """An epoch id for a (re)started engine: milliseconds since the Unix epoch."""
+    return int(time.time() * 1000)
+
+
+def events_to_json(events: Iterable[KVEvent]) -> list[dict]:
+    return [e.to_dict() for e in events]

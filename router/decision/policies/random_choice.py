@@ -1,0 +1,18 @@
+"""Random: a uniformly random candidate.
+
+Parameters: none (inject `rng: random.Random` for reproducible runs).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from router.index.base import PrefixMatch
+from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+
+
+class RandomPolicy(PolicyBase):
+    def select(
+        self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
+    ) -> Decision:
+        return Decision(self.rng.choice(candidates).id, reason="uniform random")

@@ -1,0 +1,48 @@
+"""Routable instances by (model, roles), kept current without a pass over the fleet per request.
+
+A `Group` is the instances that serve one model in some roles and take requests now,
+with an id map and their in-flight counts in a `LeastLoaded` (router/decision/candidates.py).
+Groups are built on first use and dropped whenever anything that decides routability
+changes (`Instance.generation`: health, reachability, draining, role, membership), which
+happens on probes and polls, not per request. In-flight counts move the instance within
+its groups in O(1) as requests start and end.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from router.decision.candidates import LeastLoaded
+from router.fleet.instance import Instance
+
+
+class Group:
+    __slots__ = ("members", "by_id", "load")
+
+    def __init__(self, members: list[Instance]) -> None:
+        self.members = members
+        self.by_id = {i.id: i for i in members}
+        self.load = LeastLoaded(members, level_of=lambda i: i.inflight)
+        for inst in members:
+            inst.groups.append(self)
+
+
+class Groups:
+    def __init__(self, instances: Sequence[Instance]) -> None:
+        self.instances = instances
+        self.generation = -1
+        self._groups: dict[tuple, Group] = {}
+
+    def get(self, model: str | None, roles: Iterable[str] | None = None) -> Group:
+        if Instance.generation != self.generation:
+            self.generation = Instance.generation
+            self._groups.clear()
+            for inst in self.instances:
+                inst.groups = []
+        key = (model, tuple(roles) if roles is not None else None)
+        group = self._groups.get(key)
+        if group is None:
+            members = [i for i in self.instances if i.routable and (model is None or i.info.model == model)
+                       and (roles is None or i.info.role in key[1])]
+            group = self._groups[key] = Group(members)
+        return group

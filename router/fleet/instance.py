@@ -1,0 +1,228 @@
+"""The router's record of one engine instance: identity, health, load, event position."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from router.decision.policies.base import InstanceState
+from router.contract.protocol import LoadRecord
+from router.fleet.queued_prefill import QueuedPrefill
+from router.contract.tier_costs import TierCosts
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What an engine advertises at GET /kv/info."""
+
+    instance_id: str
+    model: str
+    block_size: int
+    hash_seed: int
+    tokenizer: str
+    role: str = "both"
+    cluster_id: str = ""
+    max_model_len: int = 0  # 0: not advertised
+    vocab_size: int = 0
+    tier_costs: TierCosts | None = None  # advertised at start; /load refreshes the measured figures
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EngineInfo":
+        try:
+            return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
+                       str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),
+                       int(d.get("max_model_len") or 0), int(d.get("vocab_size") or 0),
+                       TierCosts.from_wire(d.get("kv_tiers")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed /kv/info: {e}") from None
+
+
+_ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed"})
+_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info"})  # what state() reads
+_UNSET = object()
+
+
+class Instance:
+    # Bumped whenever anything that decides routability changes on any instance (health,
+    # reachability, draining, its info: role, model), so router/fleet/groups.py knows when to rebuild.
+    generation = 0
+
+    def __init__(self, url: str, source: str = "static", peers: int = 0) -> None:
+        self.groups: list = []  # the router/fleet/groups.py groups it is in (in-flight counts follow it)
+        self._inflight = 0
+        self.url = url.rstrip("/")
+        self.sources = {source}  # "static" (--engine), "registry", "admin": removed when none is left
+        self.draining = False  # the engine said so (/load, /health, registry): no new requests
+        self.removed = False
+        self.info: EngineInfo | None = None
+        self.healthy = False  # passes health checks (ejected after N failures)
+        self.reachable = False  # last contact worked; a failure excludes it from scoring at once
+        self.failures = 0  # consecutive failed probes
+        self.request_failures = 0  # consecutive failed requests
+        self.ejections = 0  # consecutive ejections for failed requests (backoff)
+        self.ejected_until = 0.0
+        self.successes = 0
+        self.down_since: float | None = None
+        self.mismatch: list[str] = []
+        self.queued_prefill_tokens = 0
+        self.load: LoadRecord | None = None
+        self.epoch: int | None = None
+        self.seq = 0
+        self.needs_resync = True
+        self.blocks_indexed = 0
+        self.last_event_time: float | None = None
+        self.resyncs = 0
+        self.last_error: str | None = None  # why the last contact failed; None once it works again
+        self.kind = "auto"  # engine kind (router/fleet/kinds): set from --engine-kind, resolved at discovery
+        self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
+        self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
+        self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+        self._state: InstanceState | None = None
+        self.peers = peers  # other router workers sending requests here (router/service/workers.py)
+        self.nonstreamed = QueuedPrefill()  # non-streamed requests whose prefill may still be queued
+        self._costs_of: LoadRecord | None = None  # the load record `_costs` was parsed from
+        self._costs: TierCosts | None = None
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _ROUTING_FIELDS and self.__dict__.get(name, _UNSET) != value:
+            Instance.generation += 1
+        if name in _STATE_FIELDS:
+            self.__dict__["_state"] = None
+        object.__setattr__(self, name, value)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._inflight = value
+        self.__dict__["_state"] = None
+        for group in self.groups:
+            group.load.set(self, value)
+
+    @property
+    def follows_engine_feed(self) -> bool:
+        """Its events come from /kv/events (or the Redis stream), not from ZeroMQ."""
+        return self.engine_feed and self.kv_feed is None
+
+    @property
+    def id(self) -> str:
+        return self.info.instance_id if self.info else self.url
+
+    @property
+    def routable(self) -> bool:
+        return self.info is not None and self.healthy and self.reachable and not self.draining
+
+    def observe_load(self, load: LoadRecord) -> str | None:
+        """Take a load record (polled or sent with events); returns the new role if it changed."""
+        self.load = load
+        self.draining = load.state == "draining"
+        if load.role and self.info is not None and load.role != self.info.role:
+            self.info = dataclasses.replace(self.info, role=load.role)
+            return load.role
+        return None
+
+    @property
+    def cache_ok(self) -> bool:
+        return not self.mismatch
+
+    def mark_failure(self, eject_after: int, request: bool = False, ejection_s: float = 0.0,
+                     exclude: bool = True) -> bool:
+        """One failed contact; returns True when this ejects the instance.
+
+        Probe failures (health, load, events) and request failures (timeouts, 5xx, broken
+        streams) are counted apart; `exclude=False` (an HTTP 5xx: the engine is up) counts
+        without excluding it at once. An engine that answers /health but not requests is
+        still ejected after `eject_after` failed requests in a row, and then stays out for
+        `ejection_s`, doubled for each consecutive ejection (up to 16x), whatever its
+        health checks say, so it cannot take a request every health interval.
+        """
+        now = time.monotonic()
+        if exclude:
+            self.reachable = False
+            self.successes = 0
+        if request:
+            self.request_failures += 1
+        else:
+            self.failures += 1
+        if self.down_since is None and exclude:
+            self.down_since = now
+        if self.healthy and max(self.failures, self.request_failures) >= eject_after:
+            self.healthy = False
+            if request:
+                self.ejections += 1
+                self.ejected_until = now + ejection_s * 2 ** min(self.ejections - 1, 4)
+            return True
+        return False
+
+    def mark_success(self, readmit_after: int) -> bool:
+        """One good probe; returns True when this readmits an ejected instance (resync it)."""
+        self.failures = 0
+        self.successes += 1
+        self.reachable = True
+        self.down_since = None
+        if not self.healthy and self.successes >= readmit_after and time.monotonic() >= self.ejected_until:
+            self.healthy = True
+            self.needs_resync = True
+            return True
+        return False
+
+    def request_ok(self) -> None:
+        """A request got its answer: the request-failure streak (and ejection backoff) ends."""
+        self.request_failures = 0
+        self.ejections = 0
+
+    def state(self) -> InstanceState:
+        """For the policy; kept until something it is made of changes (a request sent or done, a load
+        record, a compatibility check), so a decision does not rebuild every candidate's."""
+        state = self._state
+        if state is None:  # the policy's clock is time.monotonic: the load record's age is taken off it
+            load = self.load
+            measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
+            queued = self.queued_prefill_tokens
+            if self.peers and load is not None:  # the other workers' prefills are in the engine's own count
+                queued = max(queued, load.queued_prefill_tokens)
+            state = InstanceState.of(self.id, self._inflight, queued, load, measured_at, not self.mismatch,
+                                     self.tier_costs)
+            self.__dict__["_state"] = state
+        return state
+
+    @property
+    def tier_costs(self) -> TierCosts | None:
+        """The latest advertised tier figures: from the last load record, else from /kv/info."""
+        load = self.load
+        if load is not None and load.kv_tiers:
+            if load is not self._costs_of:
+                self._costs_of, self._costs = load, TierCosts.from_wire(load.kv_tiers)
+            return self._costs
+        return self.info.tier_costs if self.info else None
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "healthy": self.healthy,
+            "reachable": self.reachable,
+            "draining": self.draining,
+            "sources": sorted(self.sources),
+            "routable": self.routable,
+            "model": self.info.model if self.info else None,
+            "role": self.info.role if self.info else None,
+            "block_size": self.info.block_size if self.info else None,
+            "blocks_indexed": self.blocks_indexed,
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "resyncs": self.resyncs,
+            "failures": self.failures,
+            "request_failures": self.request_failures,
+            "mismatch": list(self.mismatch),
+            "last_error": self.last_error,
+            "inflight": self.inflight,
+            "queued_prefill_tokens": self.queued_prefill_tokens,
+            "load": self.load.to_dict() if self.load else None,
+            "kind": self.kind,
+            "engine": dict(self.kind_state),
+            "kv_events": self.kv_feed.to_dict() if self.kv_feed is not None else None,
+            "kv_store": self.tier_costs.store or None if self.tier_costs else None,
+        }

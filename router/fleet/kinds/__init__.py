@@ -1,0 +1,95 @@
+"""Engine kinds: how the router discovers an engine and reads its load.
+
+    kvroute  GET /kv/info and /load; KV events from /kv/events (or Redis, or ZeroMQ)
+    vllm     GET /v1/models, /tokenize check, Prometheus /metrics; KV events over ZeroMQ only
+    sglang   the same, with sglang:* metrics or /get_load; KV events over ZeroMQ only
+    auto     (default) /kv/info answers -> kvroute; else /metrics names vllm:* or sglang:*
+
+`--engine-kind KIND` sets every engine's kind, `--engine-kind URL=KIND` one engine's.
+An engine's KV events come over ZeroMQ whenever it has `--kv-event-source`, whatever its
+kind; a vLLM or SGLang engine without one is routed on load alone.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Protocol
+
+from router.fleet.instance import EngineInfo
+from router.fleet.kinds.http import EngineHTTP, NotServed
+from router.fleet.kinds.kvroute import KvrouteKind
+from router.fleet.kinds.sglang import SglangKind
+from router.fleet.kinds.vllm import VllmKind
+from router.contract.protocol import LoadRecord
+from router.service.upstream_errors import NotAnEngine
+
+
+class EngineKind(Protocol):
+    name: str
+    has_kv_feed: bool  # serves kvroute's own /kv/events and /kv/snapshot
+
+    async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo: ...
+
+    async def load(self, http: EngineHTTP, inst) -> LoadRecord: ...
+
+
+ENGINE_KINDS: dict[str, EngineKind] = {k.name: k for k in (KvrouteKind(), VllmKind(), SglangKind())}
+KIND_NAMES = ("auto", *ENGINE_KINDS)
+
+
+def parse_kinds(items: Iterable[str], engines: Iterable[str]) -> Mapping[str, str]:
+    """`--engine-kind` values -> {engine URL: kind}; raises ValueError with a sentence."""
+    urls = [e.rstrip("/") for e in engines]
+    default, out = "auto", {}
+    for item in items:
+        url, sep, kind = item.rpartition("=")
+        if kind not in KIND_NAMES:
+            raise ValueError(f"--engine-kind must be one of {', '.join(KIND_NAMES)} (or URL=KIND), got {item!r}")
+        if not sep:
+            default = kind
+            continue
+        url = url.rstrip("/")
+        if url not in urls:
+            raise ValueError(f"--engine-kind {item!r}: {url} is not one of the --engine URLs")
+        out[url] = kind
+    return {url: out.get(url, default) for url in urls}
+
+
+def http_for(cluster) -> EngineHTTP:
+    return EngineHTTP(cluster.session, cluster.config.connect_timeout_s)
+
+
+async def detect(http: EngineHTTP, url: str) -> str:
+    """The kind of the engine at `url`, from what it serves."""
+    try:
+        await http.json(url + "/kv/info")
+        return "kvroute"
+    except (NotServed, ValueError) as e:
+        why = str(e).replace(url, "")
+    try:
+        text = await http.text(url + "/metrics")
+    except NotServed:
+        text = ""
+    for name in ("vllm", "sglang"):
+        if f"\n{name}:" in text or text.startswith(f"{name}:"):
+            return name
+    raise NotAnEngine(f"{why}, and /metrics has no vllm:* or sglang:* series (if it is one, pass "
+                      f"--engine-kind {url}=vllm|sglang|kvroute)")
+
+
+async def discover_info(cluster, inst) -> EngineInfo:
+    http = http_for(cluster)
+    if inst.kind == "auto":
+        inst.kind = await detect(http, inst.url)
+    kind = ENGINE_KINDS[inst.kind]
+    inst.engine_feed = kind.has_kv_feed
+    return await kind.discover(http, inst, cluster.config)
+
+
+async def poll_load(cluster, inst) -> LoadRecord:
+    return await ENGINE_KINDS[inst.kind].load(http_for(cluster), inst)
+
+
+def assign_kinds(instances, config) -> None:
+    kinds = parse_kinds(config.engine_kinds, config.engines)
+    for inst in instances:
+        inst.kind = kinds.get(inst.url, "auto")

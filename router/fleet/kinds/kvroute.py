@@ -1,0 +1,22 @@
+"""kvroute engines: GET /kv/info describes them, GET /load gives their load."""
+
+from __future__ import annotations
+
+from router.fleet.instance import EngineInfo
+from router.fleet.kinds.http import EngineHTTP
+from router.contract.protocol import LoadRecord
+from router.service.upstream_errors import Incompatible
+
+
+class KvrouteKind:
+    name = "kvroute"
+    has_kv_feed = True  # /kv/events, /kv/snapshot (and the Redis stream)
+
+    async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
+        try:
+            return EngineInfo.from_dict(await http.json(inst.url + "/kv/info"))
+        except ValueError as e:
+            raise Incompatible(str(e)) from None
+
+    async def load(self, http: EngineHTTP, inst) -> LoadRecord:
+        return LoadRecord.from_dict(await http.json(inst.url + "/load"))

@@ -1,0 +1,60 @@
+"""vLLM engines: discovered from /v1/models, load from Prometheus /metrics.
+
+Load: `vllm:num_requests_running`, `vllm:num_requests_waiting` and
+`vllm:kv_cache_usage_perc` (a fraction; `vllm:gpu_cache_usage_perc` before vLLM 0.10),
+summed over data-parallel engines. `vllm:cache_config_info` gives the engine's block size
+and `num_gpu_blocks`, so the usage converts to blocks; vLLM does not export queued
+prefill tokens (the router's own count of what it sent covers that).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+
+from router.fleet.instance import EngineInfo
+from router.fleet.kinds.http import EngineHTTP, optional
+from router.fleet.kinds.probe import router_tokenizer, served_model, tokenizer_fingerprint
+from router.fleet.kinds.prometheus import metric_labels, metric_max, metric_sum
+from router.contract.protocol import LoadRecord, hash_seed
+
+USAGE_SCALE_BLOCKS = 10_000  # kv_total_blocks when the engine does not say how many it has
+
+
+def instance_id(url: str) -> str:
+    return urllib.parse.urlsplit(url).netloc or url
+
+
+async def discover_foreign(http: EngineHTTP, inst, config) -> EngineInfo:
+    model, max_len = await served_model(http, inst.url)
+    fingerprint = await tokenizer_fingerprint(http, inst.url, model, router_tokenizer(config.tokenizer))
+    inst.kind_state["max_model_len"] = max_len
+    return EngineInfo(instance_id(inst.url), model, config.kv_event_block_size, hash_seed(model), fingerprint)
+
+
+def load_record(inst, running: float, waiting: float, usage: float | None, queued_tokens: int = 0) -> LoadRecord:
+    total = int(inst.kind_state.get("num_blocks") or USAGE_SCALE_BLOCKS)
+    used = round(min(max(usage or 0.0, 0.0), 1.0) * total)
+    return LoadRecord(inst.id, int(running), int(waiting), used, total, int(queued_tokens), time.time())
+
+
+class VllmKind:
+    name = "vllm"
+    has_kv_feed = False
+
+    async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
+        info = await discover_foreign(http, inst, config)
+        cache = metric_labels(await optional(http.text(inst.url + "/metrics"), ""), "vllm:cache_config_info") or {}
+        for key, field in (("block_size", "engine_block_size"), ("num_gpu_blocks", "num_blocks")):
+            if str(cache.get(key, "")).isdigit():
+                inst.kind_state[field] = int(cache[key])
+        return info
+
+    async def load(self, http: EngineHTTP, inst) -> LoadRecord:
+        text = await http.text(inst.url + "/metrics")
+        running = metric_sum(text, "vllm:num_requests_running")
+        if running is None:
+            raise ValueError(f"{inst.url}/metrics has no vllm:num_requests_running")
+        waiting = metric_sum(text, "vllm:num_requests_waiting") or 0.0
+        usage = metric_max(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        return load_record(inst, running, waiting, usage)

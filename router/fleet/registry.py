@@ -1,0 +1,131 @@
+"""Following the fleet registry (router/contract/registry_record.py): engines join and leave while
+the router runs, with no restart and no edited engine list.
+
+At start the router loads every registered engine; then it acts on join / leave / role
+announcements at once (Redis pub/sub) and re-reads the registry every `poll_s`, which
+also catches what an announcement cannot say: an engine killed without a word, whose key
+lapsed. A lapsed or departed engine leaves the fleet as one that stopped answering does,
+and its index entries go (the registry's word is fleet-wide, unlike one router's view).
+Every router replica given the same registry sees the same fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from router.fleet.cluster import Cluster
+from router.contract.registry_record import CHANNEL, IDS, EngineRecord, engine_key
+
+log = logging.getLogger(__name__)
+
+SOURCE = "registry"
+
+
+class RegistryFollower:
+    def __init__(self, cluster: Cluster, url: str, poll_s: float = 1.0) -> None:
+        self.cluster = cluster
+        self.url = url
+        self.client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self.poll_s = poll_s
+        self.records: dict[str, EngineRecord] = {}  # instance id -> its registration
+        self._outage = False
+
+    async def sync_once(self) -> None:
+        """The registered fleet now (at start); a registry down at start is one warning line."""
+        try:
+            await self.sync()
+        except (RedisError, OSError) as e:
+            log.warning("fleet registry %s unreachable at start (%s): following it once it is up",
+                        self.url, e)
+            self._outage = True
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._follow()
+            except (RedisError, OSError) as e:
+                if not self._outage:
+                    log.warning("fleet registry unreachable (%s): keeping the fleet as it is", e)
+                self._outage = True
+                await asyncio.sleep(self.poll_s)
+
+    async def _follow(self) -> None:
+        async with self.client.pubsub() as pubsub:
+            await pubsub.subscribe(CHANNEL)
+            await self.sync()  # after subscribing: nothing announced in between is missed
+            loop = asyncio.get_running_loop()
+            next_sync = loop.time() + self.poll_s
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.poll_s)
+                if message is not None:
+                    await self._announced(message.get("data"))
+                if loop.time() >= next_sync:
+                    await self.sync()
+                    next_sync = loop.time() + self.poll_s
+
+    async def sync(self) -> None:
+        """Make the fleet's registry-sourced members exactly the live registrations."""
+        ids = sorted(m.decode() if isinstance(m, bytes) else m for m in await self.client.smembers(IDS))
+        raws = await self.client.mget([engine_key(i) for i in ids]) if ids else []
+        live: dict[str, EngineRecord] = {}
+        for instance_id, raw in zip(ids, raws):
+            if raw is None:
+                await self.client.srem(IDS, instance_id)  # lapsed: its key expired
+                continue
+            try:
+                live[instance_id] = EngineRecord.from_json(raw)
+            except ValueError as e:
+                log.warning("skipping registry entry %s: %s", instance_id, e)
+        if self._outage:
+            log.info("fleet registry reachable again: %d engines registered", len(live))
+            self._outage = False
+        for record in live.values():
+            await self._joined(record)
+        for instance_id in [i for i in self.records if i not in live]:
+            await self._left(self.records.pop(instance_id), "its registration lapsed")
+
+    async def _announced(self, data) -> None:
+        try:
+            message = orjson.loads(data)
+            kind, record = message["type"], EngineRecord.from_json(orjson.dumps(message["record"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            log.warning("skipping malformed registry announcement: %s", e)
+            return
+        if kind == "leave":
+            if self.records.pop(record.instance_id, None) is not None:
+                await self._left(record, "it left (draining)")
+        else:
+            await self._joined(record)
+
+    async def _joined(self, record: EngineRecord) -> None:
+        known = self.records.get(record.instance_id)
+        self.records[record.instance_id] = record
+        if known is not None and known.url != record.url:
+            await self._left(known, f"it moved to {record.url}")
+        inst, created = self.cluster.add(record.url, SOURCE)
+        if created:
+            log.info("engine %s joined from the registry at %s (role %s)", record.instance_id, record.url,
+                     record.role)
+            await self.cluster.probe(inst)
+        elif inst.info is not None and inst.info.role != record.role and inst.info.instance_id == record.instance_id:
+            inst.info = dataclasses.replace(inst.info, role=record.role)
+            log.warning("instance %s is now %s (registry): regrouped", inst.id, record.role)
+        inst.draining = record.state == "draining"
+
+    async def _left(self, record: EngineRecord, why: str) -> None:
+        inst = self.cluster.by_url(record.url)
+        if inst is None:
+            return
+        log.warning("engine %s leaves the fleet: %s", record.instance_id, why)
+        await self.cluster.remove(inst, SOURCE, forget=True)
+        if not inst.removed:  # still listed statically or through the admin API: excluded until it answers
+            self.cluster.report_failure(inst, f"registry: {why}")
+
+    async def close(self) -> None:
+        await self.client.aclose()

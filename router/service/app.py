@@ -1,0 +1,204 @@
+"""The router's aiohttp application: OpenAI proxy, /router/* introspection, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import random
+import time
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from router.service import admin
+from router.fleet.cluster import Cluster
+from router.service.config import RouterConfig
+from router.service.disagg import Disaggregation
+from router.contract.errors import Unauthorized
+from router.kvevents.engine_feed import EventSync, PollFollower, RedisFollower
+from router.contract.http import json_response, make_error_middleware, parse_json, query_number, read_body
+from router.index import BreakerIndex, MemoryIndex, make_index
+from router.index.split import SplitIndex
+from router.index.instrumented import InstrumentedIndex
+from router.contract.kv_auth import secret_from
+from router.kvevents.follower import ZmqFollower
+from router.service.metrics import RouterMetrics
+from router.decision.policies import make_policy
+from router.service.proxy import Proxy
+from router.fleet.registry import RegistryFollower
+from router.service.routing import Router
+from router.contract.tokenize_pool import TokenizePool
+from router.contract.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", RouterConfig)
+CLUSTER = web.AppKey("cluster", Cluster)
+ROUTER = web.AppKey("router", Router)
+PROXY = web.AppKey("proxy", Proxy)
+METRICS = web.AppKey("metrics", RouterMetrics)
+ZMQ = web.AppKey("zmq", ZmqFollower)
+
+OPENAI_PATHS = ("/v1/",)
+ADMIN_PATHS = ("/router/", "/workers")
+
+
+def _authorized(request: web.Request, key: str | None) -> bool:
+    if not key:
+        return True
+    given = request.headers.get("Authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    config = request.app[CONFIG]
+    if request.path.startswith(OPENAI_PATHS) and not _authorized(request, config.api_key):
+        raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
+    if request.path.startswith(ADMIN_PATHS) and not _authorized(request, config.admin_key):
+        raise Unauthorized("missing or invalid admin key (Authorization: Bearer <key>)")
+    return await handler(request)
+
+
+async def _router_ctx(app: web.Application):
+    config = app[CONFIG]
+    metrics = app[METRICS]
+    tokenizer = load_tokenizer(config.tokenizer)
+    backend = make_index(config.index, url=config.redis, timeout=config.index_timeout_s)
+    breaker = BreakerIndex(backend, config.index_breaker_failures, config.index_breaker_cooldown_s, metrics.registry)
+    zmq_index = MemoryIndex()  # ZeroMQ-fed instances: this replica's own (router/index/split.py)
+    index = InstrumentedIndex(SplitIndex(breaker, zmq_index), metrics.registry)
+    rng = random.Random(config.seed)
+    policy = make_policy(config.policy, rng=rng)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
+    cluster = Cluster(config, index, tokenizer.fingerprint, metrics)
+    cluster.session = session
+    pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
+    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool)
+    app[CLUSTER], app[ROUTER] = cluster, router
+    app[PROXY] = proxy = Proxy(router, cluster, session)
+    proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
+    zmq_sources = config.foreign_engines()[1]
+    app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
+                                          config.kv_event_replay_timeout_s, metrics.registry)
+    await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
+    sync = EventSync(cluster)
+    follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
+    registry = RegistryFollower(cluster, config.registry) if config.registry else None
+    loops = [("health", cluster.health_loop()), ("load", cluster.load_loop()), ("events", follower.run()),
+             ("index-maintenance", cluster.maintain_loop())]
+    if registry is not None:
+        await registry.sync_once()  # the fleet as registered now, before the first request
+        loops.append(("registry", registry.run()))
+    loops += [("index-size", _index_size_loop(cluster, metrics)), ("kv-events-zmq", zmq_follower.run())]
+    tasks = [asyncio.create_task(coro, name=name) for name, coro in loops]
+    log.info("router ready: policy=%s index=%s events=%s engines=%d (%d routable)", config.policy, config.index,
+             config.events, len(cluster.instances), sum(i.routable for i in cluster.instances))
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if isinstance(follower, RedisFollower):
+        await follower.close()
+    if registry is not None:
+        await registry.close()
+    zmq_follower.close()
+    await index.close()
+    await session.close()
+    proxy.upstream.close()
+    pool.close()
+
+
+async def _index_size_loop(cluster: Cluster, metrics: RouterMetrics) -> None:
+    while True:
+        try:
+            metrics.index_size.set(await cluster.index.size())
+        except Exception as e:  # the index may be unreachable; the gauge just goes stale
+            log.debug("index size unavailable: %s", e)
+        await asyncio.sleep(5.0)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[PROXY].handle(request, "completion")
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await request.app[PROXY].handle(request, "chat")
+
+
+def _model_card(model: str) -> dict:
+    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "kvroute"}
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [_model_card(m) for m in request.app[CLUSTER].models()]})
+
+
+async def handle_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: the model's card, or 404 model_not_found naming the served models."""
+    return json_response(_model_card(request.app[ROUTER].resolve_model(request.match_info["model"])))
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    routable = sum(i.routable for i in request.app[CLUSTER].instances)
+    status = 200 if routable else 503
+    return json_response({"status": "ok" if routable else "no routable instance", "routable": routable},
+                         status=status)
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(request.app[METRICS].registry),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def handle_instances(request: web.Request) -> web.Response:
+    return json_response({"instances": [i.to_dict() for i in request.app[CLUSTER].instances]})
+
+
+async def handle_stats(request: web.Request) -> web.Response:
+    """Recent requests: rates, TTFT/TPOT percentiles and SLO attainment (?window=S&slo_ttft=S&slo_tpot=S)."""
+    def number(name: str, default: float | None) -> float | None:
+        return query_number(request, name, default, positive=True)
+
+    window = number("window", 60.0)
+    stats = request.app[ROUTER].recent.stats(window, number("slo_ttft", None), number("slo_tpot", None))
+    stats["engines"] = [i.to_dict() for i in request.app[CLUSTER].instances]
+    stats["workers"] = request.app[CONFIG].workers  # this answer covers one worker's share of the traffic
+    stats["worker_pid"] = os.getpid()
+    return json_response(stats)
+
+
+async def handle_explain(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    body = parse_json(await read_body(request, request.app[CLUSTER].max_body_bytes))
+    kind = "chat" if "messages" in body else "completion"
+    prepared = await router.prepare(body, kind)
+    disagg = request.app[PROXY].disagg
+    if disagg.active(prepared.model):
+        return json_response(await disagg.explain(prepared))
+    choice = await router.decide(prepared, record=False, roles=request.app[CLUSTER].colocated_roles(prepared.model))
+    return json_response(router.explain(prepared, choice))
+
+
+def create_app(config: RouterConfig) -> web.Application:
+    # Request bodies are read through read_body, bounded by the limit derived from the engines'
+    # context (router/contract/limits.py), which is only known once they are discovered.
+    metrics = RouterMetrics()
+    app = web.Application(middlewares=[make_error_middleware(metrics.observe_rejected), auth_middleware],
+                          client_max_size=1 << 40)
+    app[CONFIG], app[METRICS] = config, metrics
+    app.cleanup_ctx.append(_router_ctx)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/v1/models/{model:.+}", handle_model)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/router/instances", handle_instances)
+    app.router.add_post("/router/explain", handle_explain)
+    app.router.add_get("/router/stats", handle_stats)
+    admin.add_routes(app)
+    return app

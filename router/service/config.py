@@ -1,0 +1,118 @@
+"""Router configuration: one frozen dataclass, CLI flags map 1:1 onto its fields."""
+
+from __future__ import annotations
+
+import dataclasses
+
+EVENT_SOURCES = ("poll", "redis")
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig:
+    engines: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    policy: str = "kv_aware"
+    index: str = "memory"
+    redis: str | None = None
+    registry: str | None = None  # redis:// URL of the fleet registry: engines join and leave at run time
+    events: str = "poll"  # "poll": follow each engine's /kv/events; "redis": the engines' Redis stream
+    tokenizer: str | None = None  # local HF dir; None = the built-in tokenizer
+    api_key: str | None = None
+    admin_key: str | None = None
+    max_inflight: int = 0  # per instance; 0 = unlimited
+    # Candidates per decision (router/decision/candidates.py): index holders of the first block, recent
+    # senders of it (for recent_ttl_s) and the K least loaded; 0 = every routable instance.
+    fast_candidates: int = 16
+    recent_ttl_s: float = 2.0
+    max_retries: int = 2
+    health_interval_s: float = 2.0
+    eject_after: int = 3
+    ejection_s: float = 10.0  # an instance ejected for failed requests stays out this long (doubling)
+    readmit_after: int = 2
+    load_interval_s: float = 0.1
+    index_ttl_s: float = 60.0  # the index forgets an instance no router sharing it has seen this long
+    index_timeout_s: float = 0.25  # each Redis index call; then the breaker counts a failure
+    index_breaker_failures: int = 3  # consecutive index failures that open the breaker
+    index_breaker_cooldown_s: float = 5.0  # routing on load alone before the breaker probes again
+    events_timeout_s: float = 2.0
+    connect_timeout_s: float = 2.0
+    # Every upstream wait is bounded (router/service/proxy.py): a stream's first chunk, each later chunk,
+    # and a whole non-streamed answer (which an engine sends only when it is done).
+    first_byte_timeout_s: float = 60.0
+    read_timeout_s: float = 30.0
+    request_timeout_s: float = 600.0
+    # Limits checked before the work they bound (router/contract/limits.py); 0 = derived from the
+    # engines' advertised context: 8 chars per token, 4 bytes per char, body at least 1 MiB.
+    max_body_bytes: int = 0
+    max_prompt_chars: int = 0
+    tokenize_workers: int = 2  # threads tokenizing long prompts off the event loop
+    tokenize_queue: int = 64  # long prompts that may wait for them; beyond, 503 + Retry-After
+    seed: int | None = None
+    # Prefill/decode disaggregation (used when the cluster has prefill- and decode-role engines):
+    # prompts with fewer uncached tokens than this go whole to a decode engine. The second hop and
+    # the pull add a near-constant ~2.5 ms to TTFT and ~10 ms to E2E here (tools/bench_disagg.py),
+    # while a prefill run in place stalls every running decode for its duration: ~15 ms at 256
+    # tokens on the built-in model, growing linearly. Below ~256 moving K/V costs more than it saves.
+    pd_min_uncached: int = 256
+    kv_secret: str | None = None  # signs transfer grants for prefill engines; default $KVROUTE_KV_SECRET
+    # Engines we did not write (router/fleet/kinds, router/kvevents): each engine's kind ("KIND" for all, or
+    # "URL=KIND"), and vllm-router's "URL=ENDPOINT[,ENDPOINT...]" ZeroMQ KV event and replay sources.
+    engine_kinds: tuple[str, ...] = ()
+    kv_event_sources: tuple[str, ...] = ()
+    kv_event_replay_sources: tuple[str, ...] = ()
+    kv_event_block_size: int = 16  # the router's block size for vLLM/SGLang engines (their own may differ)
+    kv_event_topic: str = ""  # ZeroMQ topic prefix to subscribe to ("" = all)
+    kv_event_replay_timeout_s: float = 2.0
+    workers: int = 1  # router processes sharing the port (router/service/workers.py)
+
+    def __post_init__(self) -> None:
+        if not self.engines and not self.registry and not self.admin_key:
+            raise ValueError("give --engine URL, --registry redis://..., or --admin-key to add engines "
+                             "through the admin API")
+        for url in self.engines:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--engine must be an http(s) URL, got {url!r}")
+        if len(set(self.engines)) != len(self.engines):
+            raise ValueError("the same --engine URL is given twice")
+        if self.events not in EVENT_SOURCES:
+            raise ValueError(f"--events must be one of {', '.join(EVENT_SOURCES)}, got {self.events!r}")
+        if (self.index == "redis" or self.events == "redis") and not self.redis:
+            raise ValueError("--index redis and --events redis need --redis URL")
+        if self.pd_min_uncached < 0:
+            raise ValueError("--pd-min-uncached must be >= 0")
+        if self.fast_candidates < 0 or self.recent_ttl_s <= 0:
+            raise ValueError("--fast-candidates must be >= 0 and --recent-ttl-s positive")
+        if self.max_inflight < 0 or self.max_retries < 0:
+            raise ValueError("--max-inflight and --max-retries must be >= 0")
+        if min(self.health_interval_s, self.load_interval_s, self.events_timeout_s, self.connect_timeout_s,
+               self.first_byte_timeout_s, self.read_timeout_s, self.request_timeout_s, self.index_ttl_s,
+               self.index_timeout_s, self.index_breaker_cooldown_s) <= 0:
+            raise ValueError("intervals and timeouts must be positive")
+        if self.max_body_bytes < 0 or self.max_prompt_chars < 0:
+            raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
+        if self.tokenize_workers < 1 or self.tokenize_queue < 1:
+            raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+        if not 1 <= self.workers <= 64:
+            raise ValueError(f"--workers must be between 1 and 64, got {self.workers}")
+        if self.index_breaker_failures < 1:
+            raise ValueError("--index-breaker-failures must be >= 1")
+        if self.ejection_s < 0:
+            raise ValueError("--ejection-s must be >= 0")
+        if self.eject_after < 1 or self.readmit_after < 1:
+            raise ValueError("--eject-after and --readmit-after must be >= 1")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        self.foreign_engines()  # validates --engine-kind and --kv-event-*
+
+    def foreign_engines(self):
+        """({engine URL: kind}, {engine URL: ZeroMQ event sources}) from the flags."""
+        from router.fleet.kinds import parse_kinds
+        from router.kvevents.sources import parse_sources
+
+        if not 1 <= self.kv_event_block_size <= 1024:
+            raise ValueError(f"--kv-event-block-size must be between 1 and 1024, got {self.kv_event_block_size}")
+        if self.kv_event_replay_timeout_s <= 0:
+            raise ValueError("--kv-event-replay-timeout-s must be positive")
+        return (parse_kinds(self.engine_kinds, self.engines),
+                parse_sources(self.kv_event_sources, self.kv_event_replay_sources, self.engines))

@@ -1,0 +1,273 @@
+"""Prefill/decode disaggregation in the router: prefill here, decode there, one stream back.
+
+With prefill-role and decode-role engines in the cluster, a request whose uncached
+prompt (on the best prefill engine) is at least `pd_min_uncached` tokens goes:
+
+  1. to a prefill engine chosen by the routing policy (KV-aware cost), with
+     `kv_transfer_params: {"do_remote_decode": true}`: it computes the prompt and the
+     first token and answers with a transfer handle (its blocks stay pinned);
+  2. the first token goes to the client at once (TTFT does not wait for the transfer);
+  3. to a decode engine chosen by decode load (fewest requests, then KV usage), with
+     the original request and the handle: it pulls the K/V and streams the rest.
+
+Shorter uncached prompts skip step 1 and go whole to a decode engine (chosen by the
+policy: decode engines cache prefixes too). A prefill failure before any token reached
+the client is retried on another prefill engine, then whole on a decode engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import orjson
+from aiohttp import web
+
+from router.fleet.cluster import Cluster
+from router.contract.errors import KVRouteError, Unavailable
+from router.contract.http import SSE_DONE, ClientGone, json_response, prepare_client, sse_error, sse_line, write_client
+from router.decision import decode_choice
+from router.decision.decode_choice import DECODE_ROLES, decode_load
+from router.contract.kv_auth import make_grant
+from router.service.steering import with_token_ids
+from router.service.upstream_errors import describe_failure
+from router.fleet.instance import Instance
+from router.decision.policies.base import Decision
+from router.service.proxy import INSTANCE_HEADER, RETRYABLE, Dispatch, Proxy
+from router.service.routing import Choice, Prepared
+
+log = logging.getLogger(__name__)
+
+PREFILL_HEADER = "x-kvroute-prefill-instance"
+
+
+def pick_decode(candidates: list[Instance], rng: random.Random) -> Instance:
+    """Decode load: fewest requests (router in-flight, engine running + waiting), then KV usage."""
+    return decode_choice.pick_decode(candidates, lambda i: decode_load(i.inflight, i.load), rng)
+
+
+def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) -> dict:
+    """The stream chunk carrying the prefill's first token, with its logprobs (and its end, if it
+    was the last); usage goes in a chunk of its own (`usage_chunk`), as OpenAI streams it."""
+    choice = prefilled["choices"][0]
+    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
+    logprobs = choice.get("logprobs")
+    if kind == "chat":
+        text = (choice.get("message") or {}).get("content") or ""
+        chunk["object"] = "chat.completion.chunk"
+        chunk["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                             "finish_reason": finish_reason}]
+    else:
+        chunk["object"] = "text_completion"
+        chunk["choices"] = [{"index": 0, "text": choice.get("text", ""), "logprobs": logprobs,
+                             "finish_reason": finish_reason}]
+    return chunk
+
+
+def usage_chunk(kind: str, prefilled: dict) -> dict:
+    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
+    chunk["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    return {**chunk, "choices": [], "usage": prefilled.get("usage")}
+
+
+class Disaggregation:
+    def __init__(self, proxy: Proxy, min_uncached: int, rng: random.Random | None = None,
+                 secret: str | None = None) -> None:
+        self.proxy = proxy
+        self.secret = secret  # signs the grants that let prefill engines pin K/V (router/contract/kv_auth.py)
+        self._refused_logged = False
+        self.router = proxy.router
+        self.cluster: Cluster = proxy.cluster
+        self.min_uncached = min_uncached
+        self.rng = rng or random.Random()
+
+    def active(self, model: str) -> bool:
+        return bool(self.cluster.routable(model, ("prefill",)) and self.cluster.routable(model, ("decode",)))
+
+    async def plan(self, prepared: Prepared, exclude: tuple[str, ...] = (),
+                   record: bool = True) -> tuple[Choice | None, Instance]:
+        """(prefill choice, or None to skip the prefill stage; decode instance)."""
+        decodes = self.cluster.routable(prepared.model, DECODE_ROLES)
+        if not decodes:
+            raise Unavailable(f"no healthy decode instance serves {prepared.model!r}")
+        decode = pick_decode(decodes, self.rng)
+        try:
+            prefill = await self.router.decide(prepared, exclude=exclude, record=False, roles=("prefill",))
+        except Unavailable:
+            return None, decode
+        if prefill.uncached_tokens < self.min_uncached:
+            return None, decode
+        if record:
+            self.router.policy.on_routed(prepared.route, prefill.instance.id)
+        return prefill, decode
+
+    async def explain(self, prepared: Prepared) -> dict:
+        prefill, decode = await self.plan(prepared, record=False)
+        out = {"disaggregated": prefill is not None, "pd_min_uncached": self.min_uncached, "decode": {
+            "choice": decode.id, "candidates": [{"instance": i.id, "inflight": i.inflight,
+                                                 "load": i.load.to_dict() if i.load else None}
+                                                for i in self.cluster.routable(prepared.model, DECODE_ROLES)]}}
+        if prefill is not None:
+            out["prefill"] = self.router.explain(prepared, prefill)
+        return out
+
+    async def handle(self, request: web.Request, body: dict, prepared: Prepared) -> web.StreamResponse:
+        tried: list[str] = []
+        for attempt in range(self.cluster.config.max_retries + 1):
+            prefill, decode = await self.plan(prepared, exclude=tuple(tried))
+            if prefill is None:
+                break
+            result = await self._prefill(request, body, prepared, prefill)
+            if isinstance(result, web.StreamResponse):
+                return result
+            if isinstance(result, dict):
+                # Decode load is read now, not at arrival: requests whose prefills overlapped
+                # would otherwise all pick the decode engine that was idlest back then.
+                decodes = self.cluster.routable(prepared.model, DECODE_ROLES) or [decode]
+                decode = pick_decode(decodes, self.rng)
+                return await self._decode(request, body, prepared, prefill.instance, decode, result)
+            tried.append(prefill.instance.id)
+            self.router.metrics.retries.inc()
+        # Short uncached prompt, or no prefill engine could take it: whole on a decode engine.
+        return await self.proxy.forward(request, orjson.dumps(body), prepared, DECODE_ROLES)
+
+    async def _prefill(self, request: web.Request, body: dict, prepared: Prepared,
+                       choice: Choice) -> dict | web.StreamResponse | None:
+        """The prefill's JSON (with a handle); a final response to relay; None to retry elsewhere."""
+        inst = choice.instance
+        self.proxy._observe_choice(prepared, choice)
+        dispatch = Dispatch(self.router, prepared, choice)
+        grant = make_grant(self.secret, inst.id, inst.url)
+        p_body = {**body, "stream": False, "kv_transfer_params": grant}
+        if self.proxy._tokenizes_like_us(inst, prepared):  # the prefill engine need not tokenize again
+            p_body = orjson.loads(with_token_ids(p_body, prepared.request.kind, prepared.token_ids))
+        wait = self.cluster.config.first_byte_timeout_s
+        try:
+            async with asyncio.timeout(wait):
+                async with self.proxy.session.post(inst.url + request.path, json=p_body,
+                                                   timeout=self.proxy.client_timeout()) as r:
+                    data = await r.read()
+                    status = r.status
+        except (asyncio.CancelledError, ClientGone):
+            dispatch.end("cancelled")
+            raise
+        except RETRYABLE as e:
+            dispatch.end("error")
+            why = f"no prefill answer within {wait:g}s" if isinstance(e, TimeoutError) else describe_failure(e)
+            self.cluster.report_failure(inst, f"prefill failed: {why}", request=True)
+            return None
+        dispatch.first_byte()
+        dispatch.end(str(status))
+        if status >= 500 or status == 403:
+            if status == 403 and not self._refused_logged:
+                self._refused_logged = True
+                log.error("prefill instance %s refused the transfer grant (%s): give the router and every "
+                          "engine the same --kv-secret; sending requests whole to decode engines meanwhile",
+                          inst.id, data[:200].decode(errors="replace"))
+            log.warning("prefill instance %s answered %d", inst.id, status)
+            return None
+        if status != 200:
+            return web.Response(body=data, status=status, content_type="application/json",
+                                headers={INSTANCE_HEADER: inst.id})
+        prefilled = _parse_prefilled(data)
+        if prefilled is None:
+            self.cluster.report_failure(inst, "malformed prefill answer", request=True, exclude=False)
+            return None
+        inst.request_ok()
+        params = prefilled.get("kv_transfer_params")
+        if not params:  # it ended at the first token (a stop token): that is the whole answer
+            return await self._finished_at_prefill(request, prepared, inst, prefilled)
+        if not params["handle"].get("address"):  # unsigned (peer-trust) handles: the router names it
+            params["handle"]["address"] = inst.url
+        return prefilled
+
+    async def _finished_at_prefill(self, request, prepared, inst: Instance, prefilled: dict) -> web.StreamResponse:
+        headers = {INSTANCE_HEADER: inst.id, PREFILL_HEADER: inst.id}
+        if not prepared.request.stream:
+            prepared.trace.body(orjson.dumps(prefilled), inst.id)
+            return json_response(prefilled, headers=headers)
+        prepared.trace.first(inst.id)
+        reason = prefilled["choices"][0].get("finish_reason")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
+        await prepare_client(resp, request)
+        kind = prepared.request.kind
+        tail = sse_line(usage_chunk(kind, prefilled)) if prepared.request.include_usage else b""
+        await write_client(resp, sse_line(first_chunk(kind, prefilled, reason)) + tail + SSE_DONE)
+        await write_client(resp)
+        return resp
+
+    async def _decode(self, request: web.Request, body: dict, prepared: Prepared, prefill: Instance,
+                      decode: Instance, prefilled: dict) -> web.StreamResponse:
+        d_body = orjson.dumps({**body, "kv_transfer_params": prefilled["kv_transfer_params"]})
+        headers = {INSTANCE_HEADER: decode.id, PREFILL_HEADER: prefill.id}
+        if not prepared.request.stream:
+            return await self.proxy.forward(request, d_body, prepared, DECODE_ROLES, forward_ids=False,
+                                            exclude=tuple(i.id for i in self.cluster.routable(
+                                                prepared.model, DECODE_ROLES) if i is not decode))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **headers})
+        await prepare_client(resp, request)
+        prepared.trace.first(prefill.id)
+        await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled)))
+        prepared.trace.first(decode.id)  # the tokens after the first come from the decode engine
+        choice = Choice(decode, Decision(decode.id, uncached_tokens=0), {}, [decode], prepared.num_tokens)
+        dispatch = Dispatch(self.router, prepared, choice)
+        status = "200"
+        try:
+            status = await self._decode_stream(request, d_body, decode, resp, dispatch)
+        except (asyncio.CancelledError, ClientGone):
+            status = "cancelled"
+            raise
+        except (*RETRYABLE, _UpstreamStatus) as e:
+            status = "broken"
+            if isinstance(e, _UpstreamStatus):
+                err = e.error
+            else:
+                why = "no first byte in time" if isinstance(e, TimeoutError) else describe_failure(e)
+                self.cluster.report_failure(decode, f"decode failed: {why}", request=True)
+                err = Unavailable(f"decode {decode.id} failed: {why}")
+            await write_client(resp, sse_error(err) + SSE_DONE)
+        finally:
+            dispatch.end(status)
+        await write_client(resp)
+        return resp
+
+    async def _decode_stream(self, request: web.Request, d_body: bytes, decode: Instance,
+                             resp: web.StreamResponse, dispatch: Dispatch) -> str:
+        async with asyncio.timeout(self.cluster.config.first_byte_timeout_s):
+            r = await self.proxy.session.post(decode.url + request.path, data=d_body,
+                                              timeout=self.proxy.client_timeout(),
+                                              headers={"Content-Type": "application/json"})
+        try:
+            if r.status != 200:
+                raise _UpstreamStatus(r.status, await r.content.read(300))
+            dispatch.first_byte()
+            decode.request_ok()
+            return await self.proxy.pump(r, resp, decode, dispatch.prepared.trace)
+        finally:
+            r.close()
+
+
+def _parse_prefilled(data: bytes) -> dict | None:
+    """A prefill answer with one choice and, if present, a handle object; None if malformed."""
+    try:
+        prefilled = orjson.loads(data)
+        choice = prefilled["choices"][0]
+        params = prefilled.get("kv_transfer_params")
+        if not isinstance(choice, dict) or (params and not isinstance(params.get("handle"), dict)):
+            return None
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return prefilled
+
+
+class _UpstreamStatus(Exception):
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(status)
+        try:
+            message = orjson.loads(body)["error"]["message"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            message = body.decode(errors="replace")
+        self.error = KVRouteError(f"decode instance answered HTTP {status}: {message}")
+

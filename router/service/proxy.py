@@ -1,0 +1,285 @@
+"""Forward a prepared request to the chosen instance and relay the answer without buffering.
+
+A connect error, a 5xx, a timeout, or a stream that breaks before its first byte is
+retried on the next-best instance (at most `max_retries` times). Once bytes have
+reached the client, a broken upstream ends the stream with an SSE error event and
+[DONE]. Every upstream wait is bounded: the first byte of a stream by
+`first_byte_timeout_s`, each later chunk by `read_timeout_s`, a whole non-streamed
+answer by `request_timeout_s`; a timeout counts as a failure of that engine.
+
+Blame: upstream reads and client writes are kept apart. A client that leaves (a
+write to its closed connection, or the handler cancelled by aiohttp) ends the
+request as `cancelled` and never counts against the engine.
+Router-side load (in flight, queued prefill tokens) is kept per instance here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.parse
+
+import aiohttp
+from aiohttp import web
+
+from router.fleet.cluster import Cluster
+from router.contract.errors import KVRouteError, Overloaded, Unavailable
+from router.contract.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, prepare_client, read_body, sse_error,
+                         status_of, write_client)
+from router.service.upstream_errors import describe_failure
+from router.service.routing import Choice, Prepared, Router
+from router.service.steering import strip_engine_fields, with_token_ids
+from router.service.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+INSTANCE_HEADER = "x-kvroute-instance"
+RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+class Dispatch:
+    """Router-side load of one request on one instance, from dispatch to the end."""
+
+    def __init__(self, router: Router, prepared: Prepared, choice: Choice, whole_body: bool = False) -> None:
+        """`whole_body`: a non-streamed answer; where the engine reports its prefill queue, the
+        prefill is released by its load reports (router/fleet/queued_prefill.py), not by the body."""
+        self.router, self.prepared, self.choice = router, prepared, choice
+        self.inst = choice.instance
+        self.uncached = choice.uncached_tokens
+        self.sent = time.monotonic()
+        self.first_seen = False
+        self.ended = False
+        self.inst.inflight += 1
+        self.inst.queued_prefill_tokens += self.uncached
+        if whole_body and self.uncached and self.inst.kind == "kvroute":
+            self.inst.nonstreamed.add(self)
+        router.metrics.bound(router.metrics.inflight, self.inst.id).set(self.inst.inflight)
+
+    def _release_prefill(self) -> bool:
+        """Stop charging the instance with this request's prefill; False if that happened already
+        (once only: a first byte, a load report and the end may each try)."""
+        if self.first_seen:
+            return False
+        self.first_seen = True
+        self.inst.queued_prefill_tokens -= self.uncached
+        return True
+
+    def first_byte(self, is_ttft: bool = True) -> None:
+        """The prefill is done. `is_ttft=False` for whole (non-streamed) bodies, whose arrival
+        time includes the decode and must not teach the policy a prefill rate."""
+        if not self._release_prefill():
+            return
+        if is_ttft:
+            ttft = time.monotonic() - self.sent
+            self.router.metrics.observe_first_token(self.prepared.model, self.inst.id, ttft)
+            self.router.policy.on_first_token(self.prepared.route, self.inst.id, ttft, self.uncached)
+
+    def end(self, status: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self._release_prefill()  # a request that failed, was retried or cancelled before its prefill was seen
+        self.inst.inflight -= 1
+        m = self.router.metrics
+        m.bound(m.inflight, self.inst.id).set(self.inst.inflight)
+        m.bound(m.requests, self.inst.id, self.router.policy_name, status).inc()
+        self.router.policy.on_finished(self.prepared.route, self.inst.id)
+
+
+class Proxy:
+    def __init__(self, router: Router, cluster: Cluster, session: aiohttp.ClientSession) -> None:
+        self.router = router
+        self.cluster = cluster
+        self.session = session
+        self.upstream = Upstream()  # plain-http engines: the lean client (router/service/upstream.py)
+        self._addresses: dict[str, tuple[str, int, str] | None] = {}  # engine URL -> (host, port, path prefix)
+        self.metrics = router.metrics
+        self.config = cluster.config
+        self.disagg = None  # router.disagg.Disaggregation, when the cluster has prefill and decode engines
+
+    async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        raw = await read_body(request, self.cluster.max_body_bytes)
+        body, raw = strip_engine_fields(parse_json(raw), raw)
+        prepared = await self.router.prepare(body, kind)
+        self.router.recent.arrived(prepared.trace)
+        status = "error"
+        try:
+            if self.disagg is not None and self.disagg.active(prepared.model):
+                resp = await self.disagg.handle(request, body, prepared)
+            else:
+                resp = await self.forward(request, raw, prepared, self.cluster.colocated_roles(prepared.model))
+            status = str(resp.status)
+            return resp
+        except (asyncio.CancelledError, ClientGone):
+            status = "cancelled"
+            raise
+        except KVRouteError as e:
+            status = str(status_of(e))
+            raise
+        finally:
+            self.router.finish(prepared.trace, status)
+
+    async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
+                      roles: tuple[str, ...] | None, exclude: tuple[str, ...] = (),
+                      forward_ids: bool = True) -> web.StreamResponse:
+        """Send the request whole to one instance (of `roles`), retrying on the next-best. With
+        `forward_ids`, an engine that tokenizes as the router does gets the router's token ids."""
+        tried: list[str] = list(exclude)
+        bodies = {False: raw}
+        last_error: KVRouteError = Unavailable("no instance could take the request")
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                self.metrics.retries.inc()
+            try:
+                choice = await self.router.decide(prepared, exclude=tried, record=True, roles=roles)
+            except Unavailable as e:
+                last_error = e if not attempt else last_error
+                break
+            self._observe_choice(prepared, choice)
+            dispatch = Dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream)
+            ids = forward_ids and self._tokenizes_like_us(choice.instance, prepared)
+            if ids not in bodies:
+                bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)
+            try:
+                result = await self._attempt(request, bodies[ids], prepared, dispatch)
+            except (asyncio.CancelledError, ClientGone):
+                dispatch.end("cancelled")
+                raise
+            except BaseException:
+                dispatch.end("error")
+                raise
+            if isinstance(result, web.StreamResponse):
+                return result
+            dispatch.end("retried")
+            self.router.policy.on_failed(prepared.route, choice.instance.id)
+            tried.append(choice.instance.id)
+            last_error = result
+        self.metrics.errors.labels("upstream").inc()
+        raise last_error
+
+    def _tokenizes_like_us(self, inst, prepared: Prepared) -> bool:
+        info = inst.info
+        return (inst.kind == "kvroute" and info is not None and info.tokenizer == self.cluster.tokenizer_fingerprint
+                and prepared.request.prompt_ids is None and bool(prepared.token_ids))
+
+    def _observe_choice(self, prepared: Prepared, choice: Choice) -> None:
+        cached = choice.cached_tokens
+        prepared.trace.predicted_cached = cached
+        self.metrics.prompt_tokens.inc(prepared.num_tokens)
+        self.metrics.cached_tokens.inc(cached)
+        self.metrics.cached_ratio.observe(cached / prepared.num_tokens if prepared.num_tokens else 0.0)
+
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                                     sock_read=self.config.read_timeout_s)
+
+    def _address(self, url: str) -> tuple[str, int, str] | None:
+        """(host, port, path prefix) of a plain-http engine URL; None: use aiohttp (https)."""
+        if url not in self._addresses:
+            u = urllib.parse.urlsplit(url)
+            self._addresses[url] = (u.hostname, u.port or 80, u.path.rstrip("/")) if u.scheme == "http" else None
+        return self._addresses[url]
+
+    async def _post(self, url: str, path: str, raw: bytes, stream: bool):
+        """POST to an engine; the answer's head is in. Non-streamed answers arrive whole at the end,
+        so only a stream's reads are bounded by --read-timeout-s (a whole body by the caller)."""
+        address = self._address(url)
+        if address is None:
+            timeout = self.client_timeout() if stream else aiohttp.ClientTimeout(
+                total=None, connect=self.config.connect_timeout_s)
+            return await self.session.post(url + path, data=raw, timeout=timeout,
+                                           headers={"Content-Type": "application/json"})
+        host, port, prefix = address
+        read_timeout = self.config.read_timeout_s if stream else self.config.request_timeout_s
+        return await self.upstream.post(host, port, prefix + path, raw, self.config.connect_timeout_s, read_timeout)
+
+    async def _attempt(self, request: web.Request, raw: bytes, prepared: Prepared,
+                       dispatch: Dispatch) -> web.StreamResponse | KVRouteError:
+        """Relay one attempt; a KVRouteError return means "try the next instance"."""
+        inst, stream = dispatch.inst, prepared.request.stream
+        wait = self.config.first_byte_timeout_s if stream else self.config.request_timeout_s
+        upstream = None
+        try:
+            async with asyncio.timeout(wait):
+                upstream = await self._post(inst.url, request.path, raw, stream)
+                if upstream.status >= 500:
+                    return await self._server_error(inst, upstream)
+                if not stream or upstream.status != 200:
+                    body = await upstream.read()
+                else:
+                    first = await upstream.content.readany()
+                    if not first:
+                        self.cluster.report_failure(inst, "closed the stream before its first byte", request=True)
+                        return Unavailable(f"instance {inst.id} closed the stream before the first byte")
+        except TimeoutError:
+            what = "no first byte" if stream else "no answer"
+            self.cluster.report_failure(inst, f"{what} within {wait:g}s", request=True)
+            return Unavailable(f"instance {inst.id} timed out ({what} within {wait:g}s)")
+        except RETRYABLE as e:
+            why = describe_failure(e)
+            self.cluster.report_failure(inst, f"request failed: {why}", request=True)
+            return Unavailable(f"instance {inst.id} failed: {why}")
+        finally:
+            if upstream is not None and (not stream or upstream.status != 200):
+                upstream.close()
+        inst.request_ok()
+        if not stream or upstream.status != 200:
+            prepared.trace.body(body, inst.id)
+            dispatch.first_byte(is_ttft=False)
+            dispatch.end(str(upstream.status))
+            return web.Response(body=body, status=upstream.status, headers=self._headers(upstream, inst.id))
+        dispatch.first_byte()
+        prepared.trace.first(inst.id)
+        prepared.trace.relayed(first)
+        try:
+            return await self._relay(request, upstream, first, dispatch)
+        finally:
+            upstream.close()
+
+    async def _server_error(self, inst, upstream) -> KVRouteError:
+        text = (await upstream.content.read(2048)).decode(errors="replace")
+        log.warning("instance %s answered %d: %s", inst.id, upstream.status, text[:200])
+        if upstream.status != 503:
+            self.cluster.report_failure(inst, f"answered HTTP {upstream.status}", request=True, exclude=False)
+        elif "Retry-After" in upstream.headers:
+            return Overloaded(f"instance {inst.id} is overloaded",
+                              retry_after=parse_retry_after(upstream.headers["Retry-After"]))
+        return Unavailable(f"instance {inst.id} answered HTTP {upstream.status}")
+
+    async def _relay(self, request: web.Request, upstream, first: bytes,
+                     dispatch: Dispatch) -> web.StreamResponse:
+        resp = web.StreamResponse(status=upstream.status, headers=self._headers(upstream, dispatch.inst.id))
+        await prepare_client(resp, request)
+        await write_client(resp, first)
+        status = await self.pump(upstream, resp, dispatch.inst, dispatch.prepared.trace)
+        dispatch.end(status)
+        await write_client(resp)
+        return resp
+
+    async def pump(self, upstream, resp: web.StreamResponse, inst, trace) -> str:
+        """Copy the rest of an upstream stream to the client; the outcome as a status label.
+        A broken or stalled upstream is the engine's fault (SSE error, then [DONE]);
+        a failed write is the client's (ClientGone propagates)."""
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except RETRYABLE as e:
+                why = f"no chunk within {self.config.read_timeout_s:g}s" if isinstance(
+                    e, asyncio.TimeoutError) else f"stream broke: {describe_failure(e)}"
+                self.cluster.report_failure(inst, why, request=True)
+                await write_client(resp, sse_error(Unavailable(f"instance {inst.id} failed mid-stream: {why}")))
+                await write_client(resp, SSE_DONE)
+                return "broken"
+            if not chunk:
+                return "200"
+            trace.relayed(chunk)
+            await write_client(resp, chunk)
+
+    @staticmethod
+    def _headers(upstream, instance_id: str) -> dict:
+        headers = {INSTANCE_HEADER: instance_id}
+        for name in ("Content-Type", "Cache-Control", "Retry-After"):
+            if name in upstream.headers:
+                headers[name] = upstream.headers[name]
+        return headers

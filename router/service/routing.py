@@ -1,0 +1,223 @@
+"""The per-request decision: parse, tokenize, hash, look up, score.
+
+`Router.prepare` turns a body into a `Prepared` request (validated, tokenized,
+hashed); `Router.decide` picks an instance among the routable ones. Both are used
+by the proxy and by POST /router/explain, so the explanation is the decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from typing import Mapping, Sequence
+
+from router.decision.candidates import RecentSenders, pick
+from router.fleet.cluster import Cluster
+from router.contract.errors import BadRequest, NotFound, Overloaded, Unavailable
+from router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
+from router.fleet.instance import Instance
+from router.contract.encoding import Encoding
+from router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
+from router.service.metrics import RouterMetrics
+from router.contract.openai_request import CompletionRequest, parse_request
+from router.decision.policies.base import COST_TERMS, Decision, Policy, RouteRequest
+from router.decision.policies.tier_credit import with_store
+from router.decision.prefix_hashes import PrefixHashes
+from router.contract.protocol import hash_seed
+from router.service.request_trace import RecentRequests, RequestTrace
+from router.contract.tokenize_pool import TokenizePool
+from router.contract.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+_request_ids = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prepared:
+    request: CompletionRequest
+    model: str
+    num_tokens: int
+    route: RouteRequest
+    started: float
+    trace: RequestTrace
+    token_ids: list[int] = dataclasses.field(default_factory=list, repr=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choice:
+    instance: Instance
+    decision: Decision
+    matches: Mapping[str, PrefixMatch]
+    candidates: Sequence[Instance]
+    prepared_tokens: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        match = self.matches.get(self.instance.id, NO_MATCH) if self.instance.cache_ok else NO_MATCH
+        return match.tokens(self.instance.info.block_size)
+
+    @property
+    def uncached_tokens(self) -> int:
+        if self.decision.uncached_tokens is not None:
+            return self.decision.uncached_tokens
+        return max(0, self.prepared_tokens - self.cached_tokens)
+
+
+class Router:
+    def __init__(self, cluster: Cluster, policy: Policy, tokenizer: Tokenizer, metrics: RouterMetrics,
+                 policy_name: str, pool: TokenizePool | None = None) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.policy_name = policy_name
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.pool = pool or TokenizePool()
+        self.hashes = PrefixHashes()  # block hashes of cached prompt prefixes, reused
+        self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
+        self.recent_senders = RecentSenders(cluster.config.recent_ttl_s) if cluster.config.fast_candidates else None
+
+    def resolve_model(self, requested: str | None) -> str:
+        models = self.cluster.models()
+        if requested is not None:
+            if requested not in models:
+                raise NotFound(f"model {requested!r} does not exist; served models: {', '.join(models) or 'none'}",
+                               param="model", code="model_not_found")
+            return requested
+        if not models:
+            raise Unavailable("no engine instance is available yet")
+        return models[0]
+
+    async def prepare(self, body: dict, kind: str) -> Prepared:
+        """Validate, check limits, tokenize (off the loop when much is left to encode), hash: in
+        that order, so no work is done for a request that a cheaper check can refuse."""
+        started = time.perf_counter()
+        req = parse_request(body, kind)
+        model = self.resolve_model(req.model)
+        limits = self.cluster.limits_for(model)
+        chars = check_prompt_chars(req, limits)
+        enc = await self._tokenize(req, chars)
+        ids = enc.ids
+        check_token_count(len(ids), limits)
+        if req.prompt_ids is not None:  # ids from this router's tokenizer are in its vocabulary
+            check_vocabulary(enc.data, limits)
+        block_size = self.cluster.block_size(model)
+        hashes = self.hashes.of(enc, block_size, hash_seed(model, req.cache_salt))
+        route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
+        asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
+        trace = RequestTrace(model, req.stream, len(ids), started, max_tokens=asked)
+        return Prepared(req, model, len(ids), route, started, trace, ids)
+
+    def finish(self, trace: RequestTrace, status: str) -> None:
+        """A client request ended (answered, failed or abandoned): metrics and the recent window."""
+        trace.end(status)
+        end = trace.last_byte or time.perf_counter()
+        self.metrics.observe_finished(trace.model, trace.instance or "none", end - trace.started, trace.usage,
+                                      trace.first_token, trace.last_byte)
+        self.recent.add(trace)
+
+    async def _tokenize(self, req: CompletionRequest, chars: int) -> Encoding:
+        """Look the prompt's pieces up here; encode what is missing inline or in the pool, by its size."""
+        if req.prompt_ids is not None:
+            return Encoding.of(req.prompt_ids, req.prompt_ids_le)
+        try:
+            if req.messages is not None:
+                plan = self.tokenizer.plan_chat(list(req.messages))
+            else:
+                plan = self.tokenizer.plan(req.prompt)
+        except ValueError as e:
+            raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
+        return await self.pool.run(plan.finish, chars=plan.missing_chars)
+
+    async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
+                     roles: Sequence[str] | None = None) -> Choice:
+        """Pick among routable instances (of `roles`, if given) not in `exclude`.
+
+        With `fast_candidates` K > 0 (and an index policy) the policy sees only the index holders
+        of the prompt's first block, this router's recent senders of it and the K least loaded
+        (router/decision/candidates.py): the work follows the request, not the fleet. `record=False`
+        (POST /router/explain) always shows every instance."""
+        group = self.cluster.group(prepared.model, roles)
+        if not group.members:
+            what = f" in role {'/'.join(roles)}" if roles else ""
+            raise Unavailable(f"no healthy instance{what} serves {prepared.model!r}")
+        limit = self.cluster.config.max_inflight
+        if limit and not exclude and all(i.inflight >= limit for i in group.load.least(1)):
+            self.metrics.errors.labels("overloaded").inc()  # before the lookup it would waste
+            raise Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
+        matches = await self._lookup(prepared) if self.policy.uses_index else {}
+        candidates = self._candidates(group, prepared, matches, record)
+        if exclude or limit:
+            usable = lambda i: i.id not in exclude and (not limit or i.inflight < limit)  # noqa: E731
+            candidates = [i for i in candidates if usable(i)] or [i for i in group.members if usable(i)]
+        if not candidates:
+            if limit and not exclude:
+                self.metrics.errors.labels("overloaded").inc()
+                raise Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
+            raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already")
+        decision = self.policy.select(prepared.route, [i.state() for i in candidates], matches)
+        chosen = group.by_id[decision.instance]
+        if record:
+            self.policy.on_routed(prepared.route, chosen.id)
+            hashes = prepared.route.block_hashes
+            if self.recent_senders is not None and hashes and self.policy.uses_index:
+                self.recent_senders.record(hashes[0], chosen.id, time.monotonic())
+            if not prepared.trace.decided:  # once per request, not per retry
+                prepared.trace.decided = True
+                self.metrics.decision_seconds.observe(time.perf_counter() - prepared.started)
+        return Choice(chosen, decision, matches, candidates, prepared_tokens=prepared.num_tokens)
+
+    def _candidates(self, group, prepared: Prepared, matches: Mapping[str, PrefixMatch], record: bool) -> list:
+        k, members = self.cluster.config.fast_candidates, group.members
+        if not k or not record or not self.policy.uses_index or len(members) <= k:
+            return members
+        by_id, hashes = group.by_id, prepared.route.block_hashes
+        recent = self.recent_senders.match(hashes[0], time.monotonic()) if hashes else ()
+        return pick((by_id[i] for i in matches if i in by_id), (by_id[i] for i in recent if i in by_id),
+                    group.load, k)
+
+    async def _lookup(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
+        if not prepared.route.block_hashes:
+            return {}
+        t0 = time.perf_counter()
+        try:
+            matches = await self.cluster.index.lookup(prepared.route.block_hashes)
+        except IndexUnavailable as e:
+            log.warning("index lookup failed, routing on load alone: %s", e)
+            self.metrics.errors.labels("index").inc()
+            return {}
+        self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
+        return matches
+
+    def explain(self, prepared: Prepared, choice: Choice) -> dict:
+        rows, terms = [], choice.decision.terms
+        for inst in choice.candidates:
+            match = choice.matches.get(inst.id, NO_MATCH)
+            by_tier = with_store(match, choice.matches, inst.tier_costs) if inst.cache_ok else {}
+            rows.append({
+                "instance": inst.id,
+                "url": inst.url,
+                "cached_tokens": match.tokens(inst.info.block_size) if inst.cache_ok else 0,
+                "cached_blocks_by_tier": dict(match.by_tier),
+                "cached_tokens_by_tier": {t: n * inst.info.block_size for t, n in by_tier.items()},
+                **self.policy.credit_detail(inst.id),
+                "cache_ok": inst.cache_ok,
+                "cost": choice.decision.costs.get(inst.id),
+                "cost_terms": dict(zip(COST_TERMS, terms[inst.id])) if inst.id in terms else None,
+                "inflight": inst.inflight,
+                "queued_prefill_tokens": inst.queued_prefill_tokens,
+                "load": inst.load.to_dict() if inst.load else None,
+            })
+        return {
+            "policy": self.policy_name,
+            "model": prepared.model,
+            "prompt_tokens": prepared.num_tokens,
+            "blocks": len(prepared.route.block_hashes),
+            "block_size": prepared.route.block_size,
+            "choice": choice.instance.id,
+            "reason": choice.decision.explained(),
+            "predicted_cached_tokens": choice.cached_tokens,
+            "instances": rows,
+        }

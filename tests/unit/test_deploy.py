@@ -1,0 +1,138 @@
+"""deploy/ checked offline: Kubernetes manifests against the API schemas (kubernetes-validate), the compose
+file against the Compose spec (check-jsonschema's vendored copy), every container command against kvroute's
+own CLI, and the Grafana dashboard against the metrics engines and routers export."""
+
+import json
+import pathlib
+import re
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.30.0"
+
+
+def docs(path: pathlib.Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def containers(doc: dict) -> list[dict]:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return spec.get("containers", [])
+
+
+@pytest.mark.parametrize("doc", docs(DEPLOY / "k8s" / "kvroute.yaml"), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_k8s_manifest_is_valid(doc):
+    import kubernetes_validate
+
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    for c in containers(doc):
+        assert c["imagePullPolicy"] == "IfNotPresent", c["name"]  # a locally built kvroute:latest is used as is
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], c["name"]
+        if c["image"].startswith("kvroute"):
+            assert "startupProbe" in c and "livenessProbe" in c, c["name"]
+
+
+def test_servicemonitors_point_at_named_service_ports():
+    services = {d["metadata"]["name"]: d for d in docs(DEPLOY / "k8s" / "kvroute.yaml") if d["kind"] == "Service"}
+    for monitor in docs(DEPLOY / "k8s" / "monitoring.yaml"):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "ServiceMonitor"
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        matched = [s for s in services.values() if wanted.items() <= s["metadata"].get("labels", {}).items()]
+        assert len(matched) == 1, monitor["metadata"]["name"]
+        ports = {p.get("name") for p in matched[0]["spec"]["ports"]}
+        assert all(e["port"] in ports for e in monitor["spec"]["endpoints"])
+
+
+def test_compose_file_matches_the_compose_spec():
+    import check_jsonschema
+
+    schema_file = pathlib.Path(check_jsonschema.__file__).parent / "builtin_schemas" / "vendor" / "compose-spec.json"
+    schema = json.loads(schema_file.read_text())
+    jsonschema.validate(yaml.safe_load((DEPLOY / "compose.yaml").read_text()), schema)
+
+
+def kvroute_commands() -> list[list[str]]:
+    out = [s["command"] for s in yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"].values()
+           if s.get("image", "").startswith("kvroute")]
+    for doc in docs(DEPLOY / "k8s" / "kvroute.yaml"):
+        out += [[a.replace("$(POD_NAME)", "pod-0") for a in c["args"]] for c in containers(doc)
+                if c["image"].startswith("kvroute")]
+    return out
+
+
+@pytest.mark.parametrize("argv", kvroute_commands(), ids=lambda a: " ".join(a[:2]))
+def test_every_container_command_parses(argv):
+    from engine.service.cli import build_parser as engine
+    from engine.core.config import EngineConfig
+    from router.service.cli import build_parser as router
+    from router.service.config import RouterConfig
+    from router.contract.serve import config_values
+
+    parser, config = {"engine": (engine, EngineConfig), "router": (router, RouterConfig)}[argv[0]]
+    args = parser().parse_args(argv[1:])
+    values = config_values(config, args)
+    if "engines" in values:
+        values["engines"] = tuple(values["engines"])
+    config(**values)  # validates like the CLI does
+
+
+def exported_names() -> set[str]:
+    from prometheus_client import CollectorRegistry
+
+    from engine.service.metrics import EngineMetrics
+    from router.index.instrumented import InstrumentedIndex
+    from router.index.memory import MemoryIndex
+    from router.service.metrics import RouterMetrics
+
+    names = set()
+    router = RouterMetrics()
+    InstrumentedIndex(MemoryIndex(), router.registry)
+    for registry in (EngineMetrics("m", CollectorRegistry()).registry, router.registry):
+        for family in registry.collect():
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
+            names |= {family.name + s for s in suffixes}
+    return names
+
+
+def test_dashboard_is_generated_and_names_real_metrics():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grafana_dashboard", ROOT / "tools" / "grafana_dashboard.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    path = DEPLOY / "grafana" / "kvroute-dashboard.json"
+    assert path.read_text() == tool.render(), "run python tools/grafana_dashboard.py"
+    dashboard = json.loads(path.read_text())
+    exported = exported_names()
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for topic in ("ttft", "tpot", "predicted vs actual", "by instance", "routing decisions", "ejections"):
+        assert topic in titles
+    for p in dashboard["panels"]:
+        for target in p["targets"]:
+            used = set(re.findall(r"\b(?:vllm:|kvroute_)[a-z0-9_:]+", target["expr"]))
+            assert used and used <= exported, (p["title"], used - exported)
+
+
+def test_prometheus_scrapes_the_compose_services():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    for job in config["scrape_configs"]:
+        for static in job["static_configs"]:
+            for target in static["targets"]:
+                host, port = target.split(":")
+                assert host in compose and f"--port', '{port}" in str(compose[host]["command"]).replace('"', "'")
+    assert next(j for j in config["scrape_configs"] if j["job_name"] == "kvroute-router")["honor_labels"] is True
+
+
+def test_dockerignore_keeps_what_the_dockerfile_copies():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    copied = re.findall(r"^COPY (.+) \S+$", (DEPLOY / "Dockerfile").read_text(), re.M)
+    for sources in copied:
+        for src in sources.split():
+            assert src not in ignored and (ROOT / src).exists(), src
+    assert {".git", "tests"} <= ignored

@@ -1,0 +1,71 @@
+"""The idle-age profile of evictable blocks that engines report at GET /load."""
+
+import random
+
+import pytest
+
+from engine.core.block_manager import BlockManager
+from engine.core.prefix_hit import PrefixHit
+from engine.core.sequence import Sequence
+from engine.core.work import SamplingParams
+from router.contract.idle_ages import IdleAges
+from tests.unit.test_policies import FakeClock
+
+BS = 4
+
+
+def test_profile_follows_adds_and_removes_at_bounded_size():
+    ages = IdleAges(max_buckets=4)
+    live: list[float] = []
+    rng = random.Random(1)
+    for step in range(2000):
+        t = step * 0.01
+        if live and rng.random() < 0.4:
+            victim = live.pop(0) if rng.random() < 0.5 else live.pop(rng.randrange(len(live)))
+            ages.remove(victim)
+        else:
+            ages.add(t)
+            live.append(t)
+        profile = ages.profile(t)
+        assert len(profile) <= 4
+        assert sum(n for n, _ in profile) == len(live) == ages.total
+    now = 20.0
+    profile = ages.profile(now)
+    idle = [a for _, a in profile]
+    assert idle == sorted(idle, reverse=True)  # oldest bucket first
+    assert idle[0] == pytest.approx(now - sum(sorted(live)[: profile[0][0]]) / profile[0][0])
+
+
+def test_remove_of_unknown_time_is_refused():
+    ages = IdleAges()
+    ages.add(5.0)
+    with pytest.raises(ValueError):
+        ages.remove(1.0)
+
+
+def test_block_manager_reports_free_and_evictable_by_idle_age():
+    clock = FakeClock()
+    clock.now = 0.0
+    bm = BlockManager(8, BS, clock=clock)
+    assert bm.kv_load() == (8, ())
+    a = Sequence("a", list(range(8)), SamplingParams(max_tokens=1), 7)
+    bm.allocate(a, PrefixHit())
+    a.num_computed = 8
+    bm.commit_computed(a)
+    bm.free(a)  # 2 cached blocks, freed at t=0
+    clock.now = 10.0
+    b = Sequence("b", list(range(100, 108)), SamplingParams(max_tokens=1), 7)
+    bm.allocate(b, PrefixHit())
+    b.num_computed = 8
+    bm.commit_computed(b)
+    bm.free(b)  # 2 more, freed at t=10
+    clock.now = 12.0
+    free, evictable = bm.kv_load()
+    assert free == 4
+    assert evictable == ((2, 12.0), (2, 2.0))  # the next evicted (a's blocks) first
+    hit = Sequence("c", list(range(8)) + [1], SamplingParams(max_tokens=1), 7)
+    bm.allocate(hit, bm.match_prefix(hit))  # takes a's 2 blocks back out of the LRU, plus 1 free block
+    free, evictable = bm.kv_load()
+    assert free == 3 and evictable == ((2, 2.0),)
+    bm.clear_cache()
+    assert bm.kv_load()[1] == ()

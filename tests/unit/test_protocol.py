@@ -1,0 +1,77 @@
+import pytest
+
+from router.contract.protocol import KVEvent, LoadRecord, block_hashes, hash_seed
+
+
+def test_hash_of_fixed_tokens_is_pinned():
+    # A change of byte encoding, seed derivation or chaining must never go unnoticed.
+    seed = hash_seed("kvroute-tiny")
+    assert seed == hash_seed("kvroute-tiny")
+    hashes = block_hashes(list(range(40)), 16, seed)
+    assert len(hashes) == 2  # the partial tail (8 tokens) is never hashed
+    assert seed == 9777260554093661246
+    assert hashes == [17411228942360384156, 8632648476289059976]
+
+
+def test_chain_continues_from_parent():
+    seed = hash_seed("m")
+    tokens = list(range(100, 164))
+    full = block_hashes(tokens, 16, seed)
+    tail = block_hashes(tokens[32:], 16, seed, parent=full[1])
+    assert full[2:] == tail
+
+
+def test_seed_separates_models_and_salts():
+    tokens = [1] * 32
+    a = block_hashes(tokens, 16, hash_seed("m"))
+    b = block_hashes(tokens, 16, hash_seed("m2"))
+    c = block_hashes(tokens, 16, hash_seed("m", salt="lora-a"))
+    assert a[0] != b[0] and a[0] != c[0] and b[0] != c[0]
+
+
+def test_prefix_property():
+    seed = hash_seed("m")
+    a = block_hashes(list(range(64)), 16, seed)
+    b = block_hashes(list(range(48)) + [9] * 16, 16, seed)
+    assert a[:3] == b[:3] and a[3] != b[3]
+
+
+def test_event_round_trip_and_validation():
+    e = KVEvent("e1", 7, 3, "stored", "device", (1, 2**64 - 1), None)
+    assert KVEvent.from_dict(e.to_dict()) == e
+    with pytest.raises(ValueError):
+        KVEvent("e1", 7, 3, "bogus")
+    with pytest.raises(ValueError):
+        KVEvent.from_dict({"instance": "e1"})
+
+
+def test_load_record_round_trip():
+    r = LoadRecord("e1", 2, 3, 10, 100, 512, ts=1.0)
+    assert LoadRecord.from_dict(r.to_dict()) == r
+    assert r.kv_usage == pytest.approx(0.1)
+    assert r.kv_free_blocks == -1 and r.kv_evictable == ()  # an engine that does not report them
+
+
+def test_load_record_eviction_profile_is_checked():
+    import json
+
+    r = LoadRecord("e1", 0, 0, 90, 100, 0, ts=1.0, kv_free_blocks=10, kv_evictable=((60, 30.5), (20, 1.0)))
+    assert LoadRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    base = r.to_dict()
+    for bad in ([[1]], [[-1, 2.0]], [[1, -2.0]], "x", [[0, 1.0]] * 65, [["a", 1.0]]):
+        with pytest.raises(ValueError, match="malformed load record"):
+            LoadRecord.from_dict({**base, "kv_evictable": bad})
+    with pytest.raises(ValueError, match="malformed load record"):
+        LoadRecord.from_dict({**base, "kv_free_blocks": "many"})
+
+
+def test_encoding_matches_the_written_spec():
+    import struct
+
+    import xxhash
+
+    seed = hash_seed("kvroute-tiny")
+    tokens = list(range(70000, 70032))  # beyond 16 bits: catches a narrower encoding
+    h0 = xxhash.xxh3_64_intdigest(struct.pack("<Q", seed) + struct.pack("<16I", *tokens[:16]))
+    h1 = xxhash.xxh3_64_intdigest(struct.pack("<Q", h0) + struct.pack("<16I", *tokens[16:]))
+    assert block_hashes(tokens, 16, seed) == [h0, h1]
