@@ -48,7 +48,8 @@ def chain(rng: random.Random, n: int) -> list[int]:
 def full_pool(instance: str, rng: random.Random) -> LoadRecord:
     """A busy engine's load: a full KV pool, every placement evicts (the eviction term's full work)."""
     evictable = tuple((256, 60.0 * (16 - k) + rng.random()) for k in range(16))  # 16 buckets, oldest first
-    return LoadRecord(instance, rng.randrange(8), rng.randrange(4), 4096, 4096 + 256 * 16, 0, ts=0.0,
+    return LoadRecord(instance=instance, running=rng.randrange(8), waiting=rng.randrange(4), kv_used_blocks=4096,
+                      kv_total_blocks=4096 + 256 * 16, queued_prefill_tokens=0, ts=0.0,
                       kv_free_blocks=0, kv_evictable=evictable)
 
 

@@ -98,8 +98,9 @@ async def _registry_ctx(app: web.Application):
 
 def registry_record(app: web.Application) -> EngineRecord:
     config, engine = app[CONFIG], app[ENGINE]
-    return EngineRecord(config.instance, config.advertise, engine.role, model_name(app), config.cluster,
-                        engine.events.epoch, "draining" if engine.draining else "ready")
+    return EngineRecord(instance_id=config.instance, url=config.advertise, role=engine.role, model=model_name(app),
+                        cluster_id=config.cluster, epoch=engine.events.epoch,
+                        state="draining" if engine.draining else "ready")
 
 
 def kv_info(app: web.Application) -> dict:

@@ -160,9 +160,10 @@ class CompletionService:
         if seq is None:
             return None
         config, bs = self.engine.config, self.engine.block_manager.block_size
-        transfer = TransferHandle(config.cluster, seq.transfer_address, seq.request_id,
-                                  tuple(seq.block_hashes[: seq.num_prompt // bs]), seq.num_prompt, seq.output_ids[0],
-                                  seq.num_cached, expires=round(time.time() + config.kv_pin_ttl_s, 3))
+        transfer = TransferHandle(cluster_id=config.cluster, address=seq.transfer_address, request_id=seq.request_id,
+                                  block_hashes=tuple(seq.block_hashes[: seq.num_prompt // bs]),
+                                  num_tokens=seq.num_prompt, first_token=seq.output_ids[0],
+                                  cached_tokens=seq.num_cached, expires=round(time.time() + config.kv_pin_ttl_s, 3))
         seq.transfer_signature = self.engine.auth.sign_handle(transfer.signed_fields())
         transfer = dataclasses.replace(transfer, signature=seq.transfer_signature)
         return {"do_remote_prefill": True, "handle": transfer.to_dict()}

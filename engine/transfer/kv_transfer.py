@@ -49,7 +49,7 @@ class LinkMismatch(BadRequest):
     code = "kv_link_mismatch"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TransferHandle:
     cluster_id: str
     address: str  # base URL of the prefill engine, as the router's grant named it
@@ -77,9 +77,10 @@ class TransferHandle:
             if any(not 0 <= h < 1 << 64 for h in hashes):
                 raise ValueError("block hashes are unsigned 64-bit integers")
             signature = d.get("signature")
-            return cls(str(d["cluster_id"]), str(d["address"]), str(d["request_id"]), hashes, int(d["num_tokens"]),
-                       int(d["first_token"]), int(d.get("cached_tokens", 0)), float(d.get("expires", 0.0)),
-                       None if signature is None else str(signature))
+            return cls(cluster_id=str(d["cluster_id"]), address=str(d["address"]), request_id=str(d["request_id"]),
+                       block_hashes=hashes, num_tokens=int(d["num_tokens"]), first_token=int(d["first_token"]),
+                       cached_tokens=int(d.get("cached_tokens", 0)), expires=float(d.get("expires", 0.0)),
+                       signature=None if signature is None else str(signature))
         except (KeyError, TypeError, ValueError) as e:
             raise BadRequest(f"malformed kv_transfer_params.handle: {e!r}", param="kv_transfer_params") from None
 

@@ -161,8 +161,10 @@ class SimInstance:
         """What the engine's GET /load reports (engine/core/llm_engine.py), `ts` on the virtual clock."""
         bm, sched = self.block_manager, self.scheduler
         kv_free, kv_evictable = bm.kv_load()
-        return LoadRecord(self.id, len(sched.running), len(sched.waiting) + len(self.remote), bm.num_used,
-                          bm.num_blocks, sched.queued_prefill_tokens, self.clock(), kv_free, kv_evictable)
+        return LoadRecord(instance=self.id, running=len(sched.running), waiting=len(sched.waiting) + len(self.remote),
+                          kv_used_blocks=bm.num_used, kv_total_blocks=bm.num_blocks,
+                          queued_prefill_tokens=sched.queued_prefill_tokens, ts=self.clock(), kv_free_blocks=kv_free,
+                          kv_evictable=kv_evictable)
 
     def prefill_backlog(self) -> tuple[int, int, int]:
         """(prompt tokens still to prefill after the step in flight, decoding sequences, their context tokens)."""

@@ -101,7 +101,7 @@ def _u64s(values) -> tuple[int, ...]:
     return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class KVEvent:
     """One change to an instance's cache: blocks stored, blocks removed, or all cleared."""
 
@@ -151,7 +151,7 @@ class KVEvent:
             raise ValueError(f"malformed KV event: {e!r}") from None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LoadRecord:
     """An instance's load, as served at GET /load and sent along with events."""
 

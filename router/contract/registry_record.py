@@ -30,7 +30,7 @@ def engine_key(instance_id: str) -> str:
     return PREFIX + "engine:" + instance_id
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EngineRecord:
     instance_id: str
     url: str
@@ -51,9 +51,9 @@ class EngineRecord:
             url = str(d["url"])
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"url must be http(s), got {url!r}")
-            return cls(str(d["instance_id"]), url.rstrip("/"), str(d.get("role", "both")), str(d.get("model", "")),
-                       str(d.get("cluster_id", "")), int(d.get("epoch", 0)), str(d.get("state", "ready")),
-                       float(d.get("ts", 0.0)))
+            return cls(instance_id=str(d["instance_id"]), url=url.rstrip("/"), role=str(d.get("role", "both")),
+                       model=str(d.get("model", "")), cluster_id=str(d.get("cluster_id", "")),
+                       epoch=int(d.get("epoch", 0)), state=str(d.get("state", "ready")), ts=float(d.get("ts", 0.0)))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"malformed registry record: {e}") from None
 

@@ -128,7 +128,8 @@ class InstanceFeed:
 
     async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
         self.seq += 1
-        result = await self.index.apply(KVEvent(self.inst.id, self.epoch, self.seq, kind, tier, tuple(hashes)))
+        result = await self.index.apply(KVEvent(instance=self.inst.id, epoch=self.epoch, seq=self.seq, type=kind, tier=tier,
+                                                   blocks=tuple(hashes)))
         if result != "applied":
             raise IndexUnavailable(f"the index refused the feed's seq {self.seq} ({result})")
         if kind == "cleared":

@@ -41,7 +41,7 @@ class Engine:
             tiers = self.state.setdefault(b, set())
             (tiers.add if kind == "stored" else tiers.discard)(tier)
         self.state = {b: t for b, t in self.state.items() if t}
-        return KVEvent(self.instance, self.epoch, self.seq, kind, tier, blocks)
+        return KVEvent(instance=self.instance, epoch=self.epoch, seq=self.seq, type=kind, tier=tier, blocks=blocks)
 
     def random_event(self) -> KVEvent:
         r, tier = self.rng.random(), self.rng.choice(TIERS)

@@ -37,16 +37,17 @@ def test_prefix_property():
 
 
 def test_event_round_trip_and_validation():
-    e = KVEvent("e1", 7, 3, "stored", "device", (1, 2**64 - 1), None)
+    e = KVEvent(instance="e1", epoch=7, seq=3, type="stored", tier="device", blocks=(1, 2**64 - 1), parent=None)
     assert KVEvent.from_dict(e.to_dict()) == e
     with pytest.raises(ValueError):
-        KVEvent("e1", 7, 3, "bogus")
+        KVEvent(instance="e1", epoch=7, seq=3, type="bogus")
     with pytest.raises(ValueError):
         KVEvent.from_dict({"instance": "e1"})
 
 
 def test_load_record_round_trip():
-    r = LoadRecord("e1", 2, 3, 10, 100, 512, ts=1.0)
+    r = LoadRecord(instance="e1", running=2, waiting=3, kv_used_blocks=10, kv_total_blocks=100,
+                   queued_prefill_tokens=512, ts=1.0)
     assert LoadRecord.from_dict(r.to_dict()) == r
     assert r.kv_usage == pytest.approx(0.1)
     assert r.kv_free_blocks == -1 and r.kv_evictable == ()  # an engine that does not report them
@@ -55,7 +56,8 @@ def test_load_record_round_trip():
 def test_load_record_eviction_profile_is_checked():
     import json
 
-    r = LoadRecord("e1", 0, 0, 90, 100, 0, ts=1.0, kv_free_blocks=10, kv_evictable=((60, 30.5), (20, 1.0)))
+    r = LoadRecord(instance="e1", running=0, waiting=0, kv_used_blocks=90, kv_total_blocks=100, queued_prefill_tokens=0,
+                   ts=1.0, kv_free_blocks=10, kv_evictable=((60, 30.5), (20, 1.0)))
     assert LoadRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     base = r.to_dict()
     for bad in ([[1]], [[-1, 2.0]], [[1, -2.0]], "x", [[0, 1.0]] * 65, [["a", 1.0]]):
@@ -75,3 +77,15 @@ def test_encoding_matches_the_written_spec():
     h0 = xxhash.xxh3_64_intdigest(struct.pack("<Q", seed) + struct.pack("<16I", *tokens[:16]))
     h1 = xxhash.xxh3_64_intdigest(struct.pack("<Q", h0) + struct.pack("<16I", *tokens[16:]))
     assert block_hashes(tokens, 16, seed) == [h0, h1]
+
+
+@pytest.mark.parametrize("record", ["LoadRecord", "KVEvent", "EngineRecord", "TransferHandle"])
+def test_records_that_cross_processes_refuse_positional_fields(record):
+    """A field inserted later must break a positional caller loudly, not shift its values."""
+    from engine.transfer.kv_transfer import TransferHandle
+    from router.contract.registry_record import EngineRecord
+
+    cls = {"LoadRecord": LoadRecord, "KVEvent": KVEvent, "EngineRecord": EngineRecord,
+           "TransferHandle": TransferHandle}[record]
+    with pytest.raises(TypeError):
+        cls("e1", 1, 2, 3, 4, 5)

@@ -16,7 +16,8 @@ class Sent:
 
 
 def load(ts: float, queued: int) -> LoadRecord:
-    return LoadRecord("e0", 1, 0, 1, 10, queued, ts=ts)
+    return LoadRecord(instance="e0", running=1, waiting=0, kv_used_blocks=1, kv_total_blocks=10,
+                      queued_prefill_tokens=queued, ts=ts)
 
 
 def test_the_newest_requests_make_up_the_engines_queue_and_the_older_ones_are_done():

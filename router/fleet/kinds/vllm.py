@@ -35,7 +35,8 @@ async def discover_foreign(http: EngineHTTP, inst, config) -> EngineInfo:
 def load_record(inst, running: float, waiting: float, usage: float | None, queued_tokens: int = 0) -> LoadRecord:
     total = int(inst.kind_state.get("num_blocks") or USAGE_SCALE_BLOCKS)
     used = round(min(max(usage or 0.0, 0.0), 1.0) * total)
-    return LoadRecord(inst.id, int(running), int(waiting), used, total, int(queued_tokens), time.time())
+    return LoadRecord(instance=inst.id, running=int(running), waiting=int(waiting), kv_used_blocks=used,
+                      kv_total_blocks=total, queued_prefill_tokens=int(queued_tokens), ts=time.time())
 
 
 class VllmKind:
