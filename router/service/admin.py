@@ -30,8 +30,11 @@ from aiohttp import web
 
 from router.contract.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
 from router.contract.http import json_response, read_json
-from router.fleet.instance import Instance
 from router.contract.protocol import ROLES
+from router.fleet.instance import Instance
+from router.fleet.kinds import KIND_NAMES
+from router.kvevents.sources import parse_sources
+from router.service.app_keys import CLUSTER, CONFIG, ZMQ
 from router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
@@ -41,8 +44,6 @@ SOURCE = "admin"
 
 
 def _cluster(request: web.Request):
-    from router.service.app import CLUSTER, CONFIG
-
     config = request.app[CONFIG]
     if not config.admin_key:
         raise Forbidden("the fleet admin API needs the router started with --admin-key", code="admin_disabled")
@@ -61,8 +62,6 @@ def engine_row(inst: Instance) -> dict:
 
 
 async def handle_list(request: web.Request) -> web.Response:
-    from router.service.app import CLUSTER
-
     return json_response({"engines": [engine_row(i) for i in request.app[CLUSTER].instances]})
 
 
@@ -80,9 +79,6 @@ async def handle_add(request: web.Request) -> web.Response:
 
 def foreign_fields(body: dict) -> tuple[str, tuple | None]:
     """`kind` and the ZeroMQ event sources of an engine added through the API, validated."""
-    from router.fleet.kinds import KIND_NAMES
-    from router.kvevents.sources import parse_sources
-
     kind, source, replay = body.get("kind", "auto"), body.get("kv_event_source"), body.get("kv_event_replay_source")
     if kind not in KIND_NAMES:
         raise BadRequest(f"'kind' must be one of {', '.join(KIND_NAMES)}, got {kind!r}", param="kind")
@@ -98,8 +94,6 @@ def foreign_fields(body: dict) -> tuple[str, tuple | None]:
 async def add_engine(request: web.Request, url, kind: str = "auto", sources: tuple | None = None
                      ) -> tuple[Instance, bool]:
     """Probe `url` and add it to the fleet; BadRequest with the reason when it is not usable."""
-    from router.service.app import ZMQ
-
     cluster = _cluster(request)
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise BadRequest(f"'url' must be an http(s) URL, got {url!r}", param="url")
@@ -150,8 +144,6 @@ async def handle_role(request: web.Request) -> web.Response:
 
 async def switch_role(request: web.Request, inst: Instance, role: str) -> None:
     """Ask the engine to switch (with the fleet admin key) and regroup here at once."""
-    from router.service.app import CONFIG
-
     cluster = _cluster(request)
     headers = {"Authorization": f"Bearer {request.app[CONFIG].admin_key}"}
     timeout = aiohttp.ClientTimeout(total=cluster.config.connect_timeout_s)
@@ -167,8 +159,6 @@ async def switch_role(request: web.Request, inst: Instance, role: str) -> None:
 
 
 async def handle_workers(request: web.Request) -> web.Response:
-    from router.service.app import CLUSTER
-
     rows = [{"url": i.url, "id": i.id, "worker_type": _worker_type(i), "is_healthy": i.routable,
              "model_id": i.info.model if i.info else None} for i in request.app[CLUSTER].instances]
     return json_response({"workers": rows, "total": len(rows)})

@@ -15,8 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router.service import admin
 from router.fleet.cluster import Cluster
+from router.service.app_keys import CLUSTER, CONFIG, DISAGG, ENTRY, METRICS, PROXY, ROUTER, ZMQ
 from router.service.config import RouterConfig
 from router.service.disagg import Disaggregation
+from router.service.entry import Entry
 from router.contract.errors import Unauthorized
 from router.kvevents.engine_feed import EventSync, PollFollower, RedisFollower
 from router.contract.http import json_response, make_error_middleware, parse_json, query_number, read_body
@@ -35,12 +37,7 @@ from router.contract.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
-CONFIG = web.AppKey("config", RouterConfig)
-CLUSTER = web.AppKey("cluster", Cluster)
-ROUTER = web.AppKey("router", Router)
-PROXY = web.AppKey("proxy", Proxy)
-METRICS = web.AppKey("metrics", RouterMetrics)
-ZMQ = web.AppKey("zmq", ZmqFollower)
+__all__ = ["CLUSTER", "CONFIG", "DISAGG", "ENTRY", "METRICS", "PROXY", "ROUTER", "ZMQ", "create_app"]
 
 OPENAI_PATHS = ("/v1/",)
 ADMIN_PATHS = ("/router/", "/workers")
@@ -74,13 +71,13 @@ async def _router_ctx(app: web.Application):
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-    cluster = Cluster(config, index, tokenizer.fingerprint, metrics)
-    cluster.session = session
+    cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session)
     pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool)
     app[CLUSTER], app[ROUTER] = cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
-    proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
+    app[DISAGG] = disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
+    app[ENTRY] = Entry(router, cluster, proxy, disagg)
     zmq_sources = config.foreign_engines()[1]
     app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
                                           config.kv_event_replay_timeout_s, metrics.registry)
@@ -122,11 +119,11 @@ async def _index_size_loop(cluster: Cluster, metrics: RouterMetrics) -> None:
 
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
-    return await request.app[PROXY].handle(request, "completion")
+    return await request.app[ENTRY].handle(request, "completion")
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
-    return await request.app[PROXY].handle(request, "chat")
+    return await request.app[ENTRY].handle(request, "chat")
 
 
 def _model_card(model: str) -> dict:
@@ -176,7 +173,7 @@ async def handle_explain(request: web.Request) -> web.Response:
     body = parse_json(await read_body(request, request.app[CLUSTER].max_body_bytes))
     kind = "chat" if "messages" in body else "completion"
     prepared = await router.prepare(body, kind)
-    disagg = request.app[PROXY].disagg
+    disagg = request.app[DISAGG]
     if disagg.active(prepared.model):
         return json_response(await disagg.explain(prepared))
     choice = await router.decide(prepared, record=False, roles=request.app[CLUSTER].colocated_roles(prepared.model))

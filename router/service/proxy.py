@@ -25,11 +25,10 @@ from aiohttp import web
 
 from router.fleet.cluster import Cluster
 from router.contract.errors import KVRouteError, Overloaded, Unavailable
-from router.contract.http import (SSE_DONE, ClientGone, parse_json, parse_retry_after, prepare_client, read_body, sse_error,
-                         status_of, write_client)
+from router.contract.http import SSE_DONE, ClientGone, parse_retry_after, prepare_client, sse_error, write_client
 from router.service.upstream_errors import describe_failure
 from router.service.routing import Choice, Prepared, Router
-from router.service.steering import strip_engine_fields, with_token_ids
+from router.service.steering import with_token_ids
 from router.service.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -96,29 +95,6 @@ class Proxy:
         self._addresses: dict[str, tuple[str, int, str] | None] = {}  # engine URL -> (host, port, path prefix)
         self.metrics = router.metrics
         self.config = cluster.config
-        self.disagg = None  # router.disagg.Disaggregation, when the cluster has prefill and decode engines
-
-    async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
-        raw = await read_body(request, self.cluster.max_body_bytes)
-        body, raw = strip_engine_fields(parse_json(raw), raw)
-        prepared = await self.router.prepare(body, kind)
-        self.router.recent.arrived(prepared.trace)
-        status = "error"
-        try:
-            if self.disagg is not None and self.disagg.active(prepared.model):
-                resp = await self.disagg.handle(request, body, prepared)
-            else:
-                resp = await self.forward(request, raw, prepared, self.cluster.colocated_roles(prepared.model))
-            status = str(resp.status)
-            return resp
-        except (asyncio.CancelledError, ClientGone):
-            status = "cancelled"
-            raise
-        except KVRouteError as e:
-            status = str(status_of(e))
-            raise
-        finally:
-            self.router.finish(prepared.trace, status)
 
     async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
                       roles: tuple[str, ...] | None, exclude: tuple[str, ...] = (),

@@ -7,7 +7,7 @@ import orjson
 from aiohttp import web
 
 from engine.service.server import ENGINE, SERVICE
-from router.service.app import CLUSTER, PROXY
+from router.service.app import CLUSTER, ENTRY
 from router.contract.http import error_middleware
 from tests.conftest import LoopbackServer
 from tests.process.test_router_e2e import FAST, cluster, wait_for
@@ -61,7 +61,7 @@ async def test_engine_stream_to_a_closed_connection_is_the_clients_fault(start_e
 
 async def test_router_stream_to_a_closed_connection_is_the_clients_fault(start_engine, start_router, http, caplog):
     url, server, _ = await cluster(start_engine, start_router, n=1)
-    front = await _closed_first(server.app[PROXY].handle)
+    front = await _closed_first(server.app[ENTRY].handle)
     try:
         caplog.set_level(logging.WARNING)
         await _post_and_forget(http, front.url, {"prompt": [5] * 40, "max_tokens": 4, "stream": True})

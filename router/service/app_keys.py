@@ -1,0 +1,23 @@
+"""The router application's shared objects, by key: what the handlers of app.py and admin.py read."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from router.fleet.cluster import Cluster
+from router.kvevents.follower import ZmqFollower
+from router.service.config import RouterConfig
+from router.service.disagg import Disaggregation
+from router.service.entry import Entry
+from router.service.metrics import RouterMetrics
+from router.service.proxy import Proxy
+from router.service.routing import Router
+
+CONFIG = web.AppKey("config", RouterConfig)
+CLUSTER = web.AppKey("cluster", Cluster)
+ROUTER = web.AppKey("router", Router)
+PROXY = web.AppKey("proxy", Proxy)
+DISAGG = web.AppKey("disagg", Disaggregation)
+ENTRY = web.AppKey("entry", Entry)
+METRICS = web.AppKey("metrics", RouterMetrics)
+ZMQ = web.AppKey("zmq", ZmqFollower)

@@ -1,0 +1,51 @@
+"""Where an OpenAI request enters: read and prepared once, then served whole by one engine
+(router/service/proxy.py) or split into prefill and decode (router/service/disagg.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from aiohttp import web
+
+from router.contract.errors import KVRouteError
+from router.contract.http import ClientGone, parse_json, read_body, status_of
+from router.fleet.cluster import Cluster
+from router.service.proxy import Proxy
+from router.service.routing import Prepared, Router
+from router.service.steering import strip_engine_fields
+
+
+class SplitServing(Protocol):
+    """Serves a model's requests on a prefill engine then a decode engine, when it has both."""
+
+    def active(self, model: str) -> bool: ...
+
+    async def handle(self, request: web.Request, body: dict, prepared: Prepared) -> web.StreamResponse: ...
+
+
+class Entry:
+    def __init__(self, router: Router, cluster: Cluster, proxy: Proxy, split: SplitServing) -> None:
+        self.router, self.cluster, self.proxy, self.split = router, cluster, proxy, split
+
+    async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        raw = await read_body(request, self.cluster.max_body_bytes)
+        body, raw = strip_engine_fields(parse_json(raw), raw)
+        prepared = await self.router.prepare(body, kind)
+        self.router.recent.arrived(prepared.trace)
+        status = "error"
+        try:
+            if self.split.active(prepared.model):
+                resp = await self.split.handle(request, body, prepared)
+            else:
+                resp = await self.proxy.forward(request, raw, prepared, self.cluster.colocated_roles(prepared.model))
+            status = str(resp.status)
+            return resp
+        except (asyncio.CancelledError, ClientGone):
+            status = "cancelled"
+            raise
+        except KVRouteError as e:
+            status = str(status_of(e))
+            raise
+        finally:
+            self.router.finish(prepared.trace, status)
