@@ -12,7 +12,7 @@ import aiohttp
 
 from router.service.config import RouterConfig
 from router.index.base import BlockIndex, IndexUnavailable
-from router.fleet.instance import EngineInfo, Instance
+from router.fleet.instance import EngineInfo, Generation, Instance
 from router.fleet.kinds import assign_kinds, discover_info, poll_load
 from router.fleet.fleet_shape import FleetShape
 from router.fleet.groups import Group, Groups
@@ -34,16 +34,20 @@ def answered_late(exc: BaseException) -> bool:
 
 class Cluster:
     def __init__(self, config: RouterConfig, index: BlockIndex, tokenizer_fingerprint: str,
-                 metrics: RouterMetrics) -> None:
+                 metrics: RouterMetrics, session: aiohttp.ClientSession | None = None) -> None:
+        """`session`: the engines' HTTP client (None: nothing is probed or polled, as in tests
+        that drive the cluster by hand)."""
         self.config = config
         self.index = index
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.metrics = metrics
-        self.instances = [Instance(url, peers=config.workers - 1) for url in config.engines]  # grows, shrinks
+        self.generation = Generation()  # what router/fleet/groups.py rebuilds on
+        self.instances = [Instance(url, peers=config.workers - 1, generation=self.generation)
+                          for url in config.engines]  # grows, shrinks
         assign_kinds(self.instances, config)
-        self.session: aiohttp.ClientSession | None = None
+        self.session = session
         self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
-        self.groups = Groups(self.instances)  # routable instances by (model, roles), without per-request scans
+        self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
 
     # -- views ----------------------------------------------------------------------
 
@@ -62,9 +66,9 @@ class Cluster:
         if inst is not None:
             inst.sources.add(source)
             return inst, False
-        inst = Instance(url, source, peers=self.config.workers - 1)
+        inst = Instance(url, source, peers=self.config.workers - 1, generation=self.generation)
         self.instances.append(inst)
-        Instance.generation += 1
+        self.generation.bump()
         log.info("engine %s added (%s)", inst.url, source)
         return inst, True
 
@@ -78,7 +82,7 @@ class Cluster:
         if inst in self.instances:
             self.instances.remove(inst)
         inst.removed = True
-        Instance.generation += 1
+        self.generation.bump()
         log.warning("engine %s (%s) removed from the fleet", inst.id, inst.url)
         self.metrics.forget_instance(inst.id)
         self.check_compatibility()

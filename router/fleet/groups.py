@@ -3,7 +3,7 @@
 A `Group` is the instances that serve one model in some roles and take requests now,
 with an id map and their in-flight counts in a `LeastLoaded` (router/decision/candidates.py).
 Groups are built on first use and dropped whenever anything that decides routability
-changes (`Instance.generation`: health, reachability, draining, role, membership), which
+changes (the fleet's `Generation`: health, reachability, draining, role, membership), which
 happens on probes and polls, not per request. In-flight counts move the instance within
 its groups in O(1) as requests start and end.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from router.decision.candidates import LeastLoaded
-from router.fleet.instance import Instance
+from router.fleet.instance import Generation, Instance
 
 
 class Group:
@@ -28,14 +28,15 @@ class Group:
 
 
 class Groups:
-    def __init__(self, instances: Sequence[Instance]) -> None:
+    def __init__(self, instances: Sequence[Instance], generation: Generation) -> None:
         self.instances = instances
-        self.generation = -1
+        self.fleet_generation = generation
+        self.generation = -1  # the fleet's generation the groups were built at
         self._groups: dict[tuple, Group] = {}
 
     def get(self, model: str | None, roles: Iterable[str] | None = None) -> Group:
-        if Instance.generation != self.generation:
-            self.generation = Instance.generation
+        if self.fleet_generation.value != self.generation:
+            self.generation = self.fleet_generation.value
             self._groups.clear()
             for inst in self.instances:
                 inst.groups = []

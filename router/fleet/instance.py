@@ -42,12 +42,25 @@ _STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info"})
 _UNSET = object()
 
 
-class Instance:
-    # Bumped whenever anything that decides routability changes on any instance (health,
-    # reachability, draining, its info: role, model), so router/fleet/groups.py knows when to rebuild.
-    generation = 0
+class Generation:
+    """One fleet's change counter: bumped whenever anything that decides routability changes on
+    one of its instances (health, reachability, draining, its info: role, model) or its membership,
+    so router/fleet/groups.py knows when to rebuild."""
 
-    def __init__(self, url: str, source: str = "static", peers: int = 0) -> None:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        self.value += 1
+
+
+class Instance:
+    def __init__(self, url: str, source: str = "static", peers: int = 0,
+                 generation: Generation | None = None) -> None:
+        """`generation`: the counter of the fleet it belongs to (None: one of its own)."""
+        object.__setattr__(self, "generation", generation if generation is not None else Generation())
         self.groups: list = []  # the router/fleet/groups.py groups it is in (in-flight counts follow it)
         self._inflight = 0
         self.url = url.rstrip("/")
@@ -85,7 +98,7 @@ class Instance:
 
     def __setattr__(self, name: str, value) -> None:
         if name in _ROUTING_FIELDS and self.__dict__.get(name, _UNSET) != value:
-            Instance.generation += 1
+            self.generation.bump()
         if name in _STATE_FIELDS:
             self.__dict__["_state"] = None
         object.__setattr__(self, name, value)
