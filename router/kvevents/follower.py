@@ -55,6 +55,10 @@ class InstanceFeed:
         self.rebuilds: list[dict] = []
         self._lost = False  # index writes failed: rebuild once the index is back
 
+    @property
+    def instance_id(self) -> str:
+        return self.inst.id
+
     def source_stats(self) -> list[SourceStats]:
         return [sub.stats for sub in self.subscribers]
 
@@ -161,10 +165,9 @@ class ZmqFollower:
     def __init__(self, instances: Sequence[Instance], index, sources: Mapping[str, Sequence[EventSource]],
                  topic: str, replay_timeout_s: float, registry) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.metrics = ZmqMetrics(registry)
-        self.index, self.topic, self.replay_timeout_s = index, topic, replay_timeout_s
         self.feeds: list[InstanceFeed] = []
-        self.metrics.feeds = self.feeds
+        self.metrics = ZmqMetrics(registry, self.feeds)
+        self.index, self.topic, self.replay_timeout_s = index, topic, replay_timeout_s
         self.tasks: dict[InstanceFeed, asyncio.Task] = {}
         self.running = False
         for inst in instances:

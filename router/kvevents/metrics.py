@@ -8,13 +8,13 @@ publisher could otherwise grow the label set without bound).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-if TYPE_CHECKING:
-    from router.kvevents.follower import InstanceFeed
+from router.kvevents.subscriber import SourceStats
+from router.kvevents.translate import BlockMap
 
 LAG_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 5.0)
 SOURCE_COUNTERS = {
@@ -30,9 +30,21 @@ SOURCE_COUNTERS = {
 }
 
 
+class CountedFeed(Protocol):
+    """One instance's feed, as its counters are read (router/kvevents/follower.py)."""
+
+    block_map: BlockMap
+
+    @property
+    def instance_id(self) -> str: ...
+
+    def source_stats(self) -> list[SourceStats]: ...
+
+
 class ZmqMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.feeds: list[InstanceFeed] = []
+    def __init__(self, registry: CollectorRegistry, feeds: Sequence[CountedFeed]) -> None:
+        """`feeds`: the live list of feeds (it grows and shrinks as instances join and leave)."""
+        self.feeds = feeds
         self.lag = Histogram("kvroute_router_zmq_event_lag_seconds",
                              "From a batch's publish timestamp to its events applied to the index.",
                              buckets=LAG_BUCKETS, registry=registry)
@@ -49,7 +61,7 @@ class ZmqMetrics:
         mapped = GaugeMetricFamily("kvroute_router_zmq_engine_blocks", "Engine blocks in the hash map.",
                                    labels=["instance"])
         for feed in self.feeds:
-            inst = feed.inst.id
+            inst = feed.instance_id
             stats = feed.source_stats()
             for name, family in families.items():
                 family.add_metric([inst], sum(getattr(s, name) for s in stats))
