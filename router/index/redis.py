@@ -45,7 +45,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from router.contract.cancellation import raise_if_cancelled
-from router.index import redis_scripts as lua
+import router.index.redis_scripts as lua
 from router.index.base import Applied, IndexUnavailable, PrefixMatch, event_owner
 from router.index.memory import tier_bit, to_match
 from router.contract.protocol import TIERS, KVEvent
