@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loadgen.local_cluster import free_port, stop_process  # noqa: E402
 from loadgen.local_cluster import spawn as local_spawn  # noqa: E402
 from loadgen.redis_server import RedisServer  # noqa: E402
-from router.fleet.kinds.prometheus import metric_sum  # noqa: E402
+from router.contract.prometheus_text import metric_sum  # noqa: E402
 from tools.procs import wait_ready, write_json  # noqa: E402
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")

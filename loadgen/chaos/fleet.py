@@ -21,7 +21,7 @@ import aiohttp
 from loadgen.chaos.procs import Proc
 from loadgen.local_cluster import free_port
 from loadgen.redis_server import find_redis_server, redis_argv
-from router.fleet.kinds.prometheus import metric_sum
+from router.contract.prometheus_text import metric_sum
 from router.contract.kv_auth import SECRET_ENV
 
 # Sim engines with a tenth of the tiny model's CPU time (a 512-token answer takes ~0.8 s, so faults

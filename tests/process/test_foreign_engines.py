@@ -6,7 +6,7 @@ import time
 import pytest
 
 from router.service.config import RouterConfig
-from router.fleet.kinds.prometheus import metric_labels, metric_max, metric_sum
+from router.contract.prometheus_text import metric_labels, metric_max, metric_sum
 from router.contract.tokenizer import load_tokenizer
 from tests.conftest import LoopbackServer
 from tests.foreign_stubs import StubEngine

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from router.fleet.instance import EngineInfo
 from router.fleet.kinds.http import EngineHTTP, NotServed, optional
-from router.fleet.kinds.prometheus import metric_max, metric_sum
+from router.contract.prometheus_text import metric_max, metric_sum
 from router.fleet.kinds.vllm import discover_foreign, load_record
 from router.contract.protocol import LoadRecord
 

@@ -15,7 +15,7 @@ import urllib.parse
 from router.fleet.instance import EngineInfo
 from router.fleet.kinds.http import EngineHTTP, optional
 from router.fleet.kinds.probe import router_tokenizer, served_model, tokenizer_fingerprint
-from router.fleet.kinds.prometheus import metric_labels, metric_max, metric_sum
+from router.contract.prometheus_text import metric_labels, metric_max, metric_sum
 from router.contract.protocol import LoadRecord, hash_seed
 
 USAGE_SCALE_BLOCKS = 10_000  # kv_total_blocks when the engine does not say how many it has
