@@ -14,11 +14,12 @@ import sys
 import orjson
 
 from loadgen.chaos.config import ChaosConfig
+from loadgen.chaos.rows import markdown
+from loadgen.chaos.runner import run_chaos
+from loadgen.chaos.scenarios import SCENARIOS, chosen
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadgen.chaos.scenarios import SCENARIOS
-
     p = argparse.ArgumentParser(prog="kvroute chaos", description=__doc__.split("\n")[0],
                                 epilog="scenarios: " + "; ".join(f"{n}: {s.summary}" for n, s in SCENARIOS.items()))
     p.add_argument("--out", default=None, help="write results.json, results.md and the processes' logs here")
@@ -52,7 +53,9 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
             given[key] = tuple(given[key])
     if args.quick:
         given = {**ChaosConfig.quick_defaults(), **given}
-    return ChaosConfig(**given)
+    config = ChaosConfig(**given)
+    chosen(config)  # its scenarios exist and the fleet can run them (ValueError otherwise)
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,9 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kvroute chaos: {e}", file=sys.stderr)
         return 2
-    from loadgen.chaos.rows import markdown
-    from loadgen.chaos.runner import run_chaos
-
     log_dir = os.path.join(config.out, "logs") if config.out else None
     try:
         result = asyncio.run(run_chaos(config, log_dir))

@@ -21,7 +21,7 @@ from loadgen.chaos.load import LoadClient, Prompts
 from loadgen.chaos.rows import Row
 from loadgen.chaos.rss import RssWatch
 from loadgen.chaos.scenario_base import Context, Outcome, Violation
-from loadgen.chaos.scenarios import SCENARIOS
+from loadgen.chaos.scenarios import SCENARIOS, chosen
 from loadgen.chaos.watch import Views
 
 WARMUP_S = 2.0  # load before the first scenario, so caches and the index are warm
@@ -79,7 +79,7 @@ async def _scenarios(config: ChaosConfig, fleet: Fleet, session: aiohttp.ClientS
     try:
         say(f"background load: {config.rate:g} requests/s through {len(fleet.routers)} router(s); warming up")
         await asyncio.sleep(WARMUP_S)
-        for name in config.chosen:
+        for name in chosen(config):
             if not await run.scenario(name):
                 break  # the fleet is not whole any more: later scenarios would measure the wreck
     finally:

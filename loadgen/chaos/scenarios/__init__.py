@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from loadgen.chaos.config import ChaosConfig
 from loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
 from loadgen.chaos.scenarios.fuzzing import Fuzz
 from loadgen.chaos.scenarios.redis_faults import REDIS_FREEZE, REDIS_KILL
@@ -10,3 +11,15 @@ from loadgen.chaos.scenarios.streams import ManyStreams
 
 SCENARIOS = {s.name: s for s in (Fuzz(), ENGINE_KILL, ENGINE_HANG, REDIS_KILL, REDIS_FREEZE, ManyStreams(),
                                  RouterRestart())}
+QUICK_SCENARIOS = ("fuzz", "engine-kill")
+
+
+def chosen(config: ChaosConfig) -> tuple[str, ...]:
+    """The scenarios `config` runs, in order; ValueError for an unknown one or a fleet that cannot run one."""
+    names = config.scenarios or (QUICK_SCENARIOS if config.quick else tuple(SCENARIOS))
+    unknown = [s for s in names if s not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    if "router-restart" in names and config.routers < 2:
+        raise ValueError("the router-restart scenario needs --routers 2 or more (one keeps serving)")
+    return names
