@@ -1,10 +1,23 @@
 import os
+import pathlib
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.loopback import LoopbackServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+
+
+FOLDER_MARKERS = ("unit", "process")  # tests/unit: in-process; tests/process: start processes or redis-server
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test by its folder, so `-m unit` runs the fast in-process ones."""
+    for item in items:
+        folder = pathlib.Path(item.path).parent.name
+        if folder in FOLDER_MARKERS:
+            item.add_marker(folder)
 
 
 @pytest.fixture(scope="session")
@@ -23,31 +36,6 @@ def redis_url(redis_server):
     client.flushall()
     client.close()
     return redis_server.url
-
-
-class LoopbackServer:
-    """An aiohttp app served the way `kvroute` serves it, on 127.0.0.1 and a free port."""
-
-    def __init__(self, app):
-        self.app = app
-        self.runner = None
-        self.url = ""
-
-    async def start(self, port: int = 0):
-        from aiohttp import web
-
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def close(self):
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
 
 
 @pytest.fixture

@@ -9,8 +9,10 @@ from aiohttp import web
 from engine.service.server import ENGINE, SERVICE
 from router.service.app import CLUSTER, ENTRY
 from router.contract.http import error_middleware
-from tests.conftest import LoopbackServer
-from tests.process.test_router_e2e import FAST, cluster, wait_for
+from tests.support.loopback import LoopbackServer
+from tests.support.router_cluster import FAST, cluster
+from tests.support.stub_engine import stub_engine, stub_router
+from tests.support.waiting import wait_for
 
 
 class NoCancelServer(LoopbackServer):
@@ -95,7 +97,6 @@ async def test_a_burst_slower_than_the_first_byte_timeout_does_not_take_every_en
     """1,000 streams at once with a 1 s first-byte timeout timed out on every engine, so every
     engine was excluded and ejected and all other traffic got 503 'no healthy instance'.
     Failed requests now take at most half of a model's engines out of routing."""
-    from tests.unit.test_router_blame import stub_router
 
     async def slow_for_some(request):
         body = await request.json()
@@ -193,7 +194,6 @@ async def test_busy_engines_slow_to_answer_health_checks_are_not_all_taken_out(s
     """Under the same burst the engines answered /health later than its timeout: every one was
     excluded by its health check and the fleet answered 503 to everything. A probe that times
     out (busy, or hung) is capped like a failed request; a refused one (dead) is not."""
-    from tests.process.test_router_faults import stub_engine
 
     slow = asyncio.Event()
 

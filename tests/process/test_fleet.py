@@ -12,9 +12,10 @@ from engine.service.server import ENGINE, REGISTRATION
 from router.service.app import CLUSTER
 from router.contract.registry_record import IDS, engine_key
 from router.contract.serve import SHUTDOWN
-from tests.conftest import LoopbackServer
-from tests.redis_server import free_port
-from tests.process.test_router_e2e import FAST, prompt, wait_for
+from tests.support.loopback import LoopbackServer
+from tests.support.redis_server import free_port
+from tests.support.router_cluster import FAST, prompt
+from tests.support.waiting import wait_for
 
 torch.set_num_threads(1)
 KEY = "fleet-admin"

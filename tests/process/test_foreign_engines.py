@@ -8,9 +8,9 @@ import pytest
 from router.service.config import RouterConfig
 from router.contract.prometheus_text import metric_labels, metric_max, metric_sum
 from router.contract.tokenizer import load_tokenizer
-from tests.conftest import LoopbackServer
-from tests.foreign_stubs import StubEngine
-from tests.vllm_publisher import VllmPublisher, engine_hashes, stored
+from tests.support.loopback import LoopbackServer
+from tests.support.foreign_stubs import StubEngine
+from tests.support.vllm_publisher import VllmPublisher, engine_hashes, stored
 
 PROMPT = "You are a helpful assistant who answers questions about the solar system. " * 6
 

@@ -13,7 +13,7 @@ from router.index import (INDEXES, BreakerIndex, IndexUnavailable, InstrumentedI
 from router.index.redis import GC_CHUNK, WRITE_CHUNK, pack
 from router.contract.protocol import TIERS, KVEvent
 from router.contract.tier_costs import store_owner
-from tests.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer, free_port
 
 CHAIN = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(1, 41)]  # spread over the u64 range
 

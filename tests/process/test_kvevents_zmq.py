@@ -15,7 +15,7 @@ from router.fleet.instance import EngineInfo, Instance
 from router.kvevents.follower import ZmqFollower
 from router.kvevents.sources import EventSource
 from router.contract.protocol import block_hashes, hash_seed
-from tests.vllm_publisher import VllmPublisher, cleared, encode_batch, engine_hashes, removed, stored
+from tests.support.vllm_publisher import VllmPublisher, cleared, encode_batch, engine_hashes, removed, stored
 
 SEED = hash_seed("m")
 rng = random.Random(1)

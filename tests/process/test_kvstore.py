@@ -10,7 +10,7 @@ from engine.kv.kv_copies import StoredBlock
 from engine.kv.store import StoreUnavailable, check_reachable, default_store_id, layout_namespace, make_store
 from engine.kv.store.entry import BadEntry, decode, encode
 from engine.kv.store.guard import GuardedStore
-from tests.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer, free_port
 
 NS = layout_namespace("m", "float32", 16, 2, 2, 64, 1234)
 BLOCK = StoredBlock(0xDEADBEEF12345678, tuple(range(16)), 99)

@@ -6,13 +6,9 @@ import orjson
 import pytest
 
 from router.service.app import CLUSTER, ROUTER
-
-FAST = 0.01  # sim engines' time scale
-
-
-def prompt(group: int, question: int = 0) -> str:
-    shared = f"System prompt for tenant {group}: " + "you are a careful assistant who answers briefly. " * 12
-    return shared + f"Question {question}: what is {question} plus {group}?"
+from tests.support.redis_server import RedisServer
+from tests.support.router_cluster import FAST, cluster, complete, prompt
+from tests.support.waiting import wait_for
 
 
 def prompt_hashes(text: str) -> tuple[int, ...]:
@@ -20,28 +16,6 @@ def prompt_hashes(text: str) -> tuple[int, ...]:
     from router.contract.tokenizer import load_tokenizer
 
     return tuple(block_hashes(load_tokenizer().encode(text), 16, hash_seed("kvroute-tiny")))
-
-
-async def complete(http, url, text, max_tokens=3, stream=False, **extra):
-    body = {"prompt": text, "max_tokens": max_tokens, "stream": stream, **extra}
-    async with http.post(url + "/v1/completions", json=body) as r:
-        payload = await r.read()
-        return r.status, r.headers.get("x-kvroute-instance"), payload
-
-
-async def wait_for(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return predicate()
-
-
-async def cluster(start_engine, start_router, n=3, engine_kw=None, **router_kw):
-    engines = [await start_engine(time_scale=FAST, **(engine_kw or {})) for _ in range(n)]
-    url, server = await start_router([e[0] for e in engines], **router_kw)
-    await wait_for(lambda: all(i.routable and not i.needs_resync for i in server.app[CLUSTER].instances))
-    return url, server, engines
 
 
 async def test_shared_prefix_sticks_and_distinct_prefixes_spread(start_engine, start_router, http):
@@ -214,8 +188,6 @@ async def test_two_routers_share_the_redis_index(start_engine, start_router, htt
 
 
 async def test_redis_down_keeps_serving_on_load(start_engine, start_router, http):
-    from tests.redis_server import RedisServer
-
     server_redis = RedisServer()
     try:
         url, _, _ = await cluster(start_engine, start_router, n=2, index="redis", redis=server_redis.url)

@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 
 from router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
-from tests.conftest import LoopbackServer
-from tests.redis_server import free_port
+from tests.support.loopback import LoopbackServer
+from tests.support.redis_server import free_port
 
 
 async def instances(http, url) -> list[dict]:

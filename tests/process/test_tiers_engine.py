@@ -10,7 +10,7 @@ import torch
 from engine.kv.kv_copies import CopyPlan
 from engine.runners.torch_runner import TorchRunner
 from engine.core.work import SamplingParams, SeqWork
-from tests.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer, free_port
 
 torch.set_num_threads(1)
 

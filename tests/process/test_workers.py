@@ -9,7 +9,7 @@ import sys
 
 import aiohttp
 
-from tests.redis_server import free_port
+from tests.support.redis_server import free_port
 from tools.procs import wait_ready
 
 

@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from router.service.app import CLUSTER
-from tests.process.test_router_e2e import cluster, complete, prompt
+from tests.support.raw_client import stream_then_hang_up
+from tests.support.router_cluster import cluster, complete, prompt
 
 MB = 1 << 20
 
@@ -97,29 +98,6 @@ async def test_long_chat_is_tokenized_off_the_loop(router_url, http):
     results = await asyncio.gather(post_raw(http, router_url[0] + "/v1/chat/completions", orjson.dumps(chat)),
                                    complete(http, router_url[0], "hi", max_tokens=1))
     assert results[0][0] == 200 and results[1][0] == 200
-
-
-async def stream_then_hang_up(url: str, body: dict) -> bytes:
-    """POST a streamed request on a raw socket, read to [DONE], then reset the connection."""
-    import socket
-    import struct
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    payload = orjson.dumps(body)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
-    seen = b""
-    while b"[DONE]" not in seen:
-        chunk = await reader.read(65536)
-        if not chunk:
-            break
-        seen += chunk
-    sock = writer.get_extra_info("socket")
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
-    writer.transport.abort()
-    return seen
 
 
 async def test_client_leaving_after_done_logs_no_error(router_url, http, caplog):

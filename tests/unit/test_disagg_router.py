@@ -6,7 +6,7 @@ import orjson
 import torch
 
 from router.service.app import CLUSTER
-from tests.process.test_router_e2e import wait_for
+from tests.support.waiting import wait_for
 
 torch.set_num_threads(1)
 

@@ -2,8 +2,9 @@
 
 import asyncio
 
-import orjson
 import pytest
+
+from tests.support.sse import sse_events
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 8  # several full blocks
 
@@ -11,16 +12,6 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 8  # several full blo
 async def post(http, url, body):
     async with http.post(url, json=body) as r:
         return r.status, await r.json(), r.headers
-
-
-async def sse_events(resp):
-    events = []
-    async for line in resp.content:
-        line = line.strip()
-        if line.startswith(b"data: "):
-            payload = line[6:]
-            events.append(payload if payload == b"[DONE]" else orjson.loads(payload))
-    return events
 
 
 async def test_completion_reports_cached_tokens_on_repeat(start_engine, http):

@@ -9,7 +9,7 @@ from engine.core.prefix_hit import PrefixHit
 from engine.core.sequence import Sequence
 from engine.core.work import SamplingParams
 from router.contract.idle_ages import IdleAges
-from tests.unit.test_policies import FakeClock
+from tests.support.clock import FakeClock
 
 BS = 4
 

@@ -10,7 +10,8 @@ from router.decision.policies.base import COST_TERMS
 from router.decision.policies.eviction import expected_loss
 from router.decision.policies.replication import PrefixDemand
 from router.decision.policies.reuse import ReuseHistory
-from tests.unit.test_policies import BS, FakeClock, chain, req
+from tests.support.clock import FakeClock
+from tests.support.route_requests import BS, chain, req
 
 
 def trained(**params):

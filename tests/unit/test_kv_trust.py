@@ -15,8 +15,8 @@ from engine.transfer.kv_transfer import FRAME, END_INDEX
 from engine.service.server import ENGINE
 from router.contract.kv_auth import make_grant, sign
 from router.contract.protocol import block_hashes, hash_seed
-from tests.conftest import LoopbackServer
-from tests.process.test_router_e2e import wait_for
+from tests.support.loopback import LoopbackServer
+from tests.support.waiting import wait_for
 
 torch.set_num_threads(1)
 SECRET = "trust-test-secret"

@@ -8,7 +8,7 @@ from router.index.memory import MemoryIndex
 from router.kvevents.translate import BlockMap
 from router.contract.kv_wire import Cleared, Removed, Stored
 from router.contract.protocol import block_hashes, hash_seed
-from tests.vllm_publisher import engine_hashes
+from tests.support.vllm_publisher import engine_hashes
 
 SEED = hash_seed("m")
 rng = random.Random(0)

@@ -240,3 +240,16 @@ def test_no_file_cites_one_outside_the_repository():
                         found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
                     at = line.find(needle, at + 1)
     assert not found, "citations of files outside the repository:\n" + "\n".join(sorted(set(found)))
+
+
+def test_no_test_file_imports_another():
+    """Shared test helpers live in tests/support; test files and conftest import only from there."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if "support" in path.relative_to(ROOT / "tests").parts:
+            continue
+        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                      if n.startswith("tests.") and not n.startswith("tests.support")]
+    assert not found, "test files importing other test files:\n" + "\n".join(found)

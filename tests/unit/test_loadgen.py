@@ -18,7 +18,7 @@ from loadgen.runner import LoadConfig, run_load
 from loadgen.summary import summarize
 from loadgen.workloads import WORKLOADS, make_workload
 from loadgen.workloads.content import FIRST_ID, VOCAB_SIZE
-from tests.conftest import LoopbackServer
+from tests.support.loopback import LoopbackServer
 
 SHARED_TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
                             "mooncake_synthetic_trace.jsonl")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.unit.test_engine_http import sse_events
+from tests.support.sse import sse_events
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 

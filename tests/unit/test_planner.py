@@ -3,6 +3,8 @@
 import pytest
 
 from router.planner.decide import EngineView, Observation, Planner, PlannerConfig, assign
+from tests.support.router_cluster import FAST
+from tests.support.waiting import wait_for
 
 CFG = PlannerConfig(prefill_tokens_per_s=10_000, decode_tokens_per_s=2_000, hold=2, cooldown_s=10,
                     colocate_below=0.3, slo_ttft_s=1.0, slo_tpot_s=0.05)
@@ -106,7 +108,6 @@ async def test_planner_service_switches_a_routers_engines(start_engine, start_ro
 
     from router.service.app import CLUSTER
     from router.planner.service import PlannerService
-    from tests.process.test_router_e2e import FAST, wait_for
 
     engines = [await start_engine(time_scale=FAST, instance_id=f"p{i}", admin_key="k") for i in range(3)]
     url, server = await start_router([e[0] for e in engines], admin_key="k")

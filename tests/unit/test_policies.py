@@ -3,36 +3,16 @@ import random
 from collections import Counter
 
 import pytest
-import xxhash
 
 from router.index.base import PrefixMatch
 from router.decision.policies import POLICIES, InstanceState, RouteRequest, make_policy, policy_params
 from router.decision.policies.recent import RecentBlocks
-
-BS = 16
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
+from tests.support.route_requests import BS, chain, req
 
 
 def insts(*ids, **fields):
     return [InstanceState(i, **fields) for i in ids]
-
-
-def chain(prefix: int, n: int, tail: int = 0, n_tail: int = 0) -> tuple[int, ...]:
-    """Stand-in block hashes: n shared blocks of `prefix`, then n_tail blocks unique to `tail`."""
-    shared = tuple(xxhash.xxh3_64_intdigest(f"p{prefix}:{i}".encode()) for i in range(n))
-    return shared + tuple(xxhash.xxh3_64_intdigest(f"t{prefix}:{tail}:{i}".encode()) for i in range(n_tail))
-
-
-def req(blocks, num_tokens=None, request_id=""):
-    blocks = tuple(blocks)
-    return RouteRequest(num_tokens if num_tokens is not None else len(blocks) * BS + 5, blocks, BS, request_id)
 
 
 def bump(cands, decision):

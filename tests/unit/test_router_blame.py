@@ -9,10 +9,11 @@ from aiohttp import web
 
 from router.service.app import CLUSTER
 from router.contract.http import error_middleware
-from tests.conftest import LoopbackServer
-from tests.unit.test_bounded_work import stream_then_hang_up
-from tests.process.test_router_faults import stub_engine
-from tests.process.test_router_e2e import FAST, wait_for
+from tests.support.loopback import LoopbackServer
+from tests.support.raw_client import stream_then_hang_up
+from tests.support.stub_engine import stub_engine, stub_router
+from tests.support.router_cluster import FAST
+from tests.support.waiting import wait_for
 
 CHUNK = b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n'
 
@@ -44,13 +45,6 @@ async def hangs(request):
 async def busy_with_http_date(request):
     return web.json_response({"error": {"message": "busy"}}, status=503,
                              headers={"Retry-After": "Wed, 21 Oct 2099 07:28:00 GMT"})
-
-
-async def stub_router(start_router, *handlers, **router_kw):
-    stubs = [await LoopbackServer(stub_engine(f"s{i}", h)).start() for i, h in enumerate(handlers)]
-    url, server = await start_router([s.url for s in stubs], **router_kw)
-    await wait_for(lambda: all(i.routable for i in server.app[CLUSTER].instances))
-    return url, server, stubs
 
 
 async def test_client_leaving_right_after_done_logs_no_error(start_router, caplog):

@@ -10,7 +10,7 @@ from engine.runners.model.config import ModelConfig
 from engine.runners.sampling import sample, top_k_min_p_filter
 from engine.runners.torch_runner import TorchRunner
 from engine.core.work import SamplingParams, SeqWork
-from tests.unit.test_engine_http import sse_events
+from tests.support.sse import sse_events
 
 torch.set_num_threads(1)
 

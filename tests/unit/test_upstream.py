@@ -8,7 +8,7 @@ from aiohttp import web
 
 from router.service.upstream import Upstream
 from router.service.upstream_errors import describe_failure
-from tests.conftest import LoopbackServer
+from tests.support.loopback import LoopbackServer
 
 
 async def serve(routes) -> LoopbackServer:

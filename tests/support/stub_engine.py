@@ -1,0 +1,53 @@
+"""Engines that speak kvroute's control API and answer completions however a test says, and a
+router in front of them."""
+
+import asyncio
+
+from aiohttp import web
+
+from router.contract.protocol import hash_seed
+from router.contract.tokenizer import load_tokenizer
+from router.service.app import CLUSTER
+from tests.support.loopback import LoopbackServer
+from tests.support.waiting import wait_for
+
+
+def stub_engine(instance_id: str, completions, health=None) -> web.Application:
+    """An engine that speaks the kvroute control API and answers completions with `completions`
+    (and GET /health with `health`, if given)."""
+    info = {"instance_id": instance_id, "model": "kvroute-tiny", "block_size": 16,
+            "hash_seed": hash_seed("kvroute-tiny"), "tokenizer": load_tokenizer().fingerprint, "role": "both"}
+    load = {"instance": instance_id, "running": 0, "waiting": 0, "kv_used_blocks": 0, "kv_total_blocks": 64,
+            "queued_prefill_tokens": 0}
+
+    async def kv_info(_):
+        return web.json_response(info)
+
+    async def healthy(_):
+        return web.json_response({"status": "ok"})
+
+    async def get_load(_):
+        return web.json_response(load)
+
+    async def snapshot(_):
+        return web.json_response({"instance": instance_id, "epoch": 1, "seq": 0, "tiers": {"device": []}})
+
+    async def events(_):
+        await asyncio.sleep(0.2)
+        return web.json_response({"instance": instance_id, "epoch": 1, "seq": 0, "resync": False, "events": []})
+
+    app = web.Application()
+    app.router.add_get("/kv/info", kv_info)
+    app.router.add_get("/health", health or healthy)
+    app.router.add_get("/load", get_load)
+    app.router.add_get("/kv/snapshot", snapshot)
+    app.router.add_get("/kv/events", events)
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+async def stub_router(start_router, *handlers, **router_kw):
+    stubs = [await LoopbackServer(stub_engine(f"s{i}", h)).start() for i, h in enumerate(handlers)]
+    url, server = await start_router([s.url for s in stubs], **router_kw)
+    await wait_for(lambda: all(i.routable for i in server.app[CLUSTER].instances))
+    return url, server, stubs
