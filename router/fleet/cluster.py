@@ -14,6 +14,7 @@ from router.service.config import RouterConfig
 from router.index.base import BlockIndex, IndexUnavailable
 from router.fleet.instance import EngineInfo, Generation, Instance
 from router.fleet.kinds import assign_kinds, discover_info, poll_load
+from router.fleet.kinds.http import EngineHTTP
 from router.fleet.fleet_shape import FleetShape
 from router.fleet.groups import Group, Groups
 from router.contract.limits import Limits
@@ -46,6 +47,7 @@ class Cluster:
                           for url in config.engines]  # grows, shrinks
         assign_kinds(self.instances, config)
         self.session = session
+        self.engine_http = EngineHTTP(session, config.connect_timeout_s)  # discovery and load polling
         self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
         self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
 
@@ -125,7 +127,7 @@ class Cluster:
     async def discover(self, inst: Instance, dry_run: bool = False) -> None:
         """Learn what the engine is (router/fleet/kinds: /kv/info for kvroute engines) into `inst.info`;
         `dry_run` (the admin API's probe of a candidate) only reads it."""
-        info = await discover_info(self, inst)
+        info = await discover_info(self.engine_http, inst, self.config)
         if dry_run:
             inst.info = info
             return
@@ -279,7 +281,7 @@ class Cluster:
 
     async def _poll_load(self, inst: Instance) -> None:
         try:
-            self.observe_load(inst, await poll_load(self, inst))
+            self.observe_load(inst, await poll_load(self.engine_http, inst))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             self.report_failure(inst, describe_failure(e), slow=answered_late(e))
 

@@ -54,10 +54,6 @@ def parse_kinds(items: Iterable[str], engines: Iterable[str]) -> Mapping[str, st
     return {url: out.get(url, default) for url in urls}
 
 
-def http_for(cluster) -> EngineHTTP:
-    return EngineHTTP(cluster.session, cluster.config.connect_timeout_s)
-
-
 async def detect(http: EngineHTTP, url: str) -> str:
     """The kind of the engine at `url`, from what it serves."""
     try:
@@ -76,17 +72,17 @@ async def detect(http: EngineHTTP, url: str) -> str:
                       f"--engine-kind {url}=vllm|sglang|kvroute)")
 
 
-async def discover_info(cluster, inst) -> EngineInfo:
-    http = http_for(cluster)
+async def discover_info(http: EngineHTTP, inst, config) -> EngineInfo:
+    """What the engine at `inst.url` is (its kind resolved first when it is "auto")."""
     if inst.kind == "auto":
         inst.kind = await detect(http, inst.url)
     kind = ENGINE_KINDS[inst.kind]
     inst.engine_feed = kind.has_kv_feed
-    return await kind.discover(http, inst, cluster.config)
+    return await kind.discover(http, inst, config)
 
 
-async def poll_load(cluster, inst) -> LoadRecord:
-    return await ENGINE_KINDS[inst.kind].load(http_for(cluster), inst)
+async def poll_load(http: EngineHTTP, inst) -> LoadRecord:
+    return await ENGINE_KINDS[inst.kind].load(http, inst)
 
 
 def assign_kinds(instances, config) -> None:
