@@ -121,10 +121,9 @@ def bench(runs: Sequence[Mapping[str, Any]]) -> str:
 
 def decision(out: Mapping[str, Any]) -> str:
     """tools/bench_router.py decision: the router's prepare + decide per case, in process."""
+    times = ("median_ms", "p99_ms", "prepare_median_ms", "decide_median_ms", "over_tokenizer_median_ms")
     rows = [[r.get("scenario"), r.get("index"), num(r.get("instances")), num(r.get("prompt_tokens")),
-             num(r.get("median_ms"), digits=3), num(r.get("p99_ms"), digits=3), num(r.get("prepare_median_ms"), digits=3),
-             num(r.get("decide_median_ms"), digits=3), num(r.get("over_tokenizer_median_ms"), digits=3)]
-            for r in out.get("decision", [])]
+             *(num(r.get(k), digits=3) for k in times)] for r in out.get("decision", [])]
     head = ["case", "index", "instances", "prompt tokens", "median ms", "p99 ms", "prepare ms", "decide ms",
             "over the tokenizer alone, ms"]
     return table(head, rows)

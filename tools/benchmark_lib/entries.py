@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tools import benchmark_render as render
+from tools.benchmark_lib import render
 
 CLI = ("-m", "kvroute_cli")
 SIM_PRESSURE = ("--instances", "8", "--num-blocks", "1024", "--policy", "kv_aware,oracle", "--workload", "doc-qa",
