@@ -34,7 +34,9 @@ ENTRIES = (
           about="8 instances x 1,024 blocks (16k tokens each); 48 documents of 2,400 tokens need 7,200 of the "
                 "fleet's 8,192 blocks, so every placement evicts something. kv_aware prices what a placement "
                 "evicts; the oracle knows every cache and queue exactly and minimises each request's TTFT alone, "
-                "so it is a reference, not a bound.",
+                "so it is a reference, not a bound: a document cached nowhere predicts the same TTFT everywhere, "
+                "so the oracle places it at random and evicts whatever is there, while kv_aware sends it where "
+                "the victims are least likely to be asked for again.",
           args=(*CLI, "sim", *SIM_PRESSURE, "--documents", "48", "--zipf", "0.9", "--out", "{out}"),
           out="sim-pressure-48.json", render=render.sim),
     Entry(name="sim-pressure-80", title="Simulator: more documents than fit",
@@ -58,12 +60,16 @@ ENTRIES = (
           out="sim-scale.json", render=render.sim),
     Entry(name="bench-quick", title="Policies over HTTP: kvroute bench --quick on sim engines",
           about="8 sim engines behind a real router, one fresh cluster per policy, the same shared-prefix "
-                "workload and seed. The last column is each run's TTFT p90 over the first run's.",
+                "workload and seed. The last column is each run's TTFT p90 over the first run's. prefix_hash keeps "
+                "a group on one engine too, but its ring can put several groups on one engine, whose cache then "
+                "thrashes.",
           args=(*CLI, "bench", "--quick", "--backend", "sim", "--no-progress", "--out", "{out}"),
           out="bench-quick", result="results.json", render=render.bench),
     Entry(name="decision", title="The router's decision time",
           about="In process: prepare (limits, tokenize, hash) plus decide (index lookup, candidates, kv_aware "
-                "scoring), medians of 200 decisions; 8 of the instances hold growing shares of the prompt's prefix.",
+                "scoring), medians of 200 decisions; 8 of the instances hold growing shares of the prompt's prefix. "
+                "A seen system prompt costs a lookup in the segment cache instead of tokenizing; what is left grows "
+                "with the prompt's block count, not with the fleet.",
           args=("tools/bench_router.py", "decision", "--out", "{out}"), out="decision.json", render=render.decision),
     Entry(name="chaos-quick", title="Chaos: kvroute chaos --quick",
           about="A redis-server, 2 sim engines and 1 router on loopback under steady load, while a sample of the "
@@ -74,7 +80,8 @@ ENTRIES = (
     Entry(name="kvevents", title="KV events over ZeroMQ: decode, throughput, lag",
           about="Decoding a vLLM-format batch with its validation (us per batch, best of 5 x 2,000); subscriber "
                 "throughput into the memory index (router blocks/s, consumer pinned to one core); lag from a "
-                "batch's publish timestamp to its events in the index.",
+                "batch's publish timestamp to its events in the index. SGLang's page size 1 costs one map entry "
+                "per token, so its router blocks/s are lower for the same engine blocks/s.",
           args=("tools/bench_kvevents.py", "all", "--json", "{out}"), out="kvevents.json"),
     Entry(name="torch-demo", title="The torch demo (kvroute demo)", full_only=True,
           about="4 torch engines with the built-in tiny model behind the router, one run per policy.",
