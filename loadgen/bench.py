@@ -216,6 +216,32 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
     return args, policies, extras
 
 
+SUBJECT_POLICY = "kv_aware"  # the policy kvroute bench and kvroute demo exist to test
+
+
+def verdict_pair(args: argparse.Namespace, policies: list[str], names: list[str]) -> dict[str, str]:
+    """The verdict's subject and baseline: the policy under test against the first other run.
+
+    The policy under test is kv_aware when it ran, else the last of --policies (the default list
+    puts the baselines first); --extra-target runs are never the subject. With --pd it is the
+    disaggregated cluster against the colocated one; with --tiers the last setup against device only.
+    """
+    if len(names) < 2:
+        return {}
+    if args.pd:
+        return {"subject": names[1], "baseline": names[0]}
+    if args.tiers:
+        return {"subject": names[-1], "baseline": names[0]}
+    subject = SUBJECT_POLICY if SUBJECT_POLICY in policies else policies[-1]
+    others = [n for n in names if n != subject]
+    return {"subject": subject, "baseline": others[0]} if others else {}
+
+
+def verdict_line(args: argparse.Namespace, policies: list[str], runs: list[Run]) -> str | None:
+    """The run's last line: the policy under test against the baseline, and every run's cached share."""
+    return verdict(runs, **verdict_pair(args, policies, [r.name for r in runs]))
+
+
 def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, str]], prog: str = PROG) -> int:
     try:
         runs = asyncio.run(bench(args, policies, extras))
@@ -235,7 +261,7 @@ def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, s
     else:
         print(markdown_table(runs))
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
-    line = verdict(runs)
+    line = verdict_line(args, policies, runs)
     if line:
         print(f"\n{prog}: {line}")
     return 0

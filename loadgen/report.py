@@ -112,12 +112,18 @@ def _markdown(runs: Sequence[Run]) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def verdict(runs: Sequence[Run]) -> str | None:
-    """One line: the last run's TTFT p90 against the first's, and every run's cached-token share."""
+def verdict(runs: Sequence[Run], *, subject: str | None = None, baseline: str | None = None) -> str | None:
+    """One line: the subject run's TTFT p90 against the baseline run's, and every run's cached-token share.
+
+    `subject` and `baseline` name runs; left out, they are the last run and the first.
+    """
     runs = [_as_run(r) for r in runs]
-    if len(runs) < 2:
+    by_name = {r.name: r for r in runs}
+    if len(runs) < 2 or (subject or runs[-1].name) not in by_name or (baseline or runs[0].name) not in by_name:
         return None
-    base, best = runs[0], runs[-1]
+    base, best = by_name[baseline or runs[0].name], by_name[subject or runs[-1].name]
+    if base is best:
+        return None
     b, c = base.summary.get("ttft_p90_s"), best.summary.get("ttft_p90_s")
     if not b or c is None:
         return None

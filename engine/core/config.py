@@ -60,7 +60,7 @@ class EngineConfig:
     kv_events_encoding: str = "map"  # "map" (vLLM 0.26), "array" (older vLLM, SGLang), "map-batch" (newer vLLM)
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10_000  # batches kept for replay
-    # KV tiers (DESIGN.md section 6; engine/kv/tiers.py). 0 host blocks and no store: device pool only.
+    # KV tiers (docs/architecture.md#kv-tiers; engine/kv/tiers.py). 0 host blocks and no store: device pool only.
     host_blocks: int = 0  # second block pool in host memory (pinned on CUDA); 0 = off
     kv_store: str | None = None  # shared store: redis://host:port/db or file:///dir
     kv_store_id: str = ""  # instances with the same id share the store; default: the URL without credentials

@@ -29,7 +29,7 @@ NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special to
 # 200 Gb/s InfiniBand NDR per GPU (~25 GB/s achieved), and this machine's loopback as
 # measured by tools/bench_disagg.py with the torch runner (about 1 GB/s, 2 ms per pull).
 #
-# Tier links (the host pool and the shared store, DESIGN.md section 6), from published figures:
+# Tier links (the host pool and the shared store, docs/architecture.md#kv-tiers), from published figures:
 # PCIe 4.0 x16 (A100 hosts): 31.5 GB/s per direction theoretical, ~25 GB/s measured with pinned
 # memory (CUDA bandwidthTest); PCIe 5.0 x16 (H100 hosts): 63 GB/s theoretical, ~50 GB/s measured;
 # a PCIe 4.0 NVMe SSD: ~7 GB/s sequential read (Samsung 990 PRO: 7.45 GB/s read, 6.9 GB/s write),

@@ -2,7 +2,7 @@
 
 Disaggregation moves K/V between engines on the word of `kv_transfer_params`. Clients
 never get to say it (the router strips the field, router/service/steering.py), and an engine
-acts on it only when it can verify where it came from (DESIGN.md section 10):
+acts on it only when it can verify where it came from (docs/architecture.md#trust-rules):
 
   grant    router -> prefill engine: "pin this prompt's K/V for a pull, and name yourself
            `address` in the handle". Signed by the router over

@@ -2,7 +2,7 @@
 
 Imports neither torch nor aiohttp: both sides (and the simulator) use it.
 
-Block hashing (DESIGN.md section 2):
+Block hashing (docs/architecture.md#block-hashing):
 
     seed_bytes = hash_seed(model, salt) as 8 bytes little-endian
     h[0] = xxh3_64(seed_bytes + tokens[0:bs] as little-endian uint32)
@@ -10,8 +10,9 @@ Block hashing (DESIGN.md section 2):
 
 Only full blocks are hashed. Hashes are unsigned 64-bit integers (decimal in JSON).
 
-Load records (GET /load) carry DESIGN.md's fields plus, from engines that have
-them (defaults mean "not reported"), what a placement would evict:
+Load records (GET /load; docs/architecture.md#load-records) carry the queue and pool
+figures plus, from engines that have them (defaults mean "not reported"), what a
+placement would evict:
 `kv_free_blocks`, blocks holding nothing (allocated without evicting), and
 `kv_evictable`, the cached blocks no request holds as [[blocks, idle seconds], ...]
 in eviction order (least recently used first; at most MAX_EVICTABLE_BUCKETS

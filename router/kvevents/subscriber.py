@@ -16,10 +16,10 @@ engine that went quiet before the router started is still known. Then, as messag
 Live messages that arrive while a replay runs wait in the SUB socket; those the replay
 already delivered are dropped. Not detected here: a publisher that restarts and, before
 the router sees any of its new messages, publishes past the old seq (the SUB reconnects
-silently); that engine is unreachable meanwhile, and the cluster clears an instance down
-longer than --clear-grace-s, which rebuilds the feed. A malformed frame or payload is logged, counted and
-skipped; it never stops the stream. A payload that cannot be decoded still consumes its
-seq (a replay would return the same bytes).
+silently); that engine is unreachable meanwhile, and the cluster marks an instance down
+longer than --index-ttl-s for a resync, which rebuilds the feed. A malformed frame or
+payload is logged, counted and skipped; it never stops the stream. A payload that cannot
+be decoded still consumes its seq (a replay would return the same bytes).
 """
 
 from __future__ import annotations

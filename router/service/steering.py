@@ -1,10 +1,11 @@
 """Body fields that steer engine internals: only the router's own code may set them.
 
 `kv_transfer_params` tells an engine to pin K/V for a pull, or to connect to a peer and
-write what it receives into its cache (DESIGN.md sections 5 and 10). A client that could
-set it could make an engine open connections of its choosing (SSRF) or poison a cache
-other tenants read, so the router drops these fields from every client body before
-anything else looks at it; its disaggregation path adds signed ones itself.
+write what it receives into its cache (docs/architecture.md#transfer-grant-and-handle,
+#trust-rules). A client that could set it could make an engine open connections of its
+choosing (SSRF) or poison a cache other tenants read, so the router drops these fields
+from every client body before anything else looks at it; its disaggregation path adds
+signed ones itself.
 `kvroute_prompt_token_ids` is the router's own tokenization of a chat, forwarded to
 kvroute engines with the same tokenizer (`with_token_ids`) so they do not tokenize again.
 """

@@ -1,4 +1,4 @@
-"""No client can steer an engine's K/V (issue 9, DESIGN.md section 10): client
+"""No client can steer an engine's K/V (docs/architecture.md#trust-rules): client
 `kv_transfer_params` are stripped by the router and refused by engines unless signed
 with the fleet's secret or coming from a configured peer."""
 

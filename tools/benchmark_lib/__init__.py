@@ -1,0 +1,1 @@
+"""The registry and renderers behind tools/benchmarks.py (modules, not scripts)."""

@@ -1,0 +1,127 @@
+"""The registry of tools/benchmarks.py: what docs/benchmarks.md measures, and how each is shown.
+
+Each entry is one command (run with the current interpreter from the repository root), the JSON
+file it writes (`{out}` in its arguments is replaced by a path under the work directory), and a
+renderer for that JSON. Full-only entries are the long ones: `--quick` leaves them out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tools.benchmark_lib import render
+
+CLI = ("-m", "kvroute_cli")
+SIM_PRESSURE = ("--instances", "8", "--num-blocks", "1024", "--policy", "kv_aware,oracle", "--workload", "doc-qa",
+                "--doc-tokens", "2400", "--question-tokens", "40", "--output-tokens", "8", "--requests", "3000",
+                "--rate", "24", "--request-overhead", "0.005")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Entry:
+    name: str
+    title: str
+    about: str  # what the figures mean; never figures themselves
+    args: tuple[str, ...]  # after the interpreter; "{out}" is the output path
+    out: str  # file or directory name under the work directory
+    result: str = ""  # the JSON file inside `out` when `out` is a directory
+    render: render.Renderer = render.generic
+    full_only: bool = False
+
+
+ENTRIES = (
+    Entry(name="sim-pressure", title="Simulator: KV capacity pressure",
+          about="8 instances x 1,024 blocks (16k tokens each); 48 documents of 2,400 tokens need 7,200 of the "
+                "fleet's 8,192 blocks, so every placement evicts something. kv_aware prices what a placement "
+                "evicts; the oracle knows every cache and queue exactly and minimises each request's TTFT alone, "
+                "so it is a reference, not a bound: a document cached nowhere predicts the same TTFT everywhere, "
+                "so the oracle places it at random and evicts whatever is there, while kv_aware sends it where "
+                "the victims are least likely to be asked for again.",
+          args=(*CLI, "sim", *SIM_PRESSURE, "--documents", "48", "--zipf", "0.9", "--out", "{out}"),
+          out="sim-pressure-48.json", render=render.sim),
+    Entry(name="sim-pressure-80", title="Simulator: more documents than fit",
+          about="The same cluster with 80 documents (12,000 blocks' worth) and a steeper Zipf 1.1.",
+          args=(*CLI, "sim", *SIM_PRESSURE, "--documents", "80", "--zipf", "1.1", "--out", "{out}"),
+          out="sim-pressure-80.json", render=render.sim),
+    Entry(name="sim-suite", title="Simulator: every workload against the oracle",
+          about="Every policy with its defaults on one cluster (8 x 1,024 blocks, 5 ms request overhead) over the "
+                "shared-prefix, multi-turn, doc-qa, random and hot-prefix workloads, the Mooncake trace (skipped "
+                "when ../shared/traces/ lacks it) and the KV pressure sweep. Cells: TTFT p90 and cached share, "
+                "each relative to the oracle's. oracle_future adds the price of exactly the victims the "
+                "workload's future asks for again.",
+          args=(*CLI, "sim", "--suite", "--out", "{out}"), out="sim-suite.json", render=render.suite),
+    Entry(name="sim-scale", title="Simulator at scale",
+          about="1,024 instances and 100,000 shared-prefix requests; kv_aware with --fast-candidates 16 scores "
+                "only the holders of the prompt's first block, its recent targets and the 16 least loaded. "
+                "The wall seconds are the simulation's own (sim wall s) and the whole command's (below the table).",
+          args=(*CLI, "sim", "--instances", "1024", "--policy", "kv_aware,oracle", "--workload", "shared-prefix",
+                "--groups", "256", "--prefix-tokens", "128", "--question-tokens", "32", "--output-tokens", "4",
+                "--rate", "2000", "--fast-candidates", "16", "--requests", "100000", "--out", "{out}"),
+          out="sim-scale.json", render=render.sim),
+    Entry(name="bench-quick", title="Policies over HTTP: kvroute bench --quick on sim engines",
+          about="8 sim engines behind a real router, one fresh cluster per policy, the same shared-prefix "
+                "workload and seed. The last column is each run's TTFT p90 over the first run's. prefix_hash keeps "
+                "a group on one engine too, but its ring can put several groups on one engine, whose cache then "
+                "thrashes.",
+          args=(*CLI, "bench", "--quick", "--backend", "sim", "--no-progress", "--out", "{out}"),
+          out="bench-quick", result="results.json", render=render.bench),
+    Entry(name="decision", title="The router's decision time",
+          about="In process: prepare (limits, tokenize, hash) plus decide (index lookup, candidates, kv_aware "
+                "scoring), medians of 200 decisions; 8 of the instances hold growing shares of the prompt's prefix. "
+                "A seen system prompt costs a lookup in the segment cache instead of tokenizing; what is left grows "
+                "with the prompt's block count, not with the fleet.",
+          args=("tools/bench_router.py", "decision", "--out", "{out}"), out="decision.json", render=render.decision),
+    Entry(name="chaos-quick", title="Chaos: kvroute chaos --quick",
+          about="A redis-server, 2 sim engines and 1 router on loopback under steady load, while a sample of the "
+                "malformed-body catalog goes to the router and to an engine and one engine is killed and "
+                "restarted. The run fails if any invariant breaks.",
+          args=(*CLI, "chaos", "--quick", "--out", "{out}"), out="chaos-quick", result="results.json",
+          render=render.chaos),
+    Entry(name="kvevents", title="KV events over ZeroMQ: decode, throughput, lag",
+          about="Decoding a vLLM-format batch with its validation (us per batch, best of 5 x 2,000); subscriber "
+                "throughput into the memory index (router blocks/s, consumer pinned to one core); lag from a "
+                "batch's publish timestamp to its events in the index. SGLang's page size 1 costs one map entry "
+                "per token, so its router blocks/s are lower for the same engine blocks/s.",
+          args=("tools/bench_kvevents.py", "all", "--json", "{out}"), out="kvevents.json"),
+    Entry(name="torch-demo", title="The torch demo (kvroute demo)", full_only=True,
+          about="4 torch engines with the built-in tiny model behind the router, one run per policy.",
+          args=(*CLI, "demo", "--no-progress", "--out", "{out}"), out="demo", result="results.json",
+          render=render.bench),
+    Entry(name="torch-runner", title="Torch runner: TTFT by cached share, decode throughput", full_only=True,
+          about="The built-in model on 1 thread; TTFT of a 2,048-token prompt with 0, 1,024 and 1,792 tokens cached.",
+          args=("tools/bench_torch.py", "--out", "{out}"), out="torch.json"),
+    Entry(name="sim-vs-torch", title="Sim runner against torch runner over HTTP", full_only=True,
+          about="The same streamed requests to a torch engine and to a sim engine with the cpu-tiny cost model.",
+          args=("tools/bench_engine.py", "--out", "{out}"), out="engine.json"),
+    Entry(name="disagg", title="Prefill/decode disaggregation against in place", full_only=True,
+          about="An idle pair of torch engines; what the disaggregated path adds to TTFT and E2E by prompt length.",
+          args=("tools/bench_disagg.py", "--out", "{out}"), out="disagg.json"),
+    Entry(name="tier-links", title="KV tier links on this machine", full_only=True,
+          about="Bandwidth and latency fitted for the host pool and the Redis and file stores.",
+          args=("tools/bench_tiers.py", "links", "--out", "{out}"), out="tier-links.json"),
+    Entry(name="tier-ttft", title="TTFT of a returning session by tier", full_only=True,
+          about="A torch engine whose device pool cannot keep the session; where its K/V comes back from.",
+          args=("tools/bench_tiers.py", "ttft", "--out", "{out}"), out="tier-ttft.json"),
+    Entry(name="tier-storm", title="Session-recovery storm at scale (simulator)", full_only=True,
+          about="64 simulated A100-class instances; 1,024 sessions return within 2 s, per tier setup.",
+          args=("tools/sim_storm.py", "--out", "{out}"), out="sim-storm.json"),
+    Entry(name="fleet", title="A fleet that changes: join, kill, drain", full_only=True,
+          about="Sim engines on loopback with a real redis-server registry.",
+          args=("tools/bench_fleet.py", "--repeats", "3", "--out", "{out}"), out="fleet.json"),
+    Entry(name="planner", title="The planner against static splits (simulator)", full_only=True,
+          about="64 A100-class instances on a workload whose first half is prompt-heavy and second decode-heavy.",
+          args=("tools/bench_planner.py", "sim", "--instances", "64", "--rate", "200", "--requests", "48000",
+                "--num-blocks", "16384", "--step", "8", "--out", "{out}"), out="planner.json"),
+    Entry(name="foreign-accuracy", title="Prediction accuracy from ZeroMQ events", full_only=True,
+          about="8 sim engines publishing vLLM's format; the router's predicted cached tokens against the engine's.",
+          args=("tools/bench_foreign.py", "--accuracy-only", "--out", "{out}"), out="foreign",
+          result="accuracy.json"),
+    Entry(name="router-latency", title="Added latency and throughput of the router", full_only=True,
+          about="4 sim engines with near-zero model time; each router measured right after the engine direct.",
+          args=("tools/bench_router.py", "latency", "--out", "{out}"), out="latency.json"),
+    Entry(name="decision-scale", title="Decision time against fleet size (simulator)", full_only=True,
+          about="Index lookup + candidates + kv_aware score with every pool full, all candidates and fast path.",
+          args=("tools/sim_scale.py", "--out", "{out}"), out="sim-scale-decisions.json"),
+)
+
+BY_NAME = {e.name: e for e in ENTRIES}
