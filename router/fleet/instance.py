@@ -38,7 +38,7 @@ class EngineInfo:
 
 
 _ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed"})
-_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info"})  # what state() reads
+_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info", "feed_stale"})  # what state() reads
 _UNSET = object()
 
 
@@ -77,6 +77,7 @@ class Instance:
         self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
         self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+        self.feed_stale: str | None = None  # why its event feed is down: its index entries are not credited
         self._state: InstanceState | None = None
         self.peers = peers  # other router workers sending requests here (router/service/workers.py)
         self.nonstreamed = QueuedPrefill()  # non-streamed requests whose prefill may still be queued
@@ -125,7 +126,8 @@ class Instance:
 
     @property
     def cache_ok(self) -> bool:
-        return not self.mismatch
+        """Its index entries can be credited: a compatible engine whose event feed is up."""
+        return not self.mismatch and self.feed_stale is None
 
     def mark_failure(self, eject_after: int, request: bool = False, ejection_s: float = 0.0,
                      exclude: bool = True) -> bool:
@@ -183,7 +185,7 @@ class Instance:
             queued = self.queued_prefill_tokens
             if self.peers and load is not None:  # the other workers' prefills are in the engine's own count
                 queued = max(queued, load.queued_prefill_tokens)
-            state = InstanceState.of(self.id, self._inflight, queued, load, measured_at, not self.mismatch,
+            state = InstanceState.of(self.id, self._inflight, queued, load, measured_at, self.cache_ok,
                                      self.tier_costs)
             self.__dict__["_state"] = state
         return state
@@ -217,6 +219,7 @@ class Instance:
             "failures": self.failures,
             "request_failures": self.request_failures,
             "mismatch": list(self.mismatch),
+            "feed_stale": self.feed_stale,
             "last_error": self.last_error,
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,

@@ -36,6 +36,8 @@ from router.contract.protocol import KVEvent, hash_seed, new_epoch
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.1
+STALL_S = 10.0  # a subscriber whose poll loop has not turned for this long is stalled: restart its feed
+RESTART_MIN_S, RESTART_MAX_S = 0.1, 5.0  # backoff between restarts of a feed that keeps failing
 
 
 class InstanceFeed:
@@ -53,6 +55,8 @@ class InstanceFeed:
         self.epoch = new_epoch()
         self.seq = 0
         self.rebuilds: list[dict] = []
+        self.restarts = 0  # times the supervisor restarted this feed (it died or stalled)
+        self.stale: str | None = None  # why the feed is down; its instance is routed on load alone meanwhile
         self._lost = False  # index writes failed: rebuild once the index is back
 
     def source_stats(self) -> list[SourceStats]:
@@ -62,9 +66,21 @@ class InstanceFeed:
         while self.inst.info is None:
             await asyncio.sleep(WATCH_INTERVAL_S)
         self._new_map()
+        for sub in self.subscribers:
+            sub.forget()
+            sub.stats.heartbeat = 0.0  # not polling yet: not stalled
         await self._begin()
         self.inst.needs_resync = False
+        self.mark_stale(None)
         await asyncio.gather(self._watch(), *(sub.run() for sub in self.subscribers))
+
+    def stalled(self, now: float) -> bool:
+        """A subscriber loop started (discovery done) but has not polled for STALL_S."""
+        return self.keys is not None and any(0 < s.heartbeat < now - STALL_S for s in self.source_stats())
+
+    def mark_stale(self, reason: str | None) -> None:
+        self.stale = reason
+        self.inst.feed_stale = reason
 
     async def _begin(self) -> None:
         """A fresh, empty feed position (epoch, 0) in the index: what comes next is in order."""
@@ -142,7 +158,10 @@ class InstanceFeed:
         bmap = self.block_map
         return {
             "transport": "zmq",
-            "state": "waiting for discovery" if self.keys is None else "rebuilt" if self.rebuilds else "live",
+            "state": ("stale" if self.stale else "waiting for discovery" if self.keys is None
+                      else "rebuilt" if self.rebuilds else "live"),
+            "stale": self.stale,
+            "restarts": self.restarts,
             "router_block_size": self.keys[1] if self.keys else None,
             "engine_block_size": bmap.engine_block_size,
             "engine_blocks": len(bmap),
@@ -179,7 +198,35 @@ class ZmqFollower:
             self._start(feed)
 
     def _start(self, feed: InstanceFeed) -> None:
-        self.tasks[feed] = asyncio.create_task(feed.run(), name=f"zmq-feed-{feed.inst.url}")
+        self.tasks[feed] = asyncio.create_task(self._supervise(feed), name=f"zmq-feed-{feed.inst.url}")
+
+    async def _supervise(self, feed: InstanceFeed) -> None:
+        """Run a feed for as long as it is wanted: one that dies or stalls is marked stale (its
+        instance is routed on load alone), then restarted from an empty index after a backoff."""
+        delay = RESTART_MIN_S
+        while True:
+            task = asyncio.create_task(feed.run(), name=f"zmq-feed-run-{feed.inst.url}")
+            try:
+                while not task.done():
+                    await asyncio.wait({task}, timeout=1.0)
+                    if not task.done() and feed.stalled(time.monotonic()):
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+                        reason = f"stalled: no poll for {STALL_S:.0f}s"
+                        break
+                else:
+                    exc = task.exception()
+                    reason = f"died: {exc!r}"[:300] if exc is not None else "ended"
+            finally:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            feed.restarts += 1
+            feed.mark_stale(reason)
+            log.error("KV event feed of %s %s; routing it on load alone and restarting in %.1fs",
+                      feed.inst.id, reason, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESTART_MAX_S)
 
     def remove(self, inst: Instance) -> None:
         feed = inst.kv_feed

@@ -143,10 +143,12 @@ async def handle_model(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    routable = sum(i.routable for i in request.app[CLUSTER].instances)
+    instances = request.app[CLUSTER].instances
+    routable = sum(i.routable for i in instances)
     status = 200 if routable else 503
-    return json_response({"status": "ok" if routable else "no routable instance", "routable": routable},
-                         status=status)
+    stale = sorted(i.id for i in instances if i.feed_stale is not None)  # routed on load alone until resynced
+    return json_response({"status": "ok" if routable else "no routable instance", "routable": routable,
+                          "stale_feeds": stale}, status=status)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
