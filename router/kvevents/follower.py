@@ -38,14 +38,16 @@ log = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 0.1
 STALL_S = 10.0  # a subscriber whose poll loop has not turned for this long is stalled: restart its feed
 RESTART_MIN_S, RESTART_MAX_S = 0.1, 5.0  # backoff between restarts of a feed that keeps failing
+CAP_FACTOR = 4  # engine blocks kept per instance: this many times what it advertises
 
 
 class InstanceFeed:
     """One instance's ZeroMQ event sources, its engine-hash map, and what reached the index."""
 
     def __init__(self, inst: Instance, index, sources: Sequence[EventSource], ctx: zmq.asyncio.Context,
-                 topic: str, replay_timeout_s: float, metrics: ZmqMetrics) -> None:
+                 topic: str, replay_timeout_s: float, metrics: ZmqMetrics, max_engine_blocks: int) -> None:
         self.inst = inst
+        self.max_engine_blocks = max_engine_blocks
         self.index = index
         self.metrics = metrics
         self.subscribers = [Subscriber(ctx, s.endpoint, s.replay_endpoint, topic, self, replay_timeout_s)
@@ -111,7 +113,16 @@ class InstanceFeed:
 
     # -- BatchSink --------------------------------------------------------------------
 
+    def cap(self) -> int:
+        """Engine blocks this instance may have in the map: CAP_FACTOR x the blocks it advertises
+        (its KV pool from discovery, or its load reports), else the configured cap."""
+        inst = self.inst
+        advertised = inst.kind_state.get("num_blocks") or (inst.load.kv_total_blocks if inst.load else 0)
+        return CAP_FACTOR * advertised if advertised else self.max_engine_blocks
+
     async def on_batch(self, seq: int, batch: Batch) -> None:
+        cap = self.block_map.max_nodes = self.cap()
+        evicted = self.block_map.counts["overflow_evicted"]
         try:
             for event in batch.events:
                 for kind, tier, hashes in self.block_map.apply(event):
@@ -120,6 +131,10 @@ class InstanceFeed:
             log.warning("index unavailable while applying %s's KV events (%s); rebuilding", self.inst.id, e)
             self._lost = True
             return
+        if not evicted and self.block_map.counts["overflow_evicted"]:
+            log.warning("instance %s stores more blocks than it can hold (cap %d engine blocks): its oldest "
+                        "entries are dropped, see kvroute_router_zmq_blocks{outcome=\"overflow_evicted\"}",
+                        self.inst.id, cap)
         now = time.time()
         self.metrics.lag.observe(max(0.0, now - batch.ts))
         self.inst.last_event_time = now
@@ -140,7 +155,7 @@ class InstanceFeed:
         info = self.inst.info
         if info is not None:
             self.keys = (info.model, info.block_size)
-            self.block_map = BlockMap(hash_seed(info.model), info.block_size)
+            self.block_map = BlockMap(hash_seed(info.model), info.block_size, self.cap())
 
     async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
         self.seq += 1
@@ -178,10 +193,11 @@ class ZmqFollower:
     those that join later (the admin API, the registry) through `add`."""
 
     def __init__(self, instances: Sequence[Instance], index, sources: Mapping[str, Sequence[EventSource]],
-                 topic: str, replay_timeout_s: float, registry) -> None:
+                 topic: str, replay_timeout_s: float, registry, max_engine_blocks: int = 1 << 20) -> None:
         self.ctx = zmq.asyncio.Context()
         self.metrics = ZmqMetrics(registry)
         self.index, self.topic, self.replay_timeout_s = index, topic, replay_timeout_s
+        self.max_engine_blocks = max_engine_blocks
         self.feeds: list[InstanceFeed] = []
         self.metrics.feeds = self.feeds
         self.tasks: dict[InstanceFeed, asyncio.Task] = {}
@@ -191,7 +207,8 @@ class ZmqFollower:
                 self.add(inst, sources[inst.url])
 
     def add(self, inst: Instance, sources: Sequence[EventSource]) -> None:
-        feed = InstanceFeed(inst, self.index, sources, self.ctx, self.topic, self.replay_timeout_s, self.metrics)
+        feed = InstanceFeed(inst, self.index, sources, self.ctx, self.topic, self.replay_timeout_s, self.metrics,
+                            self.max_engine_blocks)
         inst.kv_feed = feed
         self.feeds.append(feed)
         if self.running:

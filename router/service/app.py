@@ -83,7 +83,8 @@ async def _router_ctx(app: web.Application):
     proxy.disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
     zmq_sources = config.foreign_engines()[1]
     app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
-                                          config.kv_event_replay_timeout_s, metrics.registry)
+                                          config.kv_event_replay_timeout_s, metrics.registry,
+                                          max_engine_blocks=config.kv_event_max_blocks)
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)

@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-event-topic", default=d["kv_event_topic"].default, help="ZeroMQ topic prefix (default: all)")
     p.add_argument("--kv-event-replay-timeout-s", type=float, default=d["kv_event_replay_timeout_s"].default,
                    help="seconds to wait for a replay before rebuilding an instance from new events")
+    p.add_argument("--kv-event-max-blocks", type=int, default=d["kv_event_max_blocks"].default,
+                   help="engine blocks kept per ZeroMQ-fed instance that advertises no capacity (else 4x its own)")
     p.add_argument("--workers", type=int, default=d["workers"].default,
                    help="router processes on one port (SO_REUSEPORT), for more than one core; each keeps its own "
                         "index (or shares --index redis) fed by the same events")

@@ -64,6 +64,9 @@ class RouterConfig:
     kv_event_block_size: int = 16  # the router's block size for vLLM/SGLang engines (their own may differ)
     kv_event_topic: str = ""  # ZeroMQ topic prefix to subscribe to ("" = all)
     kv_event_replay_timeout_s: float = 2.0
+    # Engine blocks a ZeroMQ-fed instance may hold in the router's map when it advertises no capacity;
+    # one that does is capped at CAP_FACTOR x its advertised blocks (router/kvevents/follower.py)
+    kv_event_max_blocks: int = 1 << 20
     workers: int = 1  # router processes sharing the port (router/service/workers.py)
 
     def __post_init__(self) -> None:
@@ -112,6 +115,8 @@ class RouterConfig:
 
         if not 1 <= self.kv_event_block_size <= 1024:
             raise ValueError(f"--kv-event-block-size must be between 1 and 1024, got {self.kv_event_block_size}")
+        if self.kv_event_max_blocks < 1:
+            raise ValueError(f"--kv-event-max-blocks must be at least 1, got {self.kv_event_max_blocks}")
         if self.kv_event_replay_timeout_s <= 0:
             raise ValueError("--kv-event-replay-timeout-s must be positive")
         return (parse_kinds(self.engine_kinds, self.engines),

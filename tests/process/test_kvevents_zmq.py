@@ -310,3 +310,24 @@ async def test_an_oversized_frame_is_refused_and_the_feed_recovers():
             await asyncio.sleep(0.2)
         assert f.stats.malformed_payloads == 0  # never read, so never decoded
         assert f.feed.restarts >= 1  # the dropped connection was noticed and the feed restarted
+
+
+async def test_an_instance_that_stores_more_than_it_advertises_is_capped():
+    """1M stored blocks for a 4,096-block engine used to grow the map and index without bound; now an
+    instance keeps at most CAP_FACTOR x its advertised blocks, the oldest going first."""
+    from router.kvevents.follower import CAP_FACTOR
+
+    async with Feed(VllmPublisher()) as f:
+        f.inst.kind_state["num_blocks"] = 16  # what discovery read from the engine: cap 64 engine blocks
+        cap = CAP_FACTOR * 16
+        prompts = [[rng.randrange(5, 8000) for _ in range(64)] for _ in range(100)]  # 400 blocks
+        events = [chain(tokens)[1] for tokens in prompts]
+        for i in range(0, 100, 10):
+            f.pub.publish(events[i:i + 10])
+        await f.until(lambda: f.stats.batches == 10)
+        assert len(f.feed.block_map) <= cap
+        assert f.inst.blocks_indexed <= cap and f.index.size_sync() <= cap
+        assert f.metric("kvroute_router_zmq_blocks_total", outcome="overflow_evicted") == 400 - cap
+        match = f.index.lookup_sync(block_hashes(prompts[-1], 16, SEED)).get("e1")
+        assert match is not None and match.blocks == 4  # the newest chain is still credited
+        assert "e1" not in f.index.lookup_sync(block_hashes(prompts[0], 16, SEED))
