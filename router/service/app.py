@@ -43,23 +43,32 @@ METRICS = web.AppKey("metrics", RouterMetrics)
 ZMQ = web.AppKey("zmq", ZmqFollower)
 
 OPENAI_PATHS = ("/v1/",)
-ADMIN_PATHS = ("/router/", "/workers")
+# Introspection and fleet admin: the fleet's URLs, loads and what is cached where. Behind the admin key
+# when there is one, else behind the API key; open only on a router with neither. /health and /metrics
+# stay open (probes and scrapers); docs/router.md says so.
+ADMIN_PATHS = ("/router/", "/workers", "/admin/")
+EXPLAIN_PATH = "/router/explain"  # also for API-key holders: it shows what sending the request would
 
 
-def _authorized(request: web.Request, key: str | None) -> bool:
-    if not key:
-        return True
-    given = request.headers.get("Authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+def _authorized(request: web.Request, *keys: str | None) -> bool:
+    given = request.headers.get("Authorization", "").encode()
+    return any(hmac.compare_digest(given, f"Bearer {key}".encode()) for key in keys if key)
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    config = request.app[CONFIG]
-    if request.path.startswith(OPENAI_PATHS) and not _authorized(request, config.api_key):
-        raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
-    if request.path.startswith(ADMIN_PATHS) and not _authorized(request, config.admin_key):
-        raise Unauthorized("missing or invalid admin key (Authorization: Bearer <key>)")
+    config, path = request.app[CONFIG], request.path
+    if path.startswith(OPENAI_PATHS):
+        if config.api_key and not _authorized(request, config.api_key):
+            raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
+    elif path.startswith(ADMIN_PATHS) and (config.admin_key or config.api_key):
+        keys = (config.admin_key,) if config.admin_key else (config.api_key,)
+        if path == EXPLAIN_PATH:
+            keys = (config.admin_key, config.api_key)
+        if not _authorized(request, *keys):
+            which = "admin key" if config.admin_key else "API key"
+            raise Unauthorized(f"missing or invalid {which} (Authorization: Bearer <key>): "
+                               f"{path} shows the fleet and its caches")
     return await handler(request)
 
 
