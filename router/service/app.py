@@ -97,7 +97,9 @@ async def _router_ctx(app: web.Application):
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
-    registry = RegistryFollower(cluster, config.registry) if config.registry else None
+    registry = (RegistryFollower(cluster, config.registry, secret=secret_from(config.kv_secret),
+                                 on_refused=lambda reason: metrics.registry_refused.labels(reason).inc())
+                if config.registry else None)
     loops = [("health", cluster.health_loop()), ("load", cluster.load_loop()), ("events", follower.run()),
              ("index-maintenance", cluster.maintain_loop())]
     if registry is not None:

@@ -58,6 +58,9 @@ class RouterMetrics:
         self.retries = Counter("kvroute_router_retries", "Requests retried on another instance.", registry=r)
         self.errors = Counter("kvroute_router_errors", "Errors, by kind.", ["kind"], registry=r)
         self.ejections = Counter("kvroute_router_ejections", "Instances ejected by health checks.", registry=r)
+        self.registry_refused = Counter("kvroute_router_registry_refused",
+                                        "Fleet registry records not believed, by reason (unsigned, bad_signature, "
+                                        "expired).", ["reason"], registry=r)
         self.healthy = Gauge("kvroute_router_instance_routable", "1 when the instance takes requests.",
                              ["instance"], registry=r)
         self.mismatch = Gauge("kvroute_router_instance_mismatch",
