@@ -36,7 +36,9 @@ class LoopbackServer:
     async def start(self, port: int = 0):
         from aiohttp import web
 
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        from router.contract.connections import GuardedRunner
+
+        self.runner = GuardedRunner(self.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", port)
         await site.start()

@@ -23,9 +23,10 @@ from router.contract.http import json_response, make_error_middleware, parse_jso
 from router.index import BreakerIndex, MemoryIndex, make_index
 from router.index.split import SplitIndex
 from router.index.instrumented import InstrumentedIndex
+from router.contract.connections import CONNECTION_GUARD, CONNECTION_LIMITS
 from router.contract.kv_auth import secret_from
 from router.kvevents.follower import ZmqFollower
-from router.service.metrics import RouterMetrics
+from router.service.metrics import ConnectionCollector, RouterMetrics
 from router.decision.policies import make_policy
 from router.service.proxy import Proxy
 from router.fleet.registry import RegistryFollower
@@ -204,6 +205,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app = web.Application(middlewares=[make_error_middleware(metrics.observe_rejected), auth_middleware],
                           client_max_size=1 << 40)
     app[CONFIG], app[METRICS] = config, metrics
+    app[CONNECTION_LIMITS] = config.connection_limits()
+    metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)
