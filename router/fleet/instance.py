@@ -66,6 +66,7 @@ class Instance:
         self.mismatch: list[str] = []
         self.queued_prefill_tokens = 0
         self.load: LoadRecord | None = None
+        self.load_seen = 0.0  # time.monotonic() when the last load record arrived (the engine is alive)
         self.epoch: int | None = None
         self.seq = 0
         self.needs_resync = True
@@ -118,6 +119,7 @@ class Instance:
     def observe_load(self, load: LoadRecord) -> str | None:
         """Take a load record (polled or sent with events); returns the new role if it changed."""
         self.load = load
+        self.load_seen = time.monotonic()
         self.draining = load.state == "draining"
         if load.role and self.info is not None and load.role != self.info.role:
             self.info = dataclasses.replace(self.info, role=load.role)
