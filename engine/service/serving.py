@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 
 from aiohttp import web
 
-from engine.transfer.kv_transfer import TransferHandle
+from engine.transfer.kv_transfer import TransferHandle, tail_hash
 from engine.core.llm_engine import LLMEngine, Output, RequestHandle
 from engine.service.logprob_format import LogprobFormatter
 from engine.service.openai_format import ResponseFormat, usage
@@ -26,6 +27,8 @@ from router.contract.tokenizer import Tokenizer
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 INSTANCE_HEADER = "x-kvroute-instance"
+
+log = logging.getLogger(__name__)
 
 
 class CompletionService:
@@ -108,10 +111,7 @@ class CompletionService:
             req = dataclasses.replace(req, stream=False)
             handle = self.engine.add_request(request_id, prompt_ids, sampling, seed, pin_kv=True)
             handle.seq.transfer_address = transfer
-        elif transfer is not None:
-            if transfer.num_tokens != len(prompt_ids):
-                raise BadRequest(f"the transfer handle covers {transfer.num_tokens} prompt tokens but this prompt "
-                                 f"has {len(prompt_ids)}", param="kv_transfer_params")
+        elif transfer is not None and self._binds(transfer, prompt_ids, seed, request_id):
             handle = self.engine.add_remote_request(request_id, prompt_ids, sampling, seed, transfer)
             first_text = processor.add(transfer.first_token)  # already sent to the client by the router
         else:
@@ -126,6 +126,23 @@ class CompletionService:
         finally:
             if not handle.finished:
                 self.engine.abort(request_id)
+
+    def _binds(self, transfer: TransferHandle, prompt_ids: list[int], seed: int, request_id: str) -> bool:
+        """A verified handle fills only the prompt it was issued for: its full blocks and its partial last
+        block (engine/transfer/kv_transfer.py). A replayed or re-targeted one is not used: the request
+        is computed here, first token included, and nothing of the handle's K/V is written."""
+        if transfer.num_tokens != len(prompt_ids):
+            raise BadRequest(f"the transfer handle covers {transfer.num_tokens} prompt tokens but this prompt "
+                             f"has {len(prompt_ids)}", param="kv_transfer_params")
+        bs = self.engine.block_manager.block_size
+        if len(transfer.block_hashes) != transfer.num_tokens // bs:
+            return True  # hashed with another block size: the link handshake refuses it, with the reason
+        unbound = transfer.binds(prompt_ids, bs, seed)
+        if unbound is None:
+            return True
+        log.warning("KV transfer handle for %s not used (%s): computing it here", request_id, unbound)
+        self.engine.metrics.kv_pull_failures.labels("HandleMismatch").inc()
+        return False
 
     def _authorize_transfer(self, kv: dict, remote: str | None) -> str | TransferHandle | None:
         """None for a plain request; for a verified grant the address to name in the handle; for a
@@ -160,10 +177,12 @@ class CompletionService:
         if seq is None:
             return None
         config, bs = self.engine.config, self.engine.block_manager.block_size
+        full = tuple(seq.block_hashes[: seq.num_prompt // bs])
+        tail = tail_hash(seq.token_ids[: seq.num_prompt], bs, seq.hash_seed, full[-1] if full else None)
         transfer = TransferHandle(cluster_id=config.cluster, address=seq.transfer_address, request_id=seq.request_id,
-                                  block_hashes=tuple(seq.block_hashes[: seq.num_prompt // bs]),
-                                  num_tokens=seq.num_prompt, first_token=seq.output_ids[0],
-                                  cached_tokens=seq.num_cached, expires=round(time.time() + config.kv_pin_ttl_s, 3))
+                                  block_hashes=full, num_tokens=seq.num_prompt, first_token=seq.output_ids[0],
+                                  cached_tokens=seq.num_cached, expires=round(time.time() + config.kv_pin_ttl_s, 3),
+                                  tail_hash=tail)
         seq.transfer_signature = self.engine.auth.sign_handle(transfer.signed_fields())
         transfer = dataclasses.replace(transfer, signature=seq.transfer_signature)
         return {"do_remote_prefill": True, "handle": transfer.to_dict()}

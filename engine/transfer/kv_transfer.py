@@ -21,6 +21,12 @@ block size, its block hash against the hash it computes from the prompt, and the
 payload against its checksum; a block that fails is never used (the decode engine then
 computes the missing blocks itself). None of this says where the data came from: that
 is the handle's signature (router/contract/kv_auth.py), checked before any connection is made.
+
+A handle is bound to its whole prompt: `block_hashes` covers the full blocks and `tail_hash`
+the partial last block's tokens (`tail_hash` below: the chain's next hash over them, 0 when the
+prompt ends on a block boundary). A decode engine pulls only for a request whose own prompt
+gives the same full-block hashes and the same tail hash (`binds`); a handle replayed with
+another prompt, or re-targeted at another request, is computed locally and never written.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import aiohttp
 import xxhash
 
 from router.contract.errors import BadRequest
+from router.contract.protocol import block_hashes, u32le
 
 FRAME = struct.Struct("<IQQI")
 END_INDEX = 0xFFFFFFFF
@@ -59,11 +66,24 @@ class TransferHandle:
     first_token: int
     cached_tokens: int = 0  # prefix-cache hit on the prefill side
     expires: float = 0.0  # unix time after which the pin is gone
+    tail_hash: int = 0  # the partial last block's tokens (`tail_hash`), 0: none
     signature: str | None = None  # HMAC by the prefill engine (router/contract/kv_auth.py)
 
     def signed_fields(self) -> list:
         return [self.cluster_id, self.address, self.request_id, list(self.block_hashes), self.num_tokens,
-                self.first_token, self.cached_tokens, self.expires]
+                self.first_token, self.cached_tokens, self.expires, self.tail_hash]
+
+    def binds(self, tokens, block_size: int, seed: int) -> str | None:
+        """Why this handle may not fill a request whose prompt is `tokens` (None: it may)."""
+        if self.num_tokens > len(tokens):
+            return f"the handle covers {self.num_tokens} tokens, the prompt has {len(tokens)}"
+        prompt = tokens[: self.num_tokens]
+        own = block_hashes(prompt, block_size, seed)
+        if tuple(own) != self.block_hashes:
+            return "the handle's block hashes are not this prompt's"
+        if tail_hash(prompt, block_size, seed, own[-1] if own else None) != self.tail_hash:
+            return "the handle's partial last block is not this prompt's"
+        return None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -80,9 +100,18 @@ class TransferHandle:
             return cls(cluster_id=str(d["cluster_id"]), address=str(d["address"]), request_id=str(d["request_id"]),
                        block_hashes=hashes, num_tokens=int(d["num_tokens"]), first_token=int(d["first_token"]),
                        cached_tokens=int(d.get("cached_tokens", 0)), expires=float(d.get("expires", 0.0)),
-                       signature=None if signature is None else str(signature))
+                       tail_hash=int(d.get("tail_hash", 0)), signature=None if signature is None else str(signature))
         except (KeyError, TypeError, ValueError) as e:
             raise BadRequest(f"malformed kv_transfer_params.handle: {e!r}", param="kv_transfer_params") from None
+
+
+def tail_hash(tokens, block_size: int, seed: int, parent: int | None) -> int:
+    """The partial last block's digest: xxh3_64(parent hash, or the seed, as 8 bytes LE + its tokens as
+    LE uint32), as a full block's would be; 0 when `tokens` end on a block boundary."""
+    tail = tokens[len(tokens) // block_size * block_size:]
+    if not len(tail):
+        return 0
+    return xxhash.xxh3_64_intdigest(struct.pack("<Q", seed if parent is None else parent) + u32le(tail))
 
 
 def encode_frames(blocks: list[tuple[int, int, bytes]]) -> Iterator[bytes]:

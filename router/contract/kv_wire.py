@@ -29,6 +29,7 @@ from typing import Annotated, Any, Union
 import msgspec
 
 SEQ_BYTES = 8
+MAX_MESSAGE_BYTES = 16 << 20  # ZMQ_MAXMSGSIZE of the router's sockets: a larger frame is refused unread
 END_OF_REPLAY = b"\xff" * SEQ_BYTES  # seq -1: the replay socket's end marker
 
 Hash = Union[int, bytes]
@@ -37,6 +38,12 @@ TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 class WireError(ValueError):
     """A frame or payload that does not follow the format."""
+
+
+# What a decoder may raise on hostile bytes: msgspec's own errors, and RecursionError for nesting
+# deeper than the interpreter's recursion limit (an `extra_keys` 100,000 arrays deep is 100 KB).
+# Each is one bad message, never the end of a feed.
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 # -- events, in both encodings ---------------------------------------------------------------
@@ -125,7 +132,7 @@ class BatchDecoder:
         for pos, i in enumerate(self._order):
             try:
                 raw = _DECODERS[i].decode(payload)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except _DECODE_ERRORS:
                 continue
             if pos:
                 self._order.insert(0, self._order.pop(pos))
@@ -139,7 +146,7 @@ def _decode_loose(payload: bytes) -> Batch:
         try:
             raw = decoder.decode(payload)
             break
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _DECODE_ERRORS:
             continue
     else:
         raise WireError(f"payload of {len(payload)} bytes is not a KV event batch")
@@ -157,7 +164,7 @@ def _decode_event(item: msgspec.Raw) -> Event | None:
     for decoder in _EVENT_DECODERS:
         try:
             return decoder.decode(item)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _DECODE_ERRORS:
             continue
     return None
 

@@ -168,6 +168,8 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise BadRequest("'cache_salt' must be a string", param="cache_salt")
+    if salt == "":  # as vLLM: an empty salt would silently share the unsalted cache
+        raise BadRequest("'cache_salt' must be a non-empty string if provided", param="cache_salt")
     kv_params = body.get("kv_transfer_params")
     if kv_params is not None and not isinstance(kv_params, dict):
         raise BadRequest("'kv_transfer_params' must be an object", param="kv_transfer_params")

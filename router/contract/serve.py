@@ -14,6 +14,8 @@ from typing import Callable
 
 from aiohttp import web
 
+from router.contract.connections import GuardedRunner
+
 log = logging.getLogger(__name__)
 
 
@@ -82,7 +84,7 @@ async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigter
     stop = app[SHUTDOWN]
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+    runner = GuardedRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
         await web.SockSite(runner, sock).start()

@@ -38,7 +38,7 @@ class EngineInfo:
 
 
 _ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed"})
-_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info"})  # what state() reads
+_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info", "feed_stale"})  # what state() reads
 _UNSET = object()
 
 
@@ -79,6 +79,7 @@ class Instance:
         self.mismatch: list[str] = []
         self.queued_prefill_tokens = 0
         self.load: LoadRecord | None = None
+        self.load_seen = 0.0  # time.monotonic() when the last load record arrived (the engine is alive)
         self.epoch: int | None = None
         self.seq = 0
         self.needs_resync = True
@@ -90,6 +91,7 @@ class Instance:
         self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
         self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+        self.feed_stale: str | None = None  # why its event feed is down: its index entries are not credited
         self._state: InstanceState | None = None
         self.peers = peers  # other router workers sending requests here (router/service/workers.py)
         self.nonstreamed = QueuedPrefill()  # non-streamed requests whose prefill may still be queued
@@ -130,6 +132,7 @@ class Instance:
     def observe_load(self, load: LoadRecord) -> str | None:
         """Take a load record (polled or sent with events); returns the new role if it changed."""
         self.load = load
+        self.load_seen = time.monotonic()
         self.draining = load.state == "draining"
         if load.role and self.info is not None and load.role != self.info.role:
             self.info = dataclasses.replace(self.info, role=load.role)
@@ -138,7 +141,8 @@ class Instance:
 
     @property
     def cache_ok(self) -> bool:
-        return not self.mismatch
+        """Its index entries can be credited: a compatible engine whose event feed is up."""
+        return not self.mismatch and self.feed_stale is None
 
     def mark_failure(self, eject_after: int, request: bool = False, ejection_s: float = 0.0,
                      exclude: bool = True) -> bool:
@@ -196,7 +200,7 @@ class Instance:
             queued = self.queued_prefill_tokens
             if self.peers and load is not None:  # the other workers' prefills are in the engine's own count
                 queued = max(queued, load.queued_prefill_tokens)
-            state = InstanceState.of(self.id, self._inflight, queued, load, measured_at, not self.mismatch,
+            state = InstanceState.of(self.id, self._inflight, queued, load, measured_at, self.cache_ok,
                                      self.tier_costs)
             self.__dict__["_state"] = state
         return state
@@ -230,6 +234,7 @@ class Instance:
             "failures": self.failures,
             "request_failures": self.request_failures,
             "mismatch": list(self.mismatch),
+            "feed_stale": self.feed_stale,
             "last_error": self.last_error,
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,

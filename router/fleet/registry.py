@@ -12,14 +12,18 @@ Every router replica given the same registry sees the same fleet.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
+import time
+from typing import Callable
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from router.fleet.cluster import Cluster
+from router.contract.redact import redact
 from router.contract.registry_record import CHANNEL, IDS, EngineRecord, engine_key
 
 log = logging.getLogger(__name__)
@@ -27,14 +31,40 @@ log = logging.getLogger(__name__)
 SOURCE = "registry"
 
 
+REFUSAL_LOG_EVERY_S = 10.0
+
+
 class RegistryFollower:
-    def __init__(self, cluster: Cluster, url: str, poll_s: float = 1.0) -> None:
+    """With `secret`, only records signed with it are believed (router/contract/registry_record.py)."""
+
+    def __init__(self, cluster: Cluster, url: str, poll_s: float = 1.0, secret: str | None = None,
+                 on_refused: Callable[[str], None] = lambda reason: None) -> None:
         self.cluster = cluster
         self.url = url
         self.client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self.poll_s = poll_s
+        self.secret, self.on_refused = secret, on_refused
         self.records: dict[str, EngineRecord] = {}  # instance id -> its registration
+        self.refused: collections.Counter[str] = collections.Counter()  # reason -> records not believed
+        self._refusal_logged = float("-inf")
         self._outage = False
+        if not secret:
+            log.warning("fleet registry %s is unauthenticated: any record written there is believed "
+                        "(give the fleet secret, --kv-secret or KVROUTE_KV_SECRET, to routers and engines)", redact(url))
+
+    def believed(self, record: EngineRecord) -> bool:
+        """Whether this record may change the fleet; a refused one is counted and logged (rate-limited)."""
+        reason = record.refusal(self.secret, time.time())
+        if reason is None:
+            return True
+        self.refused[reason] += 1
+        self.on_refused(reason)
+        now = time.monotonic()
+        if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:
+            self._refusal_logged = now
+            log.warning("ignoring registry record for %s at %s: %s (%d refused so far)", record.instance_id,
+                        record.url, reason.replace("_", " "), sum(self.refused.values()))
+        return False
 
     async def sync_once(self) -> None:
         """The registered fleet now (at start); a registry down at start is one warning line."""
@@ -42,7 +72,7 @@ class RegistryFollower:
             await self.sync()
         except (RedisError, OSError) as e:
             log.warning("fleet registry %s unreachable at start (%s): following it once it is up",
-                        self.url, e)
+                        redact(self.url), e)
             self._outage = True
 
     async def run(self) -> None:
@@ -79,9 +109,12 @@ class RegistryFollower:
                 await self.client.srem(IDS, instance_id)  # lapsed: its key expired
                 continue
             try:
-                live[instance_id] = EngineRecord.from_json(raw)
+                record = EngineRecord.from_json(raw)
             except ValueError as e:
                 log.warning("skipping registry entry %s: %s", instance_id, e)
+                continue
+            if self.believed(record):
+                live[instance_id] = record
         if self._outage:
             log.info("fleet registry reachable again: %d engines registered", len(live))
             self._outage = False
@@ -96,6 +129,8 @@ class RegistryFollower:
             kind, record = message["type"], EngineRecord.from_json(orjson.dumps(message["record"]))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             log.warning("skipping malformed registry announcement: %s", e)
+            return
+        if not self.believed(record):
             return
         if kind == "leave":
             if self.records.pop(record.instance_id, None) is not None:

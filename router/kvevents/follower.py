@@ -36,14 +36,18 @@ from router.contract.protocol import KVEvent, hash_seed, new_epoch
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.1
+STALL_S = 10.0  # a subscriber whose poll loop has not turned for this long is stalled: restart its feed
+RESTART_MIN_S, RESTART_MAX_S = 0.1, 5.0  # backoff between restarts of a feed that keeps failing
+CAP_FACTOR = 4  # engine blocks kept per instance: this many times what it advertises
 
 
 class InstanceFeed:
     """One instance's ZeroMQ event sources, its engine-hash map, and what reached the index."""
 
     def __init__(self, inst: Instance, index, sources: Sequence[EventSource], ctx: zmq.asyncio.Context,
-                 topic: str, replay_timeout_s: float, metrics: ZmqMetrics) -> None:
+                 topic: str, replay_timeout_s: float, metrics: ZmqMetrics, max_engine_blocks: int) -> None:
         self.inst = inst
+        self.max_engine_blocks = max_engine_blocks
         self.index = index
         self.metrics = metrics
         self.subscribers = [Subscriber(ctx, s.endpoint, s.replay_endpoint, topic, self, replay_timeout_s)
@@ -53,6 +57,8 @@ class InstanceFeed:
         self.epoch = new_epoch()
         self.seq = 0
         self.rebuilds: list[dict] = []
+        self.restarts = 0  # times the supervisor restarted this feed (it died or stalled)
+        self.stale: str | None = None  # why the feed is down; its instance is routed on load alone meanwhile
         self._lost = False  # index writes failed: rebuild once the index is back
 
     @property
@@ -66,9 +72,21 @@ class InstanceFeed:
         while self.inst.info is None:
             await asyncio.sleep(WATCH_INTERVAL_S)
         self._new_map()
+        for sub in self.subscribers:
+            sub.forget()
+            sub.stats.heartbeat = 0.0  # not polling yet: not stalled
         await self._begin()
         self.inst.needs_resync = False
+        self.mark_stale(None)
         await asyncio.gather(self._watch(), *(sub.run() for sub in self.subscribers))
+
+    def stalled(self, now: float) -> bool:
+        """A subscriber loop started (discovery done) but has not polled for STALL_S."""
+        return self.keys is not None and any(0 < s.heartbeat < now - STALL_S for s in self.source_stats())
+
+    def mark_stale(self, reason: str | None) -> None:
+        self.stale = reason
+        self.inst.feed_stale = reason
 
     async def _begin(self) -> None:
         """A fresh, empty feed position (epoch, 0) in the index: what comes next is in order."""
@@ -99,7 +117,16 @@ class InstanceFeed:
 
     # -- BatchSink --------------------------------------------------------------------
 
+    def cap(self) -> int:
+        """Engine blocks this instance may have in the map: CAP_FACTOR x the blocks it advertises
+        (its KV pool from discovery, or its load reports), else the configured cap."""
+        inst = self.inst
+        advertised = inst.kind_state.get("num_blocks") or (inst.load.kv_total_blocks if inst.load else 0)
+        return CAP_FACTOR * advertised if advertised else self.max_engine_blocks
+
     async def on_batch(self, seq: int, batch: Batch) -> None:
+        cap = self.block_map.max_nodes = self.cap()
+        evicted = self.block_map.counts["overflow_evicted"]
         try:
             for event in batch.events:
                 for kind, tier, hashes in self.block_map.apply(event):
@@ -108,6 +135,10 @@ class InstanceFeed:
             log.warning("index unavailable while applying %s's KV events (%s); rebuilding", self.inst.id, e)
             self._lost = True
             return
+        if not evicted and self.block_map.counts["overflow_evicted"]:
+            log.warning("instance %s stores more blocks than it can hold (cap %d engine blocks): its oldest "
+                        "entries are dropped, see kvroute_router_zmq_blocks{outcome=\"overflow_evicted\"}",
+                        self.inst.id, cap)
         now = time.time()
         self.metrics.lag.observe(max(0.0, now - batch.ts))
         self.inst.last_event_time = now
@@ -128,7 +159,7 @@ class InstanceFeed:
         info = self.inst.info
         if info is not None:
             self.keys = (info.model, info.block_size)
-            self.block_map = BlockMap(hash_seed(info.model), info.block_size)
+            self.block_map = BlockMap(hash_seed(info.model), info.block_size, self.cap())
 
     async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
         self.seq += 1
@@ -146,7 +177,10 @@ class InstanceFeed:
         bmap = self.block_map
         return {
             "transport": "zmq",
-            "state": "waiting for discovery" if self.keys is None else "rebuilt" if self.rebuilds else "live",
+            "state": ("stale" if self.stale else "waiting for discovery" if self.keys is None
+                      else "rebuilt" if self.rebuilds else "live"),
+            "stale": self.stale,
+            "restarts": self.restarts,
             "router_block_size": self.keys[1] if self.keys else None,
             "engine_block_size": bmap.engine_block_size,
             "engine_blocks": len(bmap),
@@ -163,11 +197,12 @@ class ZmqFollower:
     those that join later (the admin API, the registry) through `add`."""
 
     def __init__(self, instances: Sequence[Instance], index, sources: Mapping[str, Sequence[EventSource]],
-                 topic: str, replay_timeout_s: float, registry) -> None:
+                 topic: str, replay_timeout_s: float, registry, max_engine_blocks: int = 1 << 20) -> None:
         self.ctx = zmq.asyncio.Context()
         self.feeds: list[InstanceFeed] = []
         self.metrics = ZmqMetrics(registry, self.feeds)
         self.index, self.topic, self.replay_timeout_s = index, topic, replay_timeout_s
+        self.max_engine_blocks = max_engine_blocks
         self.tasks: dict[InstanceFeed, asyncio.Task] = {}
         self.running = False
         for inst in instances:
@@ -175,14 +210,43 @@ class ZmqFollower:
                 self.add(inst, sources[inst.url])
 
     def add(self, inst: Instance, sources: Sequence[EventSource]) -> None:
-        feed = InstanceFeed(inst, self.index, sources, self.ctx, self.topic, self.replay_timeout_s, self.metrics)
+        feed = InstanceFeed(inst, self.index, sources, self.ctx, self.topic, self.replay_timeout_s, self.metrics,
+                            self.max_engine_blocks)
         inst.kv_feed = feed
         self.feeds.append(feed)
         if self.running:
             self._start(feed)
 
     def _start(self, feed: InstanceFeed) -> None:
-        self.tasks[feed] = asyncio.create_task(feed.run(), name=f"zmq-feed-{feed.inst.url}")
+        self.tasks[feed] = asyncio.create_task(self._supervise(feed), name=f"zmq-feed-{feed.inst.url}")
+
+    async def _supervise(self, feed: InstanceFeed) -> None:
+        """Run a feed for as long as it is wanted: one that dies or stalls is marked stale (its
+        instance is routed on load alone), then restarted from an empty index after a backoff."""
+        delay = RESTART_MIN_S
+        while True:
+            task = asyncio.create_task(feed.run(), name=f"zmq-feed-run-{feed.inst.url}")
+            try:
+                while not task.done():
+                    await asyncio.wait({task}, timeout=1.0)
+                    if not task.done() and feed.stalled(time.monotonic()):
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+                        reason = f"stalled: no poll for {STALL_S:.0f}s"
+                        break
+                else:
+                    exc = task.exception()
+                    reason = f"died: {exc!r}"[:300] if exc is not None else "ended"
+            finally:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            feed.restarts += 1
+            feed.mark_stale(reason)
+            log.error("KV event feed of %s %s; routing it on load alone and restarting in %.1fs",
+                      feed.inst.id, reason, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESTART_MAX_S)
 
     def remove(self, inst: Instance) -> None:
         feed = inst.kv_feed

@@ -27,6 +27,7 @@ SOURCE_COUNTERS = {
     "malformed_frames": "Messages skipped: not [topic, seq, payload].",
     "malformed_payloads": "Batches skipped: payload not a KV event batch.",
     "skipped_events": "Malformed events skipped inside otherwise valid batches.",
+    "failed_batches": "Decoded batches whose events could not be applied (skipped; the feed goes on).",
 }
 
 
@@ -60,6 +61,10 @@ class ZmqMetrics:
                                      labels=["instance", "outcome"])
         mapped = GaugeMetricFamily("kvroute_router_zmq_engine_blocks", "Engine blocks in the hash map.",
                                    labels=["instance"])
+        restarts = CounterMetricFamily("kvroute_router_zmq_feed_restarts",
+                                       "Feeds restarted by their supervisor after dying or stalling.", labels=["instance"])
+        stale = GaugeMetricFamily("kvroute_router_zmq_feed_stale",
+                                  "1 while the instance's feed is down (routed on load alone).", labels=["instance"])
         for feed in self.feeds:
             inst = feed.instance_id
             stats = feed.source_stats()
@@ -68,6 +73,7 @@ class ZmqMetrics:
             for outcome, count in feed.block_map.counts.items():
                 blocks.add_metric([inst, outcome], count)
             mapped.add_metric([inst], len(feed.block_map))
+            restarts.add_metric([inst], feed.restarts)
+            stale.add_metric([inst], 1 if feed.stale else 0)
         yield from families.values()
-        yield blocks
-        yield mapped
+        yield from (blocks, mapped, restarts, stale)

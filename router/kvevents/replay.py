@@ -15,7 +15,7 @@ import logging
 import zmq
 import zmq.asyncio
 
-from router.contract.kv_wire import WireError, split_replay
+from router.contract.kv_wire import MAX_MESSAGE_BYTES, WireError, split_replay
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ async def fetch_replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, time
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     try:
         sock.connect(endpoint)
         await sock.send_multipart([b"", start.to_bytes(8, "big")])

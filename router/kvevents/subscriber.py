@@ -17,9 +17,15 @@ Live messages that arrive while a replay runs wait in the SUB socket; those the 
 already delivered are dropped. Not detected here: a publisher that restarts and, before
 the router sees any of its new messages, publishes past the old seq (the SUB reconnects
 silently); that engine is unreachable meanwhile, and the cluster marks an instance down
-longer than --index-ttl-s for a resync, which rebuilds the feed. A malformed frame or
-payload is logged, counted and skipped; it never stops the stream. A payload that cannot
-be decoded still consumes its seq (a replay would return the same bytes).
+longer than --index-ttl-s for a resync when it is back, which rebuilds the feed.
+
+Every message is untrusted (docs/architecture.md#trust-rules): a frame larger than
+`max_message_bytes` is dropped by ZeroMQ itself (ZMQ_MAXMSGSIZE: libzmq drops the connection
+for good, so the subscriber raises FeedLost and its supervisor starts it afresh); a malformed frame or payload, nesting too deep to decode, or a batch whose events
+cannot be applied is counted, logged at most once per `LOG_EVERY_S` per source, and skipped: it
+never stops the stream. A payload that cannot be decoded still consumes its seq (a replay would
+return the same bytes). `stats.heartbeat` moves every poll, so a supervisor can tell a stalled
+subscriber from an idle one (router/kvevents/follower.py).
 """
 
 from __future__ import annotations
@@ -31,14 +37,23 @@ from typing import Protocol
 
 import zmq
 import zmq.asyncio
+import zmq.utils.monitor
 
 from router.kvevents.replay import fetch_replay
-from router.contract.kv_wire import Batch, BatchDecoder, WireError, split_message
+from router.contract.kv_wire import MAX_MESSAGE_BYTES, Batch, BatchDecoder, WireError, split_message
 
 log = logging.getLogger(__name__)
 
 RCVHWM = 100_000  # messages queued in the SUB socket (vLLM's PUB high-water mark)
 POLL_MS = 100  # how often an idle subscriber looks at `forget()` requests
+LOG_EVERY_S = 10.0  # one warning per source per this many seconds; the counters count every one
+DROPPED_S = 1.0  # a connection dropped with no reconnect under way for this long is lost (see FeedLost)
+_MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+class FeedLost(ConnectionError):
+    """The SUB socket's connection is gone for good: libzmq drops a peer that sent a frame over
+    ZMQ_MAXMSGSIZE and does not reconnect. The supervisor restarts the feed on a new socket."""
 
 
 class BatchSink(Protocol):
@@ -65,8 +80,10 @@ class SourceStats:
     malformed_frames: int = 0
     malformed_payloads: int = 0
     skipped_events: int = 0
+    failed_batches: int = 0
     last_batch_time: float | None = None
     last_problem: str | None = None
+    heartbeat: float = 0.0  # time.monotonic() of the subscriber's last poll
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,14 +91,17 @@ class SourceStats:
 
 class Subscriber:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, replay_endpoint: str | None, topic: str,
-                 sink: BatchSink, replay_timeout_s: float = 2.0) -> None:
+                 sink: BatchSink, replay_timeout_s: float = 2.0, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.ctx = ctx
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode()
         self.sink = sink
         self.replay_timeout_s = replay_timeout_s
+        self.max_message_bytes = max_message_bytes
         self.stats = SourceStats(endpoint, replay_endpoint)
+        self._logged_at = float("-inf")
+        self._unlogged = 0
         self.decoder = BatchDecoder()
         self._replayed: tuple[int, int] | None = None  # seqs a replay delivered that live may repeat
         self._catch_up = True
@@ -96,20 +116,37 @@ class Subscriber:
         sock = self.ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic)
+        monitor = sock.get_monitor_socket(_MONITORED)
         sock.connect(self.endpoint)
         log.info("subscribed to KV events at %s (replay %s)", self.endpoint, self.replay_endpoint or "none")
         self._catch_up = True
+        dropped_at = None
         try:
             while True:
                 if self._catch_up:
                     self._catch_up = False
                     await self._replay_history()
                 self.stats.state = "live"
+                self.stats.heartbeat = now = time.monotonic()
+                dropped_at = await self._connection_events(monitor, dropped_at, now)
                 if await sock.poll(POLL_MS):
                     await self.handle(await sock.recv_multipart())
         finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
             sock.close(linger=0)
+
+    async def _connection_events(self, monitor, dropped_at: float | None, now: float) -> float | None:
+        """When the connection dropped with no reconnect under way; raises FeedLost past DROPPED_S."""
+        while await monitor.poll(0):
+            event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())["event"]
+            dropped_at = now if event == zmq.EVENT_DISCONNECTED else None
+        if dropped_at is not None and now - dropped_at > DROPPED_S:
+            raise FeedLost(f"the connection to {self.endpoint} was dropped and is not coming back "
+                           f"(a frame over {self.max_message_bytes} bytes?)")
+        return dropped_at
 
     async def _replay_history(self) -> None:
         """Joining (or rejoining) a stream: what the publisher sent before is in its replay buffer.
@@ -193,10 +230,15 @@ class Subscriber:
         if batch.skipped:
             self.stats.skipped_events += batch.skipped
             self._problem(f"batch {seq}: {batch.skipped} malformed event(s) skipped")
+        try:
+            await self.sink.on_batch(seq, batch)
+        except Exception as e:  # noqa: BLE001 -- whatever one batch does, the stream goes on
+            self.stats.failed_batches += 1
+            self._problem(f"batch {seq} could not be applied, skipped: {e!r}"[:300])
+            return
         self.stats.batches += 1
         self.stats.events += len(batch.events)
         self.stats.last_batch_time = time.time()
-        await self.sink.on_batch(seq, batch)
 
     async def _reset(self, reason: str) -> None:
         self.stats.rebuilds += 1
@@ -205,6 +247,12 @@ class Subscriber:
         await self.sink.on_reset(reason)
 
     def _problem(self, message: str) -> None:
-        if message != self.stats.last_problem:
-            log.warning("KV events %s: %s", self.endpoint, message)
+        """Remember the last problem; warn at most once per LOG_EVERY_S (the counters count them all)."""
         self.stats.last_problem = message
+        now = time.monotonic()
+        if now - self._logged_at < LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more since the last warning)" if self._unlogged else ""
+        log.warning("KV events %s: %s%s", self.endpoint, message, more)
+        self._logged_at, self._unlogged = now, 0

@@ -74,11 +74,12 @@ class _Node:
 class BlockMap:
     """One instance's engine-hash -> router-hash map; `apply` returns index operations."""
 
-    def __init__(self, seed: int, block_size: int) -> None:
+    def __init__(self, seed: int, block_size: int, max_nodes: int = 1 << 20) -> None:
         if block_size < 1:
             raise ValueError(f"router block size must be positive, got {block_size}")
         self.seed = seed
         self.block_size = block_size
+        self.max_nodes = max_nodes  # past it the oldest engine blocks go (counted "overflow_evicted")
         self.nodes: dict[int | bytes, _Node] = {}
         self.counts: collections.Counter[str] = collections.Counter()
         self.unknown_media: dict[str, int] = {}
@@ -124,7 +125,23 @@ class BlockMap:
             existing.refs += unit
             if existing.routable:
                 new.extend(existing.covers[: existing.own])
-        return [("stored", tier, new)] if new else []
+        ops: list[Op] = [("stored", tier, new)] if new else []
+        if len(self.nodes) > self.max_nodes:
+            ops.extend(self._evict_oldest())
+        return ops
+
+    def _evict_oldest(self) -> list[Op]:
+        """An engine that stores more than it can hold: forget its oldest blocks, in every tier."""
+        gone: dict[str, list[int]] = {}
+        nodes = self.nodes
+        while len(nodes) > self.max_nodes:
+            node = nodes.pop(next(iter(nodes)))
+            self.counts["overflow_evicted"] += 1
+            if node.routable and node.covers:
+                for tier in TIERS:
+                    if node.refs & _MASK[tier]:
+                        gone.setdefault(tier, []).extend(node.covers)
+        return [("removed", tier, hashes) for tier, hashes in gone.items()]
 
     def _nodes_for(self, ev: Stored) -> Iterator[tuple[int | bytes, _Node]]:
         """(engine hash, a new node for it) for each block of a stored event, in order."""

@@ -25,9 +25,10 @@ from router.contract.http import json_response, make_error_middleware, parse_jso
 from router.index import BreakerIndex, MemoryIndex, make_index
 from router.index.split import SplitIndex
 from router.index.instrumented import InstrumentedIndex
+from router.contract.connections import CONNECTION_GUARD, CONNECTION_LIMITS
 from router.contract.kv_auth import secret_from
 from router.kvevents.follower import ZmqFollower
-from router.service.metrics import RouterMetrics
+from router.service.metrics import ConnectionCollector, RouterMetrics
 from router.decision.policies import make_policy
 from router.service.proxy import Proxy
 from router.fleet.registry import RegistryFollower
@@ -40,23 +41,32 @@ log = logging.getLogger(__name__)
 __all__ = ["CLUSTER", "CONFIG", "DISAGG", "ENTRY", "METRICS", "PROXY", "ROUTER", "ZMQ", "create_app"]
 
 OPENAI_PATHS = ("/v1/",)
-ADMIN_PATHS = ("/router/", "/workers")
+# Introspection and fleet admin: the fleet's URLs, loads and what is cached where. Behind the admin key
+# when there is one, else behind the API key; open only on a router with neither. /health and /metrics
+# stay open (probes and scrapers); docs/router.md says so.
+ADMIN_PATHS = ("/router/", "/workers", "/admin/")
+EXPLAIN_PATH = "/router/explain"  # also for API-key holders: it shows what sending the request would
 
 
-def _authorized(request: web.Request, key: str | None) -> bool:
-    if not key:
-        return True
-    given = request.headers.get("Authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+def _authorized(request: web.Request, *keys: str | None) -> bool:
+    given = request.headers.get("Authorization", "").encode()
+    return any(hmac.compare_digest(given, f"Bearer {key}".encode()) for key in keys if key)
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    config = request.app[CONFIG]
-    if request.path.startswith(OPENAI_PATHS) and not _authorized(request, config.api_key):
-        raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
-    if request.path.startswith(ADMIN_PATHS) and not _authorized(request, config.admin_key):
-        raise Unauthorized("missing or invalid admin key (Authorization: Bearer <key>)")
+    config, path = request.app[CONFIG], request.path
+    if path.startswith(OPENAI_PATHS):
+        if config.api_key and not _authorized(request, config.api_key):
+            raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
+    elif path.startswith(ADMIN_PATHS) and (config.admin_key or config.api_key):
+        keys = (config.admin_key,) if config.admin_key else (config.api_key,)
+        if path == EXPLAIN_PATH:
+            keys = (config.admin_key, config.api_key)
+        if not _authorized(request, *keys):
+            which = "admin key" if config.admin_key else "API key"
+            raise Unauthorized(f"missing or invalid {which} (Authorization: Bearer <key>): "
+                               f"{path} shows the fleet and its caches")
     return await handler(request)
 
 
@@ -80,11 +90,14 @@ async def _router_ctx(app: web.Application):
     app[ENTRY] = Entry(router, cluster, proxy, disagg)
     zmq_sources = config.foreign_engines()[1]
     app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
-                                          config.kv_event_replay_timeout_s, metrics.registry)
+                                          config.kv_event_replay_timeout_s, metrics.registry,
+                                          max_engine_blocks=config.kv_event_max_blocks)
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
     follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
-    registry = RegistryFollower(cluster, config.registry) if config.registry else None
+    registry = (RegistryFollower(cluster, config.registry, secret=secret_from(config.kv_secret),
+                                 on_refused=lambda reason: metrics.registry_refused.labels(reason).inc())
+                if config.registry else None)
     loops = [("health", cluster.health_loop()), ("load", cluster.load_loop()), ("events", follower.run()),
              ("index-maintenance", cluster.maintain_loop())]
     if registry is not None:
@@ -140,10 +153,12 @@ async def handle_model(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    routable = sum(i.routable for i in request.app[CLUSTER].instances)
+    instances = request.app[CLUSTER].instances
+    routable = sum(i.routable for i in instances)
     status = 200 if routable else 503
-    return json_response({"status": "ok" if routable else "no routable instance", "routable": routable},
-                         status=status)
+    stale = sorted(i.id for i in instances if i.feed_stale is not None)  # routed on load alone until resynced
+    return json_response({"status": "ok" if routable else "no routable instance", "routable": routable,
+                          "stale_feeds": stale}, status=status)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -187,6 +202,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app = web.Application(middlewares=[make_error_middleware(metrics.observe_rejected), auth_middleware],
                           client_max_size=1 << 40)
     app[CONFIG], app[METRICS] = config, metrics
+    app[CONNECTION_LIMITS] = config.connection_limits()
+    metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)

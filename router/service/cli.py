@@ -92,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-event-topic", default=d["kv_event_topic"].default, help="ZeroMQ topic prefix (default: all)")
     p.add_argument("--kv-event-replay-timeout-s", type=float, default=d["kv_event_replay_timeout_s"].default,
                    help="seconds to wait for a replay before rebuilding an instance from new events")
+    p.add_argument("--header-timeout-s", type=float, default=d["header_timeout_s"].default,
+                   help="close a connection whose request head is not complete this long after it began")
+    p.add_argument("--idle-timeout-s", type=float, default=d["idle_timeout_s"].default,
+                   help="close a keep-alive connection idle this long")
+    p.add_argument("--max-connections", type=int, default=d["max_connections"].default,
+                   help="refuse connections past this many (0: the descriptor limit less 64)")
+    p.add_argument("--max-connections-per-peer", type=int, default=d["max_connections_per_peer"].default,
+                   help="refuse a client address's connections past this many")
+    p.add_argument("--kv-event-max-blocks", type=int, default=d["kv_event_max_blocks"].default,
+                   help="engine blocks kept per ZeroMQ-fed instance that advertises no capacity (else 4x its own)")
     p.add_argument("--workers", type=int, default=d["workers"].default,
                    help="router processes on one port (SO_REUSEPORT), for more than one core; each keeps its own "
                         "index (or shares --index redis) fed by the same events")

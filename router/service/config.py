@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from router.contract.connections import ConnectionLimits
+
 EVENT_SOURCES = ("poll", "redis")
 
 
@@ -64,6 +66,16 @@ class RouterConfig:
     kv_event_block_size: int = 16  # the router's block size for vLLM/SGLang engines (their own may differ)
     kv_event_topic: str = ""  # ZeroMQ topic prefix to subscribe to ("" = all)
     kv_event_replay_timeout_s: float = 2.0
+    # Engine blocks a ZeroMQ-fed instance may hold in the router's map when it advertises no capacity;
+    # one that does is capped at CAP_FACTOR x its advertised blocks (router/kvevents/follower.py)
+    kv_event_max_blocks: int = 1 << 20
+    # Connection hygiene (router/contract/connections.py): a request head must arrive within
+    # header_timeout_s, an idle keep-alive connection closes after idle_timeout_s, and connections
+    # past max_connections (0: the descriptor limit) or max_connections_per_peer are refused.
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    max_connections: int = 0
+    max_connections_per_peer: int = 1024
     workers: int = 1  # router processes sharing the port (router/service/workers.py)
 
     def __post_init__(self) -> None:
@@ -103,6 +115,7 @@ class RouterConfig:
             raise ValueError("--eject-after and --readmit-after must be >= 1")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        self.connection_limits()  # validates the connection flags
         self.foreign_engines()  # validates --engine-kind and --kv-event-*
 
     def foreign_engines(self):
@@ -112,7 +125,14 @@ class RouterConfig:
 
         if not 1 <= self.kv_event_block_size <= 1024:
             raise ValueError(f"--kv-event-block-size must be between 1 and 1024, got {self.kv_event_block_size}")
+        if self.kv_event_max_blocks < 1:
+            raise ValueError(f"--kv-event-max-blocks must be at least 1, got {self.kv_event_max_blocks}")
         if self.kv_event_replay_timeout_s <= 0:
             raise ValueError("--kv-event-replay-timeout-s must be positive")
         return (parse_kinds(self.engine_kinds, self.engines),
                 parse_sources(self.kv_event_sources, self.kv_event_replay_sources, self.engines))
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(header_timeout_s=self.header_timeout_s, idle_timeout_s=self.idle_timeout_s,
+                                max_connections=self.max_connections,
+                                max_connections_per_peer=self.max_connections_per_peer)

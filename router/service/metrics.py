@@ -20,6 +20,7 @@ TTFT uses vLLM's buckets; TPOT adds 1-5 ms buckets below vLLM's (router/contract
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.contract.metric_buckets import DURATION_BUCKETS, FINE_TPOT_BUCKETS, TTFT_BUCKETS
 from router.service.usage import Usage
@@ -58,6 +59,9 @@ class RouterMetrics:
         self.retries = Counter("kvroute_router_retries", "Requests retried on another instance.", registry=r)
         self.errors = Counter("kvroute_router_errors", "Errors, by kind.", ["kind"], registry=r)
         self.ejections = Counter("kvroute_router_ejections", "Instances ejected by health checks.", registry=r)
+        self.registry_refused = Counter("kvroute_router_registry_refused",
+                                        "Fleet registry records not believed, by reason (unsigned, bad_signature, "
+                                        "expired).", ["reason"], registry=r)
         self.healthy = Gauge("kvroute_router_instance_routable", "1 when the instance takes requests.",
                              ["instance"], registry=r)
         self.mismatch = Gauge("kvroute_router_instance_mismatch",
@@ -125,3 +129,28 @@ class RouterMetrics:
 
     def observe_rejected(self, status: int) -> None:
         self.rejected.labels(str(status)).inc()
+
+
+class ConnectionCollector:
+    """kvroute_router_connections (open now) and kvroute_router_connections_closed_total{reason}, read
+    from the server's ConnectionGuard (router/contract/connections.py) at scrape time."""
+
+    def __init__(self, guard_of) -> None:
+        self.guard_of = guard_of  # () -> ConnectionGuard | None (the runner makes it after the app)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        guard = self.guard_of()
+        if guard is None:
+            return
+        open_now = GaugeMetricFamily("kvroute_router_connections", "Client connections open now.")
+        open_now.add_metric([], guard.open)
+        closed = CounterMetricFamily("kvroute_router_connections_closed",
+                                     "Connections closed by the router's connection rules, by reason.",
+                                     labels=["reason"])
+        for reason in ("header_timeout", "over_capacity", "over_peer_capacity"):
+            closed.add_metric([reason], guard.closed[reason])
+        yield open_now
+        yield closed

@@ -5,7 +5,9 @@ retried on the next-best instance (at most `max_retries` times). Once bytes have
 reached the client, a broken upstream ends the stream with an SSE error event and
 [DONE]. Every upstream wait is bounded: the first byte of a stream by
 `first_byte_timeout_s`, each later chunk by `read_timeout_s`, a whole non-streamed
-answer by `request_timeout_s`; a timeout counts as a failure of that engine.
+answer by `request_timeout_s` while the engine's load reports keep coming and by
+`first_byte_timeout_s` of silence when they stop (a hung engine); a timeout counts as a
+failure of that engine.
 
 Blame: upstream reads and client writes are kept apart. A client that leaves (a
 write to its closed connection, or the handler cancelled by aiohttp) ends the
@@ -84,6 +86,10 @@ class Dispatch:
         m.bound(m.inflight, self.inst.id).set(self.inst.inflight)
         m.bound(m.requests, self.inst.id, self.router.policy_name, status).inc()
         self.router.policy.on_finished(self.prepared.route, self.inst.id)
+
+
+class EngineStalled(Exception):
+    """An engine stopped reporting its load while it owed a non-streamed answer."""
 
 
 class Proxy:
@@ -178,20 +184,30 @@ class Proxy:
         upstream = None
         try:
             async with asyncio.timeout(wait):
-                upstream = await self._post(inst.url, request.path, raw, stream)
-                if upstream.status >= 500:
-                    return await self._server_error(inst, upstream)
-                if not stream or upstream.status != 200:
-                    body = await upstream.read()
+                if not stream:
+                    upstream, body = await self._while_alive(self._fetch_whole(inst, request.path, raw), inst)
+                    if isinstance(body, KVRouteError):
+                        return body
                 else:
-                    first = await upstream.content.readany()
-                    if not first:
-                        self.cluster.report_failure(inst, "closed the stream before its first byte", request=True)
-                        return Unavailable(f"instance {inst.id} closed the stream before the first byte")
+                    upstream = await self._post(inst.url, request.path, raw, stream)
+                    if upstream.status >= 500:
+                        return await self._server_error(inst, upstream)
+                    if upstream.status != 200:
+                        body = await upstream.read()
+                    else:
+                        first = await upstream.content.readany()
+                        if not first:
+                            self.cluster.report_failure(inst, "closed the stream before its first byte",
+                                                        request=True)
+                            return Unavailable(f"instance {inst.id} closed the stream before the first byte")
         except TimeoutError:
             what = "no first byte" if stream else "no answer"
+            flag = "--first-byte-timeout-s" if stream else "--request-timeout-s"
             self.cluster.report_failure(inst, f"{what} within {wait:g}s", request=True)
-            return Unavailable(f"instance {inst.id} timed out ({what} within {wait:g}s)")
+            return Unavailable(f"instance {inst.id} timed out ({what} within {wait:g}s, {flag})")
+        except EngineStalled as e:
+            self.cluster.report_failure(inst, str(e), request=True)
+            return Unavailable(f"instance {inst.id} timed out ({e}, --first-byte-timeout-s)")
         except RETRYABLE as e:
             why = describe_failure(e)
             self.cluster.report_failure(inst, f"request failed: {why}", request=True)
@@ -212,6 +228,39 @@ class Proxy:
             return await self._relay(request, upstream, first, dispatch)
         finally:
             upstream.close()
+
+    async def _fetch_whole(self, inst, path: str, raw: bytes):
+        """(upstream, body) of a non-streamed answer, or (upstream, the error) for a 5xx."""
+        upstream = None
+        try:
+            upstream = await self._post(inst.url, path, raw, False)
+            if upstream.status >= 500:
+                return upstream, await self._server_error(inst, upstream)
+            return upstream, await upstream.read()
+        except BaseException:
+            if upstream is not None:
+                upstream.close()
+            raise
+
+    async def _while_alive(self, work, inst):
+        """Await a non-streamed answer, which comes whole at the end: while the engine's load reports
+        keep arriving it is working and only --request-timeout-s bounds the wait; an engine silent
+        for --first-byte-timeout-s (hung, stopped) raises EngineStalled, so the request is retried
+        before anything reached the client, as a stream without its first byte would be."""
+        task = asyncio.ensure_future(work)
+        patience = self.config.first_byte_timeout_s
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=patience)
+                if done:
+                    return task.result()
+                silent = time.monotonic() - inst.load_seen
+                if silent >= patience:
+                    raise EngineStalled(f"no answer and no load report for {silent:.1f}s")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def _server_error(self, inst, upstream) -> KVRouteError:
         text = (await upstream.content.read(2048)).decode(errors="replace")

@@ -225,3 +225,109 @@ async def test_cleared_while_down_rebuilds_by_replay_and_readmission_keeps_the_i
         f.inst.blocks_indexed, f.inst.needs_resync = 0, True
         await f.until(lambda: f.cached() == {"device": 3})
         assert f.pub.replay_requests == [0, 0] and "cleared while it was down" in f.feed.rebuilds[0]["reason"]
+
+
+def _deep_payload(depth=100_000):
+    """A batch whose one BlockStored event has `extra_keys` nested `depth` arrays deep (~100 KB)."""
+    import msgpack
+
+    head = msgpack.packb([1.0, [["BlockStored", [1], None, list(range(16)), 16, None, "GPU", None, 0]], 0])
+    i = head.rfind(b"\x00\x00")  # the event's extra_keys (0), then the batch's dp rank (0)
+    return head[:i] + b"\x91" * depth + b"\x90" + head[i + 1:]
+
+
+async def test_a_deeply_nested_event_is_one_bad_message_and_the_feed_goes_on():
+    """A 100,000-deep extra_keys used to raise RecursionError, kill the subscriber task silently and
+    freeze the index; now it is counted and skipped, and the next valid batch is applied."""
+    async with Feed(VllmPublisher()) as f:
+        f.pub.publish([], raw_payload=_deep_payload())
+        await f.until(lambda: f.stats.malformed_payloads == 1)
+        assert f.metric("kvroute_router_zmq_malformed_payloads_total") == 1
+        _, ev = chain(TOKENS[:32])
+        f.pub.publish([ev])
+        await f.until(lambda: f.cached() == {"device": 2}, timeout_s=1.0)
+        assert not f.task.done() and f.feed.stale is None and f.feed.restarts == 0
+
+
+async def test_a_batch_that_cannot_be_applied_is_skipped_not_fatal(monkeypatch):
+    async with Feed(VllmPublisher()) as f:
+        real = f.feed.block_map.apply
+
+        def explode_once(event, _calls=[]):
+            _calls.append(1)
+            if len(_calls) == 1:
+                raise KeyError("a bug in the translation")
+            return real(event)
+
+        monkeypatch.setattr(f.feed.block_map, "apply", explode_once)
+        _, ev = chain(TOKENS[:32])
+        f.pub.publish([ev])
+        await f.until(lambda: f.stats.failed_batches == 1)
+        f.pub.publish([ev])
+        await f.until(lambda: f.cached() == {"device": 2}, timeout_s=1.0)
+        assert f.metric("kvroute_router_zmq_failed_batches_total") == 1
+
+
+async def test_a_dead_feed_is_marked_stale_routed_on_load_and_restarted(monkeypatch):
+    async with Feed(VllmPublisher()) as f:
+        _, ev = chain(TOKENS[:32])
+        f.pub.publish([ev])
+        await f.until(lambda: f.cached() == {"device": 2})
+        sub, feed = f.feed.subscribers[0], f.feed
+        real_handle, real_begin = sub.handle, feed._begin
+
+        async def broken(*args):  # a bug in the task itself, not a bad message: the task ends
+            raise RuntimeError("feed bug")
+
+        monkeypatch.setattr(sub, "handle", broken)
+        monkeypatch.setattr(feed, "_begin", broken)  # and every restart fails too, until mended
+        f.pub.publish([ev])
+        await f.until(lambda: feed.restarts >= 2)
+        assert feed.stale is not None and f.inst.feed_stale == feed.stale
+        assert not f.inst.cache_ok and not f.inst.state().cache_ok  # its index entries earn no credit
+        assert f.metric("kvroute_router_zmq_feed_stale") == 1
+        assert feed.to_dict()["state"] == "stale"
+        monkeypatch.setattr(sub, "handle", real_handle)
+        monkeypatch.setattr(feed, "_begin", real_begin)
+        await f.until(lambda: feed.stale is None and f.stats.state == "live", timeout_s=10.0)
+        assert f.inst.cache_ok and f.metric("kvroute_router_zmq_feed_stale") == 0
+        await f.until(lambda: f.cached() == {"device": 2}, timeout_s=2.0)  # rebuilt from the replay
+        assert f.metric("kvroute_router_zmq_feed_restarts_total") >= 2
+
+
+async def test_an_oversized_frame_is_refused_and_the_feed_recovers():
+    """A frame over MAX_MESSAGE_BYTES is dropped by ZeroMQ unread (the peer is disconnected and comes
+    back); the feed then rebuilds from the live stream."""
+    from router.contract.kv_wire import MAX_MESSAGE_BYTES
+
+    async with Feed(VllmPublisher(replay=False)) as f:
+        f.pub.publish([], raw_payload=b"\x00" * (MAX_MESSAGE_BYTES + 1))
+        _, ev = chain(TOKENS[:32])
+        deadline = time.monotonic() + 10
+        while f.cached() != {"device": 2}:  # messages sent while the SUB reconnects are lost: resend
+            assert time.monotonic() < deadline, f.stats
+            f.pub.publish([ev])
+            await asyncio.sleep(0.2)
+        assert f.stats.malformed_payloads == 0  # never read, so never decoded
+        assert f.feed.restarts >= 1  # the dropped connection was noticed and the feed restarted
+
+
+async def test_an_instance_that_stores_more_than_it_advertises_is_capped():
+    """1M stored blocks for a 4,096-block engine used to grow the map and index without bound; now an
+    instance keeps at most CAP_FACTOR x its advertised blocks, the oldest going first."""
+    from router.kvevents.follower import CAP_FACTOR
+
+    async with Feed(VllmPublisher()) as f:
+        f.inst.kind_state["num_blocks"] = 16  # what discovery read from the engine: cap 64 engine blocks
+        cap = CAP_FACTOR * 16
+        prompts = [[rng.randrange(5, 8000) for _ in range(64)] for _ in range(100)]  # 400 blocks
+        events = [chain(tokens)[1] for tokens in prompts]
+        for i in range(0, 100, 10):
+            f.pub.publish(events[i:i + 10])
+        await f.until(lambda: f.stats.batches == 10)
+        assert len(f.feed.block_map) <= cap
+        assert f.inst.blocks_indexed <= cap and f.index.size_sync() <= cap
+        assert f.metric("kvroute_router_zmq_blocks_total", outcome="overflow_evicted") == 400 - cap
+        match = f.index.lookup_sync(block_hashes(prompts[-1], 16, SEED)).get("e1")
+        assert match is not None and match.blocks == 4  # the newest chain is still credited
+        assert "e1" not in f.index.lookup_sync(block_hashes(prompts[0], 16, SEED))

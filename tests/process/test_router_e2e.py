@@ -157,6 +157,35 @@ async def test_api_and_admin_keys(start_engine, start_router, http):
         assert r.status == 200
 
 
+async def test_introspection_needs_the_api_key_when_there_is_no_admin_key(start_engine, start_router, http):
+    """A router with only --api-key used to answer /router/explain (another tenant's cached prompt) and
+    list the fleet's URLs to anyone."""
+    url, _, _ = await cluster(start_engine, start_router, n=1, api_key="k1")
+    explain = {"prompt": prompt(1), "max_tokens": 2}
+    for method, path, body in (("POST", "/router/explain", explain), ("GET", "/router/instances", None),
+                               ("GET", "/router/stats", None), ("GET", "/router/engines", None),
+                               ("GET", "/workers", None)):
+        async with http.request(method, url + path, json=body) as r:
+            assert r.status == 401, path
+            assert "API key" in (await r.json())["error"]["message"]
+    key = {"Authorization": "Bearer k1"}
+    async with http.post(url + "/router/explain", json=explain, headers=key) as r:
+        assert r.status == 200 and "choice" in await r.json()
+    async with http.get(url + "/router/instances", headers=key) as r:
+        assert r.status == 200
+    for path in ("/health", "/metrics"):  # probes and scrapers: open, as documented
+        async with http.get(url + path) as r:
+            assert r.status == 200, path
+
+
+async def test_an_empty_cache_salt_is_refused(start_engine, start_router, http):
+    url, _, engines = await cluster(start_engine, start_router, n=1)
+    for target in (url, engines[0][0]):
+        async with http.post(target + "/v1/completions", json={"prompt": "hi", "cache_salt": ""}) as r:
+            assert r.status == 400, target
+            assert (await r.json())["error"]["param"] == "cache_salt"
+
+
 @pytest.mark.parametrize("body,status,needle", [
     (b"{oops", 400, "not valid JSON"),
     (b'{"max_tokens": 2}', 400, "'prompt' is required"),

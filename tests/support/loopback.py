@@ -2,6 +2,8 @@
 
 from aiohttp import web
 
+from router.contract.connections import GuardedRunner
+
 
 class LoopbackServer:
     """An aiohttp app served the way `kvroute` serves it, on 127.0.0.1 and a free port."""
@@ -12,7 +14,7 @@ class LoopbackServer:
         self.url = ""
 
     async def start(self, port: int = 0):
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        self.runner = GuardedRunner(self.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", port)
         await site.start()

@@ -11,7 +11,7 @@ import torch
 import xxhash
 from aiohttp import web
 
-from engine.transfer.kv_transfer import FRAME, END_INDEX
+from engine.transfer.kv_transfer import END_INDEX, FRAME, tail_hash
 from engine.service.server import ENGINE
 from router.contract.kv_auth import make_grant, sign
 from router.contract.protocol import block_hashes, hash_seed
@@ -55,9 +55,11 @@ class Listener:
 
 
 def forged_handle(address, prompt, cluster_id="evil", signature=None):
-    hashes = block_hashes(prompt, BS, hash_seed("kvroute-tiny"))
+    seed = hash_seed("kvroute-tiny")
+    hashes = block_hashes(prompt, BS, seed)
     handle = {"cluster_id": cluster_id, "address": address, "request_id": "x", "block_hashes": hashes,
-              "num_tokens": len(prompt), "first_token": 7, "cached_tokens": 0, "expires": 4e9}
+              "num_tokens": len(prompt), "first_token": 7, "cached_tokens": 0, "expires": 4e9,
+              "tail_hash": tail_hash(prompt, BS, seed, hashes[-1] if hashes else None)}
     if signature is not None:
         handle["signature"] = signature
     return {"do_remote_prefill": True, "handle": handle}
@@ -147,7 +149,8 @@ async def test_bad_frame_from_a_signed_handle_ends_the_request_and_frees_its_blo
     try:
         params = forged_handle(evil.url, p_ids)
         fields = [params["handle"][k] for k in ("cluster_id", "address", "request_id", "block_hashes",
-                                                 "num_tokens", "first_token", "cached_tokens", "expires")]
+                                                 "num_tokens", "first_token", "cached_tokens", "expires",
+                                                 "tail_hash")]
         params["handle"]["signature"] = sign(SECRET, "handle", fields)
         body = {"prompt": p_ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
         results = await asyncio.wait_for(asyncio.gather(*(post(http, victim_url, {**body, "kv_transfer_params": params})
@@ -192,3 +195,24 @@ async def test_configured_peers_disaggregate_without_a_secret(start_engine, star
     async with http.post(router_url + "/v1/completions", json=body) as r:
         assert r.status == 200 and r.headers.get("x-kvroute-prefill-instance") == "p0"
         assert b"[DONE]" in await r.read()
+
+
+async def test_a_handle_replayed_with_another_tail_is_computed_locally(start_engine, http):
+    """A captured, unused handle for prompt P, used with a prompt that shares P's full blocks and has
+    another tail, used to make the decode engine write P's partial-block K/V into that request."""
+    p_url, _ = await start_engine(backend="torch", role="prefill", instance_id="hp", kv_secret=SECRET)
+    d_url, decode = await start_engine(backend="torch", role="decode", instance_id="hd", kv_secret=SECRET)
+    clean_url, _ = await start_engine(backend="torch", role="both", instance_id="hc")
+    full = ids(7, 96)  # six full blocks
+    p_prompt, q_prompt = full + ids(8, 9), full + ids(9, 9)  # same full blocks, another partial block
+    status, pre = await post(http, p_url, {"prompt": p_prompt, "max_tokens": 1, "temperature": 0,
+                                           "kv_transfer_params": make_grant(SECRET, "hp", p_url)})
+    assert status == 200
+    handle = pre["kv_transfer_params"]
+    body = {"prompt": q_prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    status, got = await post(http, d_url, {**body, "kv_transfer_params": handle})
+    _, want = await post(http, clean_url, body)
+    assert status == 200 and got["choices"][0]["text"] == want["choices"][0]["text"]
+    metrics = decode.app[ENGINE].metrics
+    assert metrics.kv_pull_failures.labels("HandleMismatch")._value.get() == 1
+    assert metrics.kv_pull_blocks._value.get() == 0  # nothing of P was pulled into Q
