@@ -243,7 +243,7 @@ class ZmqFollower:
                     await asyncio.gather(task, return_exceptions=True)
             feed.restarts += 1
             feed.mark_stale(reason)
-            log.error("KV event feed of %s %s; routing it on load alone and restarting in %.1fs",
+            log.warning("KV event feed of %s %s; routing it on load alone and restarting in %.1fs",
                       feed.inst.id, reason, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESTART_MAX_S)
