@@ -108,7 +108,7 @@ class _GuardedHandler(RequestHandler):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
-        if self._head_deadline is None and not self._request_in_progress and not self._messages:
+        if self._head_deadline is None and not getattr(self, "_request_in_progress", False) and not self._messages:
             self._await_head()  # the first byte of the next request on a kept-alive connection
         heads = self._request_count
         super().data_received(data)
