@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import urllib.parse
 
+import numpy as np
 import orjson
 import pytest
 from aiohttp import web
 
-from router.contract.errors import ContextTooLong
-from router.contract.limits import Limits, check_token_count, check_token_ids
+from router.contract.errors import BadRequest, ContextTooLong
+from router.contract.limits import (BYTES_PER_CHAR, CHARS_PER_TOKEN, FALLBACK_MAX_MODEL_LEN, MESSAGE_TEMPLATE_CHARS,
+                                    MIN_BODY_BYTES, Limits, check_prompt_chars, check_token_count, check_token_ids,
+                                    check_vocabulary, prompt_chars)
+from router.contract.openai_request import parse_request
 from router.contract.protocol import hash_seed
 from router.contract.tokenizer import load_tokenizer
 from router.service.app import CLUSTER
@@ -142,3 +146,63 @@ async def test_prompt_of_exactly_max_model_len_tokens_is_refused_by_the_router(r
     async with http.post(url + "/v1/completions", json={"prompt": [5] * (MAX_MODEL_LEN - 1), "max_tokens": 1}) as r:
         assert r.status == 200
     assert stub.completions == 1
+
+
+# --- the checks themselves (router/contract/limits.py), every branch and edge ---------------------
+
+def completion(**body):
+    return parse_request({"max_tokens": 1, **body}, "chat" if "messages" in body else "completion")
+
+
+def test_prompt_chars_counts_text_and_the_template_per_message():
+    assert prompt_chars(completion(prompt="hello")) == 5
+    assert prompt_chars(completion(prompt=[5, 6, 7])) == 0  # token ids: nothing to count
+    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": ""},
+            {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "text", "text": "de"}]}]
+    want = 3 * MESSAGE_TEMPLATE_CHARS + len("user") * 2 + len("assistant") + 5 + 0 + 5
+    assert prompt_chars(completion(messages=msgs)) == want
+    assert prompt_chars(completion(messages=msgs[2:])) == MESSAGE_TEMPLATE_CHARS + 4 + 5
+
+
+def test_prompt_chars_limit_is_inclusive_and_names_the_field():
+    limits = Limits.derive(64, 8192, prompt_chars=10)
+    assert check_prompt_chars(completion(prompt="x" * 10), limits) == 10
+    with pytest.raises(ContextTooLong) as e:
+        check_prompt_chars(completion(prompt="x" * 11), limits)
+    assert e.value.param == "prompt" and "11 characters" in e.value.message and "limit is 10" in e.value.message
+    with pytest.raises(ContextTooLong) as e:
+        check_prompt_chars(completion(messages=[{"role": "user", "content": "x"}]), Limits.derive(64, 0, 20))
+    assert e.value.param == "messages" and "21 characters" in e.value.message
+
+
+def test_token_count_error_names_the_prompt_and_the_context():
+    with pytest.raises(ContextTooLong) as e:
+        check_token_count(MAX_MODEL_LEN, Limits.derive(MAX_MODEL_LEN, 8192))
+    assert e.value.param == "prompt"
+    assert e.value.message == f"prompt has {MAX_MODEL_LEN} tokens; this model's context is {MAX_MODEL_LEN} tokens"
+
+
+def test_vocabulary_check_on_lists_and_packed_ids():
+    limits = Limits.derive(MAX_MODEL_LEN, 256)
+    check_vocabulary([0, 255], limits)
+    check_vocabulary([], limits)
+    check_vocabulary(b"", limits)
+    check_vocabulary([10**6], Limits.derive(MAX_MODEL_LEN, 0))  # no vocabulary advertised: not checked
+    for ids in ([3, 256], np.array([3, 300], "<u4").tobytes()):  # packed 300: no byte of it is past 255
+        with pytest.raises(BadRequest) as e:
+            check_vocabulary(ids, limits)
+        assert e.value.param == "prompt" and "out of the vocabulary (size 256)" in e.value.message
+    check_vocabulary(np.array([3, 255], "<u4").tobytes(), limits)
+    with pytest.raises(BadRequest):
+        check_token_ids([1, 256], limits)
+
+
+def test_limits_derive_from_the_context_or_the_overrides():
+    assert Limits.derive(0, 0) == Limits(FALLBACK_MAX_MODEL_LEN, 0, CHARS_PER_TOKEN * FALLBACK_MAX_MODEL_LEN,
+                                         BYTES_PER_CHAR * CHARS_PER_TOKEN * FALLBACK_MAX_MODEL_LEN)
+    small = Limits.derive(1024, 8192)
+    assert small == Limits(1024, 8192, 8192, MIN_BODY_BYTES)  # 32 kB of text still gets 1 MiB of body
+    big = Limits.derive(65536, 32000)
+    assert (big.max_prompt_chars, big.max_body_bytes, big.vocab_size) == (524288, 2097152, 32000)
+    assert Limits.derive(65536, 32000, prompt_chars=100, body_bytes=5000) == Limits(65536, 32000, 100, 5000)
+    assert Limits.derive(1024, 1, prompt_chars=1 << 20).max_body_bytes == 4 << 20
