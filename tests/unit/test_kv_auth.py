@@ -4,8 +4,11 @@ before it connects anywhere."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 
+import orjson
 import pytest
 
 from router.contract import kv_auth
@@ -158,3 +161,24 @@ async def test_engine_refuses_an_expired_signed_handle_before_connecting(start_e
         assert listener.connections == 0
     finally:
         await listener.close()
+
+
+def test_every_signed_grant_field_is_covered_by_the_signature():
+    grant = make_grant(SECRET, "p0", "http://p0:8001")["grant"]
+    message = orjson.dumps(["grant", grant["instance"], grant["address"], grant["expires"], grant["nonce"]])
+    assert grant["signature"] == hmac.new(SECRET.encode(), message, hashlib.sha256).hexdigest()
+    for field, other in (("instance", "p1"), ("address", "http://evil:1"), ("expires", grant["expires"] + 100),
+                         ("nonce", "0" * 24)):
+        tampered = {**grant, field: other}
+        with pytest.raises(PermissionError, match="signed"):  # checked as p1 too: only the signature can refuse it
+            KVAuth(SECRET, (), tampered["instance"]).check_grant(tampered, None)
+
+
+def test_grant_expiry_is_kept_to_the_millisecond(monkeypatch):
+    monkeypatch.setattr(kv_auth.time, "time", lambda: 1000.1234567)
+    assert make_grant(SECRET, "p0", "a", ttl_s=60.0)["grant"]["expires"] == 1060.123
+    assert make_grant(None, "p0", "a", ttl_s=0.5)["grant"]["expires"] == 1000.623
+
+
+def test_signed_grant_without_an_address_names_none():
+    assert KVAuth(SECRET, (), "p0").check_grant(make_grant(SECRET, "p0", "")["grant"], None) == ""
