@@ -64,12 +64,17 @@ class CountingEngine:
         return app
 
 
-@pytest.fixture
-async def router_url(start_router):
+async def counted_router(start_router) -> tuple[str, CountingEngine, LoopbackServer]:
     stub = CountingEngine()
     engine = await LoopbackServer(stub.app()).start()
     url, server = await start_router([engine.url], max_body_bytes=LIMIT)
     assert await wait_for(lambda: all(i.routable for i in server.app[CLUSTER].instances))
+    return url, stub, engine
+
+
+@pytest.fixture
+async def router_url(start_router):
+    url, stub, engine = await counted_router(start_router)
     yield url, stub
     await engine.close()
 
@@ -81,9 +86,7 @@ async def target(request, start_router, start_engine):
         url, _ = await start_engine(max_body_bytes=LIMIT)
         yield url
         return
-    engine = await LoopbackServer(CountingEngine().app()).start()
-    url, server = await start_router([engine.url], max_body_bytes=LIMIT)
-    assert await wait_for(lambda: all(i.routable for i in server.app[CLUSTER].instances))
+    url, _, engine = await counted_router(start_router)
     yield url
     await engine.close()
 
