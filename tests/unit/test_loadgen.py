@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import os
 import socket
 
 import numpy as np
@@ -19,10 +18,6 @@ from loadgen.summary import summarize
 from loadgen.workloads import WORKLOADS, make_workload
 from loadgen.workloads.content import FIRST_ID, VOCAB_SIZE
 from tests.support.loopback import LoopbackServer
-
-SHARED_TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
-                            "mooncake_synthetic_trace.jsonl")
-
 
 def common_prefix(a, b) -> int:
     n = 0
@@ -158,11 +153,44 @@ def test_trace_hash_ids_map_to_shared_content(trace_file):
     assert [len(s.prompt_ids) for s in capped.requests()] == [20, 20]
 
 
-@pytest.mark.skipif(not os.path.exists(SHARED_TRACE), reason="shared Mooncake trace not present")
-def test_mooncake_trace_replays_scaled():
-    specs = make_workload("trace:" + SHARED_TRACE, num_requests=50, trace_block_tokens=8).requests()
+@pytest.fixture
+def mooncake_trace(tmp_path):
+    """60 lines in the Mooncake trace format at its scale: 512-token hash blocks, prompts of 4k to
+    200k tokens (some past what a scaled replay keeps), 8 system prompts shared as leading blocks."""
+    rng = np.random.default_rng(7)
+    lines, next_id, t = [], 1000, 0
+    for i in range(60):
+        system = list(range(10 * (i % 8), 10 * (i % 8) + int(rng.integers(2, 10))))
+        own = int(rng.integers(4, 390))
+        input_length = (len(system) + own) * 512 - int(rng.integers(0, 511))
+        lines.append({"timestamp": t, "input_length": input_length, "output_length": int(rng.integers(1, 400)),
+                      "hash_ids": system + list(range(next_id, next_id + own))})
+        next_id += own
+        t += int(rng.integers(0, 3000))
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path), lines
+
+
+def test_mooncake_trace_replays_scaled(mooncake_trace):
+    path, lines = mooncake_trace
+    specs = make_workload("trace:" + path, num_requests=50, trace_block_tokens=8).requests()
     assert len(specs) == 50 and specs[0].arrival_s == 0.0
     assert all(len(s.prompt_ids) <= 2048 for s in specs)
+    assert any(len(s.prompt_ids) == 2048 for s in specs)  # long prompts were cut to trace_max_input
+    for spec, line in zip(specs, lines):
+        assert len(spec.prompt_ids) == min(-(-line["input_length"] * 8 // 512), 2048)
+        assert spec.arrival_s == pytest.approx(line["timestamp"] / 1000.0)
+        assert spec.max_tokens == min(line["output_length"], 128)
+        assert spec.group == f"prefix-{line['hash_ids'][0]}"
+    shared_blocks = 0
+    for a, b in zip(specs, specs[8:]):  # the same system prompt: shared hash blocks are shared content
+        la, lb = lines[a.index], lines[b.index]
+        shared = common_prefix(la["hash_ids"], lb["hash_ids"])
+        assert common_prefix(a.prompt_ids, b.prompt_ids) == min(8 * shared, len(a.prompt_ids), len(b.prompt_ids))
+        shared_blocks += shared
+    assert shared_blocks >= 42 * 2
+    assert common_prefix(specs[0].prompt_ids, specs[1].prompt_ids) == 0  # different system prompts
 
 
 @pytest.mark.parametrize("name, knobs, message", [

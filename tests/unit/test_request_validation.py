@@ -25,11 +25,21 @@ def test_wrong_field_is_400_naming_it(field, value):
     assert e.value.param == field.split(".")[0]
 
 
-@pytest.mark.parametrize("field,value", [("stream_options", None), ("stream_options", {}),
-                                         ("stream_options", {"include_usage": None}), ("n", 1), ("n", None),
-                                         ("seed", -(1 << 63)), ("seed", (1 << 63) - 1), ("seed", None)])
-def test_edge_values_still_accepted(field, value):
-    parse_request({**PROMPT, field: value}, "completion")
+@pytest.mark.parametrize("field,value,parsed", [
+    ("stream_options", None, {"include_usage": False, "continuous_usage": False}),
+    ("stream_options", {}, {"include_usage": False, "continuous_usage": False}),
+    ("stream_options", {"include_usage": None}, {"include_usage": False}),
+    ("stream_options", {"include_usage": True}, {"include_usage": True}),
+    ("n", 1, {}), ("n", None, {}),
+    ("seed", -(1 << 63), {"seed": -(1 << 63)}), ("seed", (1 << 63) - 1, {"seed": (1 << 63) - 1}),
+    ("seed", None, {"seed": None}), ("seed", 0, {"seed": 0}),
+])
+def test_edge_values_still_accepted(field, value, parsed):
+    req = parse_request({**PROMPT, field: value}, "completion")
+    assert (req.kind, req.prompt, req.max_tokens, req.stream) == ("completion", "hello", 2, False)
+    assert req.body[field] == value
+    for name, want in parsed.items():
+        assert getattr(req, name) == want and type(getattr(req, name)) is type(want), name
 
 
 def test_many_empty_chat_messages_are_refused_before_tokenizing():

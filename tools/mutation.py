@@ -1,0 +1,145 @@
+"""Mutation score per module: mutmut over the modules where a silent bug costs most.
+
+    python tools/mutation.py                      # every module in [tool.kvroute.mutation.modules]
+    python tools/mutation.py router/contract/limits.py router/contract/kv_auth.py
+    python tools/mutation.py --list               # the modules and the tests each one runs
+
+Each module runs on its own, with only the tests named for it in pyproject.toml
+([tool.kvroute.mutation.modules]: module -> test files), in a scratch copy of the tree
+(`git ls-files`, tracked and untracked-but-not-ignored) whose pyproject.toml gets a
+[tool.mutmut] section for that module alone; mutmut's own [tool.mutmut] in pyproject.toml
+(every module, every listed test) still serves a plain `mutmut run` in the repository.
+It prints, per module, the mutants mutmut made and how they ended (killed, survived,
+timeout, no tests) and the score killed / (killed + survived + timeout), then the
+surviving mutants' names; `mutmut show NAME` in the module's scratch directory prints one.
+Needs `pip install mutmut` (3.x); not part of CI (docs/mutation.md has the scores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KILLED, SURVIVED, TIMEOUT = {1, 3}, {0}, {24, -24, 36, 152, 255}
+
+
+def modules_config(pyproject: pathlib.Path) -> dict[str, list[str]]:
+    data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    return dict(data["tool"]["kvroute"]["mutation"]["modules"])
+
+
+def scratch_copy(dest: pathlib.Path) -> None:
+    """The working tree's files (tracked, and untracked ones git does not ignore) under `dest`."""
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    if dest.exists():
+        shutil.rmtree(dest)
+    for name in filter(None, names):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def mutmut_section(module: str, tests: list[str], extra_args: list[str]) -> str:
+    def toml_list(items):
+        return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+    return ("\n[tool.mutmut]\n"
+            f"source_paths = {toml_list(['router', 'engine', 'loadgen'])}\n"
+            f"also_copy = {toml_list(['kvroute_cli.py', 'tools'])}\n"
+            f"only_mutate = {toml_list([module])}\n"
+            f"pytest_add_cli_args = {toml_list(['-q', '-p', 'no:cacheprovider', *extra_args])}\n"
+            f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n")
+
+
+def without_mutmut_section(text: str) -> str:
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("["):
+            skipping = line.strip() == "[tool.mutmut]"
+        if not skipping:
+            out.append(line)
+    return "".join(out)
+
+
+def tally(workdir: pathlib.Path, module: str) -> tuple[collections.Counter, list[str]]:
+    meta = workdir / "mutants" / (module + ".meta")
+    codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+    counts, survivors = collections.Counter(), []
+    for name, code in sorted(codes.items()):
+        if code in KILLED:
+            counts["killed"] += 1
+        elif code in SURVIVED:
+            counts["survived"] += 1
+            survivors.append(name)
+        elif code in TIMEOUT:
+            counts["timeout"] += 1
+        elif code in (5, 33):
+            counts["no tests"] += 1
+            survivors.append(name + " (no tests)")
+        else:
+            counts[f"other ({code})"] += 1
+    return counts, survivors
+
+
+def score(counts: collections.Counter) -> float | None:
+    judged = counts["killed"] + counts["survived"] + counts["timeout"] + counts["no tests"]
+    return (counts["killed"] + counts["timeout"]) / judged if judged else None
+
+
+def run_module(module: str, tests: list[str], workdir: pathlib.Path, children: int, extra: list[str]) -> int:
+    scratch_copy(workdir)
+    pyproject = workdir / "pyproject.toml"
+    pyproject.write_text(without_mutmut_section(pyproject.read_text()) + mutmut_section(module, tests, extra))
+    mutmut = shutil.which("mutmut") or str(pathlib.Path(sys.executable).with_name("mutmut"))
+    return subprocess.run([mutmut, "run", "--max-children", str(children)], cwd=workdir).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("modules", nargs="*", help="modules to score (default: every configured module)")
+    p.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
+    p.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
+    p.add_argument("--workdir", default="/tmp/kvroute-mutation", help="scratch copies go here, one per module")
+    p.add_argument("--report-only", action="store_true", help="tally the results already in --workdir")
+    p.add_argument("--pytest-arg", action="append", default=[], help="extra pytest argument (repeatable)")
+    args = p.parse_args(argv)
+    config = modules_config(ROOT / "pyproject.toml")
+    modules = args.modules or list(config)
+    unknown = [m for m in modules if m not in config]
+    if unknown:
+        p.error(f"not configured in [tool.kvroute.mutation.modules]: {', '.join(unknown)}")
+    if args.list:
+        for m in modules:
+            print(f"{m}: {' '.join(config[m])}")
+        return 0
+    rows = []
+    for module in modules:
+        workdir = pathlib.Path(args.workdir) / module.replace("/", "_").removesuffix(".py")
+        if not args.report_only:
+            rc = run_module(module, config[module], workdir, args.max_children, args.pytest_arg)
+            if rc:
+                print(f"mutation: mutmut run for {module} exited {rc}", file=sys.stderr)
+        rows.append((module, workdir, *tally(workdir, module)))
+    print(f"\n{'module':44s} {'mutants':>7s} {'killed':>6s} {'survived':>8s} {'timeout':>7s} {'no tests':>8s} score")
+    for module, _, counts, _ in rows:
+        s = score(counts)
+        print(f"{module:44s} {sum(counts.values()):7d} {counts['killed']:6d} {counts['survived']:8d} "
+              f"{counts['timeout']:7d} {counts['no tests']:8d} {'-' if s is None else f'{s:.1%}'}")
+    for module, workdir, _, survivors in rows:
+        if survivors:
+            print(f"\nsurviving in {module} (mutmut show NAME, in {workdir}):")
+            print("\n".join(f"  {name}" for name in survivors))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
