@@ -33,7 +33,7 @@ from loadgen.sim.instance import SimInstance
 from loadgen.sim.load_view import LoadView
 from router.decision.decode_choice import DECODE_ROLES, decode_load, pick_decode
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, Policy, RouteRequest
+from router.decision.base import Decision, InstanceState, Policy, RouteRequest
 
 
 

@@ -25,7 +25,7 @@ from typing import Mapping
 
 from router.decision.candidates import LeastLoaded, RecentSenders, pick
 from router.index.base import PrefixMatch
-from router.decision.policies.base import InstanceState
+from router.decision.base import InstanceState
 from router.contract.protocol import LoadRecord
 
 

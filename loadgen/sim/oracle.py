@@ -43,7 +43,7 @@ from loadgen.sim.cluster import Cluster, KVEvents
 from loadgen.sim.instance import SimInstance
 from router.index.base import PrefixMatch
 from router.index.memory import MemoryIndex
-from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 class OraclePolicy(PolicyBase):

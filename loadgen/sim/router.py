@@ -30,7 +30,7 @@ from loadgen.sim.load_view import LoadView
 from loadgen.workload_base import RequestSpec
 from router.index.base import event_owner
 from router.index.memory import MemoryIndex
-from router.decision.policies.base import Policy, RouteRequest
+from router.decision.base import Policy, RouteRequest
 from router.contract.protocol import block_hashes, hash_seed
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"

@@ -34,7 +34,7 @@ from loadgen.summary import summarize
 from loadgen.workload_base import RequestSpec
 from router.planner.decide import PlannerConfig
 from router.decision.policies import POLICIES, make_policy, policy_params
-from router.decision.policies.base import Policy
+from router.decision.base import Policy
 
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
 # planned (send time, spec) of every request that is not a follow-up.

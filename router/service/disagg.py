@@ -33,7 +33,7 @@ from router.contract.kv_auth import make_grant
 from router.service.steering import with_token_ids
 from router.service.upstream_errors import describe_failure
 from router.fleet.instance import Instance
-from router.decision.policies.base import Decision
+from router.decision.base import Decision
 from router.service.proxy import INSTANCE_HEADER, RETRYABLE, Dispatch, Proxy
 from router.service.routing import Choice, Prepared
 

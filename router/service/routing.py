@@ -22,8 +22,8 @@ from router.contract.encoding import Encoding
 from router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
 from router.service.metrics import RouterMetrics
 from router.contract.openai_request import CompletionRequest, parse_request
-from router.decision.policies.base import COST_TERMS, Decision, Policy, RouteRequest
-from router.decision.policies.tier_credit import with_store
+from router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
+from router.decision.scoring.tier_credit import with_store
 from router.decision.prefix_hashes import PrefixHashes
 from router.contract.protocol import hash_seed
 from router.service.request_trace import RecentRequests, RequestTrace

@@ -6,10 +6,10 @@ import pytest
 
 from router.index.base import PrefixMatch
 from router.decision.policies import InstanceState, make_policy
-from router.decision.policies.base import COST_TERMS
-from router.decision.policies.eviction import expected_loss
-from router.decision.policies.replication import PrefixDemand
-from router.decision.policies.reuse import ReuseHistory
+from router.decision.base import COST_TERMS
+from router.decision.scoring.eviction import expected_loss
+from router.decision.scoring.replication import PrefixDemand
+from router.decision.scoring.reuse import ReuseHistory
 from tests.unit.test_policies import BS, FakeClock, chain, req
 
 

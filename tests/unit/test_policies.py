@@ -7,7 +7,7 @@ import xxhash
 
 from router.index.base import PrefixMatch
 from router.decision.policies import POLICIES, InstanceState, RouteRequest, make_policy, policy_params
-from router.decision.policies.recent import RecentBlocks
+from router.decision.scoring.recent import RecentBlocks
 
 BS = 16
 

@@ -15,13 +15,13 @@ from collections import OrderedDict
 from typing import Callable, Mapping, Sequence
 
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
-from router.decision.policies.eviction import expected_loss
-from router.decision.policies.hot_spot import others_mean, spill_target
-from router.decision.policies.rate import PrefillRate, RateConfig
-from router.decision.policies.recent import RecentBlocks
-from router.decision.policies.replication import Copy, PrefixDemand, consider
-from router.decision.policies.reuse import ReuseHistory
+from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.scoring.eviction import expected_loss
+from router.decision.scoring.hot_spot import others_mean, spill_target
+from router.decision.scoring.rate import PrefillRate, RateConfig
+from router.decision.scoring.recent import RecentBlocks
+from router.decision.scoring.replication import Copy, PrefixDemand, consider
+from router.decision.scoring.reuse import ReuseHistory
 
 _MAX_DISPATCHED = 65536  # request ids whose queue-at-dispatch is remembered until first token
 

@@ -37,7 +37,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from router.decision.policies.base import InstanceState, RouteRequest
+from router.decision.base import InstanceState, RouteRequest
 
 _CAPACITY = 65536  # prefixes tracked; the least recently requested is dropped first
 
