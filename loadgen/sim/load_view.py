@@ -12,25 +12,43 @@ frozen `InstanceState` of the dirty instances only, in a list that is kept (and
 handed to the policy) instead of rebuilt: O(changed instances) per decision, not
 O(instances).
 
-Fast path (`fast_k > 0`, policies that use the index only): the router's own
-candidate choice (router/decision/candidates.py `pick`): index holders of the prompt's first
-block, recent senders of it, and the `fast_k` least loaded. A policy's view of "the
-others" shrinks with it: kv_aware's hot-spot guard compares against the mean inflight
-of these candidates only.
+A decision (router/decision/route.py `RouteDecision`) routes in a `SimGroup`: the
+instances in some roles (all of them, or the prefill or decode ones when
+disaggregated), by position, with their in-flight counts in a `LeastLoaded`, as the
+router's groups are (router/fleet/groups.py). Groups are rebuilt when a role changes
+(`set_role`), and kept current in O(1) per in-flight change.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
-from router.decision.candidates import LeastLoaded, RecentSenders, pick
-from router.index.base import PrefixMatch
 from router.decision.base import InstanceState
+from router.decision.candidates import LeastLoaded
 from router.contract.protocol import LoadRecord
 
 
+class SimGroup:
+    """Members (instance positions) in some roles, as `router.decision.route.Members`."""
+
+    __slots__ = ("members", "by_id", "load", "_states")
+
+    def __init__(self, members: list[int], by_id: Mapping[str, int], inflight: list[int],
+                 states: list[InstanceState]) -> None:
+        self.members = members
+        self.by_id = by_id
+        self.load = LeastLoaded(members, level_of=inflight.__getitem__)
+        self._states = states  # the view's list, updated in place
+
+    def states(self, chosen: Sequence[int]) -> Sequence[InstanceState]:
+        states = self._states
+        if chosen is self.members and len(chosen) == len(states):
+            return states
+        return [states[i] for i in chosen]
+
+
 class LoadView:
-    def __init__(self, ids: list[str], fast_k: int = 0, recent_ttl_s: float = 2.0) -> None:
+    def __init__(self, ids: list[str]) -> None:
         n = len(ids)
         self.ids = ids
         self.position = {inst: i for i, inst in enumerate(ids)}
@@ -39,19 +57,17 @@ class LoadView:
         self.engine: list[LoadRecord | None] = [None] * n
         self.tier_costs: list = [None] * n  # what each instance advertises about its tiers (polled)
         self.states = [InstanceState(inst) for inst in ids]
+        self.roles = ["both"] * n
         self._dirty: dict[int, None] = {}
-        self.fast_k = fast_k
-        self.load_levels = LeastLoaded(range(n))  # by requests in flight
-        self.recent = RecentSenders(recent_ttl_s) if fast_k else None
+        self.everyone = SimGroup(list(range(n)), self.position, self.inflight, self.states)
+        self._groups: dict[tuple[str, ...], SimGroup] = {}
 
     # -- changes ----------------------------------------------------------------------
 
-    def dispatched(self, i: int, uncached: int, first_block: int | None, now: float) -> None:
+    def dispatched(self, i: int, uncached: int) -> None:
         self._move(i, self.inflight[i] + 1)
         self.queued[i] += uncached
         self._dirty[i] = None
-        if self.recent is not None and first_block is not None:
-            self.recent.record(first_block, i, now)
 
     def first_token(self, i: int, uncached: int) -> None:
         self.queued[i] -= uncached
@@ -66,11 +82,18 @@ class LoadView:
         self.tier_costs[i] = tier_costs
         self._dirty[i] = None
 
+    def set_role(self, i: int, role: str) -> None:
+        if self.roles[i] != role:
+            self.roles[i] = role
+            self._groups.clear()
+
     def _move(self, i: int, level: int) -> None:
         self.inflight[i] = level
-        self.load_levels.set(i, level)
+        self.everyone.load.set(i, level)
+        for group in self._groups.values():
+            group.load.set(i, level)
 
-    # -- candidates -----------------------------------------------------------------
+    # -- groups -----------------------------------------------------------------------
 
     def flush(self) -> None:
         states, ids, inflight, queued, engine = self.states, self.ids, self.inflight, self.queued, self.engine
@@ -80,15 +103,17 @@ class LoadView:
                                          tier_costs=self.tier_costs[i])
         self._dirty.clear()
 
-    def all(self) -> list[InstanceState]:
-        """Every instance (the list is reused: read it before the next change)."""
+    def all(self) -> SimGroup:
+        """Every instance, current (read it before the next change)."""
         self.flush()
-        return self.states
+        return self.everyone
 
-    def fast(self, matches: Mapping[str, PrefixMatch], first_block: int | None, now: float) -> list[InstanceState]:
-        """Index holders + recent senders of this first block + the fast_k least loaded."""
+    def group(self, roles: tuple[str, ...]) -> SimGroup:
+        """The instances in `roles`, current."""
         self.flush()
-        states, position = self.states, self.position
-        recent = self.recent.match(first_block, now) if first_block is not None else ()
-        holders = (position[inst] for inst in matches if inst in position)  # not a shared store's owner
-        return [states[i] for i in pick(holders, recent, self.load_levels, self.fast_k)]
+        group = self._groups.get(roles)
+        if group is None:
+            members = [i for i, role in enumerate(self.roles) if role in roles]
+            by_id = {self.ids[i]: i for i in members}
+            group = self._groups[roles] = SimGroup(members, by_id, self.inflight, self.states)
+        return group
