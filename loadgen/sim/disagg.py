@@ -32,7 +32,7 @@ from engine.core.sequence import Sequence, SeqStatus
 from loadgen.sim.cluster import CALL, Cluster
 from loadgen.sim.instance import SimInstance
 from loadgen.sim.load_view import LoadView
-from router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from router.decision.decode_choice import COLOCATED_ROLES, DECODE_ROLES, PREFILL_ROLES, pick_decode_member
 from router.decision.route import RouteDecision, Routed
 from router.decision.base import RouteRequest
 from router.index.base import PrefixMatch
@@ -76,8 +76,9 @@ class Disagg:
         A prefill is recorded (`RouteDecision.routed`) here; a whole request is not yet."""
         view, decision = self.view, self.decision
         prefills, decodes = view.group(PREFILL_ROLES), view.group(DECODE_ROLES)
-        if not prefills.members or not decodes.members:  # colocated, for now
-            return decision.choose(route, view.all(), matches, now), False
+        if not prefills.members or not decodes.members:  # colocated, for now: as the router's proxy,
+            both = view.group(COLOCATED_ROLES)  # on "both" engines if any (router/fleet/cluster.py)
+            return decision.choose(route, both if both.members else view.all(), matches, now), False
         routed = decision.plan_prefill(route, prefills, matches, now, self.min_uncached)
         if routed is not None:
             return routed, True

@@ -48,15 +48,16 @@ class SimGroup:
 
 
 class LoadView:
-    def __init__(self, ids: list[str]) -> None:
+    def __init__(self, ids: list[str], tier_costs: list | None = None) -> None:
         n = len(ids)
         self.ids = ids
         self.position = {inst: i for i, inst in enumerate(ids)}
         self.inflight = [0] * n
         self.queued = [0] * n
         self.engine: list[LoadRecord | None] = [None] * n
-        self.tier_costs: list = [None] * n  # what each instance advertises about its tiers (polled)
-        self.states = [InstanceState(inst) for inst in ids]
+        # what each instance advertises about its tiers: at start (its /kv/info), then polled
+        self.tier_costs: list = list(tier_costs) if tier_costs is not None else [None] * n
+        self.states = [InstanceState(inst, tier_costs=costs) for inst, costs in zip(ids, self.tier_costs)]
         self.roles = ["both"] * n
         self._dirty: dict[int, None] = {}
         self.everyone = SimGroup(list(range(n)), self.position, self.inflight, self.states)

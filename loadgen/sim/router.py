@@ -31,7 +31,7 @@ from loadgen.workload_base import RequestSpec
 from router.index.base import event_owner
 from router.index.memory import MemoryIndex
 from router.decision.base import Policy, RouteRequest
-from router.decision.route import RouteDecision, RouteSettings, uncached_tokens
+from router.decision.route import RouteDecision, Routed, RouteSettings, uncached_tokens
 from router.contract.protocol import block_hashes, hash_seed
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
@@ -65,7 +65,7 @@ class SimRouter:
         self.pool_tokens = first.config.num_blocks * self.block_size
         self.ids = [inst.id for inst in cluster.instances]
         self.index = MemoryIndex()
-        self.view = LoadView(self.ids)
+        self.view = LoadView(self.ids, [inst.tier_costs() for inst in cluster.instances])
         self.decision = RouteDecision(policy, RouteSettings(fast_candidates=fast_k, recent_ttl_s=recent_ttl_s))
         self.followers = followers or {}
         self.flights: dict[int, Flight] = {}
@@ -87,19 +87,9 @@ class SimRouter:
             self.window.arrived(n, spec.max_tokens)
         route = RouteRequest(n, tuple(block_hashes(tokens, self.block_size, self.hash_seed)), self.block_size,
                              f"r{spec.index}")
-        t0 = time.perf_counter()
-        matches = self.index.lookup_sync(route.block_hashes) if self.policy.uses_index else {}
-        if self.disagg is None:
-            routed, prefill = self.decision.choose(route, self.view.all(), matches, now), False
-        else:
-            routed, prefill = self.disagg.plan(route, matches, now)
-        self.decision_s.append(time.perf_counter() - t0)
+        routed, prefill, uncached = self.decide(route, now)
         decision = routed.decision
-        self.num_candidates += len(routed.candidates)
-        if not prefill:
-            self.decision.routed(route, decision.instance, now)
         i = routed.member
-        uncached = uncached_tokens(decision, routed.state, matches, n, self.block_size)
         self.view.dispatched(i, uncached)
         record = RequestRecord(index=spec.index, group=spec.group, send_s=now, planned_s=now, prompt_tokens=n,
                                instance=decision.instance)
@@ -115,6 +105,22 @@ class SimRouter:
             self._end(flight, seq, QUEUE_FULL, 429)
         if len(self.records) & 1023 == 0:
             self.index_peak = max(self.index_peak, self.index.size_sync())
+
+    def decide(self, route: RouteRequest, now: float) -> tuple[Routed, bool, int]:
+        """(the decision, whether it is a disaggregated prefill, its predicted uncached tokens), recorded
+        (`RouteDecision.routed`); lookup and choice are timed, in real seconds."""
+        t0 = time.perf_counter()
+        matches = self.index.lookup_sync(route.block_hashes) if self.policy.uses_index else {}
+        if self.disagg is None:
+            routed, prefill = self.decision.choose(route, self.view.all(), matches, now), False
+        else:
+            routed, prefill = self.disagg.plan(route, matches, now)
+        self.decision_s.append(time.perf_counter() - t0)
+        self.num_candidates += len(routed.candidates)
+        if not prefill:
+            self.decision.routed(route, routed.decision.instance, now)
+        uncached = uncached_tokens(routed.decision, routed.state, matches, route.num_tokens, self.block_size)
+        return routed, prefill, uncached
 
     def _sampling_for(self, max_tokens: int) -> SamplingParams:
         sampling = self._sampling.get(max_tokens)

@@ -15,6 +15,7 @@ from router.decision.route import Members
 
 DECODE_ROLES = ("decode", "both")
 PREFILL_ROLES = ("prefill",)
+COLOCATED_ROLES = ("both",)  # whole requests, when the fleet is not disaggregated and has any
 
 
 def pick_decode_member(decodes: Members, rng: random.Random) -> Hashable:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 
 import orjson
 from aiohttp import web
@@ -94,7 +93,7 @@ class Disaggregation:
         `plan_prefill`, the simulator's too); the decode engine is picked when the prefill is done."""
         group = self.cluster.group(prepared.model, PREFILL_ROLES)
         matches = await self.router.lookup(prepared)
-        routed = self.router.decision.plan_prefill(prepared.route, group, matches, time.monotonic(),
+        routed = self.router.decision.plan_prefill(prepared.route, group, matches, self.router.clock(),
                                                    self.min_uncached, exclude, record)
         return None if routed is None else self.router.choice(prepared, routed, matches)
 

@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from router.fleet.cluster import Cluster
 from router.fleet.groups import Group
@@ -68,7 +68,8 @@ class Choice:
 
 class Router:
     def __init__(self, cluster: Cluster, policy: Policy, tokenizer: Tokenizer, metrics: RouterMetrics,
-                 policy_name: str, pool: TokenizePool | None = None) -> None:
+                 policy_name: str, pool: TokenizePool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
         self.policy = policy
         self.policy_name = policy_name
@@ -77,6 +78,7 @@ class Router:
         self.pool = pool or TokenizePool()
         self.hashes = PrefixHashes()  # block hashes of cached prompt prefixes, reused
         self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
+        self.clock = clock  # the recent senders' (the policies have their own)
         cfg = cluster.config
         self.decision = RouteDecision(policy, RouteSettings(fast_candidates=cfg.fast_candidates,
                                                             recent_ttl_s=cfg.recent_ttl_s,
@@ -144,13 +146,13 @@ class Router:
             raise self._overloaded()  # before the lookup it would waste
         matches = await self.lookup(prepared)
         try:
-            routed = self.decision.choose(prepared.route, group, matches, time.monotonic(), exclude, fast=record)
+            routed = self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=record)
         except NoCandidates as e:
             if e.overloaded:
                 raise self._overloaded() from None
             raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already") from None
         if record:
-            self.decision.routed(prepared.route, routed.member.id, time.monotonic())
+            self.decision.routed(prepared.route, routed.member.id, self.clock())
             self.decided(prepared)
         return self.choice(prepared, routed, matches)
 
