@@ -154,24 +154,30 @@ class KvAwarePolicy(KvCostPolicy):
     ) -> dict[str, float]:
         pending = self.recent.match(request.block_hashes, self.clock())
         device, fallback = self.config.device_credit, self._tier_credit
+        device_fallback = fallback["device"]
         measured, bs = self.config.tier_credit == "measured", request.block_size
         out: dict[str, float] = {}
-        self._detail = {}
+        self._detail = detail = {}
+        get_match, get_pending, rate_of = matches.get, pending.get, self.rates.get
         for c in candidates:
             if not c.cache_ok:
                 continue
-            credit = pending.get(c.id, 0) * device
-            by_tier = with_store(matches.get(c.id), matches, c.tier_costs)
-            if by_tier:
-                per_block = bs / self.rates.get(c.id)
-                self._detail[c.id] = (by_tier, c.tier_costs, per_block)
-                if len(by_tier) == 1 and "device" in by_tier:  # what tier_credit gives, without its detail
-                    indexed = by_tier["device"] * fallback["device"]
-                else:
-                    indexed = tier_credit(by_tier, c.tier_costs, per_block, fallback, measured).credit
-                credit = max(credit, indexed)
+            cid, costs = c.id, c.tier_costs
+            match = get_match(cid)
+            credit = get_pending(cid, 0) * device
+            if match is not None or (costs is not None and costs.store):  # else nothing indexed to credit
+                by_tier = with_store(match, matches, costs)
+                if by_tier:
+                    per_block = bs / rate_of(cid)
+                    detail[cid] = (by_tier, costs, per_block)
+                    if len(by_tier) == 1 and "device" in by_tier:  # what tier_credit gives, without its detail
+                        indexed = by_tier["device"] * device_fallback
+                    else:
+                        indexed = tier_credit(by_tier, costs, per_block, fallback, measured).credit
+                    if indexed > credit:
+                        credit = indexed
             if credit:
-                out[c.id] = credit
+                out[cid] = credit
         return out
 
     def credit_detail(self, instance: str) -> dict:
