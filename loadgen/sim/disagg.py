@@ -4,10 +4,10 @@ Instances 0..P-1 start prefill-role, the rest decode-role (P = 0: every instance
 roles may change while it runs (the planner, loadgen/sim/planning.py), as POST /admin/role
 does: what runs keeps going, new work follows the new roles. "both" instances take what
 decode instances take, as router/service/disagg.py does; with no prefill instance left, requests
-run whole, chosen by the policy among all. Per arrival (`plan`):
-the policy picks a prefill instance among the prefill ones; if the prompt's
-predicted uncached tokens there are fewer than `min_uncached`, the policy picks a
-decode instance instead and the request runs whole there. Otherwise, when the
+run whole, chosen by the policy among all. Per arrival (`plan`), the router's code
+(router/decision/route.py `plan_prefill`): the policy picks a prefill instance among the
+prefill ones; if the prompt's predicted uncached tokens there are fewer than
+`min_uncached`, the policy picks a decode instance instead and the request runs whole there. Otherwise, when the
 prefill's first token is out, the decode instance is picked by decode load (fewest
 requests -- router in-flight or engine running + waiting -- then KV usage; ties at
 random), as the router does.

@@ -1,8 +1,9 @@
 """The simulated router: the real index and policy, driven by the cluster's callbacks.
 
 Per arrival: hash the prompt's blocks (router/contract/protocol.py), look them up in the
-real `MemoryIndex` (sync methods), pick candidates (`LoadView`), let the policy
-select, then dispatch as router/service/proxy.py does: `on_routed`, +1 inflight and the
+real `MemoryIndex` (sync methods), then the router's own decision (router/decision/route.py
+`RouteDecision`: candidates, policy select, `on_routed` and the recent sender) on the
+`LoadView`'s groups, and dispatch as router/service/proxy.py does: +1 inflight and the
 predicted uncached tokens queued; at the first token `on_first_token` with the
 TTFT and those tokens, which leave the queue; at the end `on_finished`. The CPU
 time of lookup + candidates + select is measured with `time.perf_counter` (real
