@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadgen.sim.load_view import LoadView  # noqa: E402
 from router.index.memory import MemoryIndex  # noqa: E402
 from router.decision.policies import RouteRequest, make_policy  # noqa: E402
+from router.decision.route import RouteDecision, RouteSettings  # noqa: E402
 from router.contract.protocol import LoadRecord, block_hashes  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -65,12 +66,12 @@ def build(num_instances: int, blocks: int, fast_k: int, rng: random.Random):
             index.add_sync(inst, "device", doc if k % 2 == 0 else doc[: blocks // 2])
     views = {}
     for name, k in (("full", 0), ("fast", fast_k)):
-        view = LoadView(ids, k)
+        view = LoadView(ids)
         for i in range(num_instances):
             for _ in range(rng.randrange(8)):
-                view.dispatched(i, rng.randrange(0, 4 * blocks * BLOCK_SIZE), None, 0.0)
+                view.dispatched(i, rng.randrange(0, 4 * blocks * BLOCK_SIZE))
             view.polled(i, full_pool(ids[i], rng))
-        views[name] = view
+        views[name] = (view, k)
     return index, docs, views
 
 
@@ -91,18 +92,18 @@ def measure(num_instances: int, prompt_tokens: int, decisions: int, fast_k: int,
     row = {"instances": num_instances, "prompt_tokens": prompt_tokens, "blocks": blocks,
            "index_entries": index.size_sync(), "hash_us": hash_us}
     lookups = []
-    for path, view in views.items():
+    for path, (view, k) in views.items():
         policy = make_policy("kv_aware", rng=random.Random(seed), clock=lambda: 0.0)
+        decision = RouteDecision(policy, RouteSettings(fast_candidates=k))
         times, sizes = [], []
         for req in requests:
             t0 = time.perf_counter()
             matches = index.lookup_sync(req.block_hashes)
             t1 = time.perf_counter()
-            candidates = view.fast(matches, req.block_hashes[0], 0.0) if view.fast_k else view.all()
-            policy.select(req, candidates, matches)
+            routed = decision.choose(req, view.all(), matches, 0.0)
             times.append(time.perf_counter() - t0)
             lookups.append(t1 - t0)
-            sizes.append(len(candidates))
+            sizes.append(len(routed.candidates))
         row[f"decision_{path}_us"] = statistics.median(times) * 1e6
         row[f"candidates_{path}"] = statistics.mean(sizes)
     row["lookup_us"] = statistics.median(lookups) * 1e6

@@ -4,10 +4,10 @@ Instances 0..P-1 start prefill-role, the rest decode-role (P = 0: every instance
 roles may change while it runs (the planner, loadgen/sim/planning.py), as POST /admin/role
 does: what runs keeps going, new work follows the new roles. "both" instances take what
 decode instances take, as router/service/disagg.py does; with no prefill instance left, requests
-run whole, chosen by the policy among all. Per arrival (`plan`):
-the policy picks a prefill instance among the prefill ones; if the prompt's
-predicted uncached tokens there are fewer than `min_uncached`, the policy picks a
-decode instance instead and the request runs whole there. Otherwise, when the
+run whole, chosen by the policy among all. Per arrival (`plan`), the router's code
+(router/decision/route.py `plan_prefill`): the policy picks a prefill instance among the
+prefill ones; if the prompt's predicted uncached tokens there are fewer than
+`min_uncached`, the policy picks a decode instance instead and the request runs whole there. Otherwise, when the
 prefill's first token is out, the decode instance is picked by decode load (fewest
 requests -- router in-flight or engine running + waiting -- then KV usage; ties at
 random), as the router does.
@@ -24,6 +24,7 @@ with the prompt computed, decoding the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Mapping
 
@@ -31,31 +32,30 @@ from engine.core.sequence import Sequence, SeqStatus
 from loadgen.sim.cluster import CALL, Cluster
 from loadgen.sim.instance import SimInstance
 from loadgen.sim.load_view import LoadView
-from router.decision.decode_choice import DECODE_ROLES, decode_load, pick_decode
+from router.decision.decode_choice import COLOCATED_ROLES, DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from router.decision.route import RouteDecision, Routed
+from router.decision.base import RouteRequest
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, Policy, RouteRequest
 
 
-
-def uncached_tokens(decision: Decision, matches: Mapping[str, PrefixMatch], n: int, block_size: int) -> int:
-    """The decision's predicted uncached prompt tokens (the policy's, else the index's)."""
-    if decision.uncached_tokens is not None:
-        return decision.uncached_tokens
-    match = matches.get(decision.instance)
-    return max(0, n - (match.blocks * block_size if match is not None else 0))
+@dataclasses.dataclass(frozen=True, slots=True)
+class DisaggConfig:
+    num_prefill: int  # instances 0..num_prefill-1 start prefill-role, the rest decode-role (0: all "both")
+    min_uncached: int  # fewer predicted uncached prompt tokens: run whole on a decode instance
+    seed: int = 0  # of the decode choice's ties
 
 
 class Disagg:
-    def __init__(self, cluster: Cluster, view: LoadView, policy: Policy, num_prefill: int, min_uncached: int,
-                 seed: int) -> None:
+    def __init__(self, cluster: Cluster, view: LoadView, decision: RouteDecision, config: DisaggConfig) -> None:
+        num_prefill = config.num_prefill
         if not 0 <= num_prefill < len(cluster.instances):
             raise ValueError(f"--prefill-instances must leave at least one decode instance, got {num_prefill} "
                              f"of {len(cluster.instances)}")
-        self.cluster, self.view, self.policy = cluster, view, policy
-        self.min_uncached = min_uncached
-        self.rng = random.Random(seed)
+        self.cluster, self.view, self.decision = cluster, view, decision
+        self.min_uncached = config.min_uncached
+        self.rng = random.Random(config.seed)
         for inst in cluster.instances:
-            inst.role = "both" if not num_prefill else "prefill" if inst.index < num_prefill else "decode"
+            self.set_role(inst, "both" if not num_prefill else "prefill" if inst.index < num_prefill else "decode")
         cluster.step_listeners.append(self._on_change)
         self.num_transfers = 0
         self.blocks_pulled = 0
@@ -63,36 +63,30 @@ class Disagg:
         self.num_whole = 0  # short uncached prompts run whole on a decode instance
         self.prefill_decode_tokens = 0  # decode tokens scheduled on prefill instances (must stay 0)
 
+    def set_role(self, inst: SimInstance, role: str) -> None:
+        """`inst` takes new work of `role` (what runs there keeps going), as POST /admin/role does."""
+        inst.role = role
+        self.view.set_role(inst.index, role)
+
     # -- routing --------------------------------------------------------------------
 
-    def plan(self, route: RouteRequest, candidates: list[InstanceState],
-             matches: Mapping[str, PrefixMatch]) -> tuple[Decision, int | None]:
-        """(the policy's decision, the decode instance index, or None to run whole where decided)."""
-        prefill = self._of_role(candidates, ("prefill",))
-        if not prefill or not self.decodes:  # colocated, for now
-            return self.policy.select(route, candidates, matches), None
-        decision = self.policy.select(route, prefill, matches)
-        bs = self.cluster.instances[0].config.block_size
-        if uncached_tokens(decision, matches, route.num_tokens, bs) >= self.min_uncached:
-            return decision, self.pick_decode()
+    def plan(self, route: RouteRequest, matches: Mapping[str, PrefixMatch], now: float) -> tuple[Routed, bool]:
+        """(the decision, whether it is a prefill whose decode is picked at its first token): the
+        router's rule (router/decision/route.py `plan_prefill`), else whole where the policy picks.
+        A prefill is recorded (`RouteDecision.routed`) here; a whole request is not yet."""
+        view, decision = self.view, self.decision
+        prefills, decodes = view.group(PREFILL_ROLES), view.group(DECODE_ROLES)
+        if not prefills.members or not decodes.members:  # colocated, for now: as the router's proxy,
+            both = view.group(COLOCATED_ROLES)  # on "both" engines if any (router/fleet/cluster.py)
+            return decision.choose(route, both if both.members else view.all(), matches, now), False
+        routed = decision.plan_prefill(route, prefills, matches, now, self.min_uncached)
+        if routed is not None:
+            return routed, True
         self.num_whole += 1
-        return self.policy.select(route, self._of_role(candidates, DECODE_ROLES) or candidates, matches), None
-
-    @property
-    def decodes(self) -> list[SimInstance]:
-        return [inst for inst in self.cluster.instances if inst.role in DECODE_ROLES]
-
-    def _of_role(self, candidates: list[InstanceState], roles: tuple[str, ...]) -> list[InstanceState]:
-        position, instances = self.view.position, self.cluster.instances
-        chosen = [c for c in candidates if instances[position[c.id]].role in roles]
-        if chosen or not candidates:
-            return chosen
-        return [s for s in self.view.all() if instances[position[s.id]].role in roles]
+        return decision.choose(route, decodes, matches, now), False
 
     def pick_decode(self) -> int:
-        view = self.view
-        return pick_decode([inst.index for inst in self.decodes],
-                           lambda i: decode_load(view.inflight[i], view.engine[i]), self.rng)
+        return pick_decode_member(self.view.group(DECODE_ROLES), self.rng)
 
     # -- prefill -> decode ----------------------------------------------------------
 

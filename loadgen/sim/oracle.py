@@ -43,7 +43,7 @@ from loadgen.sim.cluster import Cluster, KVEvents
 from loadgen.sim.instance import SimInstance
 from router.index.base import PrefixMatch
 from router.index.memory import MemoryIndex
-from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 class OraclePolicy(PolicyBase):
@@ -67,6 +67,10 @@ class OraclePolicy(PolicyBase):
         self.context = np.zeros(n)
         self.busy_until = np.zeros(n)
         self.full = np.zeros(n, dtype=bool)
+        self.num_full = 0
+        # per instance, what a step costs and how many prompt tokens one takes, kept with the queues
+        self.per_step = np.full(n, self.cost_model.step_s)
+        self.room = np.full(n, max(float(self.budget), 1.0))
         self.index = MemoryIndex()
         self.routes: dict[str, tuple[int, ...]] = {}  # request id -> its block hashes, until it ends
         self.computing = InFlightBlocks()
@@ -83,9 +87,15 @@ class OraclePolicy(PolicyBase):
         i = inst.index
         if self.computing.step_of(i) is not inst.step:
             self.computing.set_step(i, inst.step, self._chunks(inst))
-        self.queued[i], self.decoding[i], self.context[i] = inst.prefill_backlog()
+        queued, decoding, context = inst.prefill_backlog()
+        self.queued[i], self.decoding[i], self.context[i] = queued, decoding, context
+        cm = self.cost_model
+        self.per_step[i] = cm.step_s + cm.decode_seq_s * decoding + cm.decode_context_s * context
+        self.room[i] = max(float(self.budget - decoding), 1.0)
         self.busy_until[i] = inst.busy_until if inst.busy else 0.0
-        self.full[i] = len(inst.scheduler.waiting) >= inst.config.max_waiting
+        full = len(inst.scheduler.waiting) >= inst.config.max_waiting
+        self.num_full += full - bool(self.full[i])
+        self.full[i] = full
 
     def predicted_ttft(self, request: RouteRequest) -> tuple[np.ndarray, np.ndarray]:
         """(ttft_s, uncached tokens) for every instance, in instance order."""
@@ -99,11 +109,10 @@ class OraclePolicy(PolicyBase):
             cached[i] = max(cached[i], count * bs)
         uncached = n - cached
         work = self.queued + uncached
-        steps = np.ceil(work / np.maximum(self.budget - self.decoding, 1.0))
-        per_step = cm.step_s + cm.decode_seq_s * self.decoding + cm.decode_context_s * self.context
-        ttft = (np.maximum(self.busy_until - self.clock(), 0.0) + steps * per_step + cm.prefill_token_s * work
+        steps = np.ceil(work / self.room)
+        ttft = (np.maximum(self.busy_until - self.clock(), 0.0) + steps * self.per_step + cm.prefill_token_s * work
                 + cm.prefill_pair_s * uncached * (cached + (uncached + 1) / 2))
-        if not self.full.all():
+        if self.num_full and self.num_full < len(self.ids):
             ttft[self.full] = np.inf
         return ttft, uncached
 
@@ -111,7 +120,8 @@ class OraclePolicy(PolicyBase):
                matches: Mapping[str, PrefixMatch]) -> Decision:
         ttft, uncached = self.predicted_ttft(request)
         i = self.lowest(ttft, candidates)
-        return Decision(self.ids[i], reason=f"oracle: predicted TTFT {ttft[i]:.4f} s",
+        best = ttft[i]
+        return Decision(self.ids[i], reason_fn=lambda: f"oracle: predicted TTFT {best:.4f} s",
                         uncached_tokens=int(uncached[i]))
 
     def lowest(self, cost: np.ndarray, candidates: Sequence[InstanceState]) -> int:

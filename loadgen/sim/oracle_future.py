@@ -38,7 +38,7 @@ from loadgen.sim.cluster import Cluster
 from loadgen.sim.oracle import OraclePolicy
 from loadgen.workload_base import RequestSpec
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, RouteRequest
+from router.decision.base import Decision, InstanceState, RouteRequest
 from router.contract.protocol import block_hashes, hash_seed
 
 

@@ -1,6 +1,8 @@
 """The planner (router/planner/decide.py) on the virtual clock: every `interval_s` it sees
-what `kvroute planner` sees through a router (the recent window of finished requests, the
-fleet's roles and load) and its role changes apply at once, as POST /admin/role does.
+what `kvroute planner` sees through a router -- the same window of recent requests
+(router/planner/recent.py `RecentWindow`, fed by the simulated router as requests are
+routed and end), summarised and turned into an `Observation` by the same code, with the
+fleet's roles and load -- and its role changes apply at once, as POST /admin/role does.
 
 `tick` re-arms itself while requests remain to be served; `plans` keeps every decision
 (virtual time, changes, target, reason) for the report.
@@ -8,22 +10,39 @@ fleet's roles and load) and its role changes apply at once, as POST /admin/role 
 
 from __future__ import annotations
 
-import numpy as np
-
+from loadgen.record import RequestRecord
 from loadgen.sim.cluster import CALL, Cluster
 from router.planner.decide import EngineView, Observation, Plan, Planner, PlannerConfig
-from router.planner.demand import estimate
+from router.planner.recent import Finished, RecentWindow, observation
+
+MODEL = "sim"  # the one model a simulated fleet serves
+
+
+class SimWindow:
+    """The router's recent-requests window, on the virtual clock (the `RecentRequests` of router/service)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.window = RecentWindow(clock=lambda: cluster.now)
+
+    def arrived(self, prompt_tokens: int, max_tokens: int) -> None:
+        self.window.arrived(MODEL, prompt_tokens, max_tokens)
+
+    def finished(self, record: RequestRecord, max_tokens: int) -> None:
+        self.window.add(Finished(at=self.window.clock(), model=MODEL, ok=record.status == 200, ttft=record.ttft_s,
+                                 tpot=record.tpot_s, prompt_tokens=record.prompt_tokens,
+                                 output_tokens=record.output_tokens or 0, cached_tokens=record.cached_tokens or 0,
+                                 max_tokens=max_tokens))
 
 
 class SimPlanning:
     def __init__(self, cluster: Cluster, router, config: PlannerConfig, total_requests: int) -> None:
+        if router.window is None or router.disagg is None:
+            raise ValueError("the simulated planner needs a router with a recent window and disaggregation")
         self.cluster, self.router, self.config = cluster, router, config
         self.planner = Planner(config)
         self.total = total_requests
         self.plans: list[Plan] = []
         self.role_changes = 0
-        self._start = 0  # first record inside the window
-        router.track_arrivals = True
         cluster.push(config.interval_s, CALL, self.tick)
 
     def tick(self) -> None:
@@ -31,7 +50,7 @@ class SimPlanning:
         for inst in self.cluster.instances:
             role = plan.changes.get(inst.id)
             if role is not None:
-                inst.role = role
+                self.router.disagg.set_role(inst, role)
                 self.role_changes += 1
                 self.cluster.kick(inst)
         self.plans.append(plan)
@@ -39,34 +58,12 @@ class SimPlanning:
             self.cluster.push(self.cluster.now + self.config.interval_s, CALL, self.tick)
 
     def observe(self) -> Observation:
-        now, window = self.cluster.now, self.config.window_s
-        records = self.router.records  # appended as requests end: in end-time order
-        while self._start < len(records) and _end(records[self._start]) < now - window:
-            self._start += 1
-        recent = records[self._start:]
-        ok = [r for r in recent if r.status == 200]
-        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+        summary = self.router.window.window.stats(self.config.window_s, self.config.slo_ttft_s,
+                                                  self.config.slo_tpot_s)["models"]["*"]
         engines = [EngineView(inst.id, inst.role, len(inst.scheduler.running), len(inst.scheduler.waiting))
                    for inst in self.cluster.instances]
-        arrivals = self.router.arrivals
-        while arrivals and arrivals[0][0] < now - window:
-            arrivals.popleft()
-        asked = self.router.max_tokens_of
-        demand = estimate(((p, m) for _, p, m in arrivals),
-                          ((r.prompt_tokens, r.cached_tokens or 0, r.output_tokens or 0, asked[r.index]) for r in ok),
-                          window)
-        return Observation(
-            now, engines, len(recent) + len(arrivals), demand.prefill_tokens_per_s, demand.output_tokens_per_s,
-            ttft_p90_s=float(np.percentile(ttfts, 90)) if ttfts else None,
-            tpot_p90_s=float(np.percentile(tpots, 90)) if tpots else None,
-            mean_context_tokens=demand.mean_context_tokens, mean_prompt_tokens=demand.mean_prompt_tokens,
-            mean_output_tokens=demand.mean_output_tokens)
+        return observation(summary, engines, self.cluster.now)
 
     def stats(self) -> dict:
         return {"role_changes": self.role_changes,
                 "decisions": [p.to_dict() for p in self.plans if p.changes]}
-
-
-def _end(record) -> float:
-    return record.send_s + (record.e2e_s or 0.0)

@@ -1,8 +1,9 @@
 """The simulated router: the real index and policy, driven by the cluster's callbacks.
 
 Per arrival: hash the prompt's blocks (router/contract/protocol.py), look them up in the
-real `MemoryIndex` (sync methods), pick candidates (`LoadView`), let the policy
-select, then dispatch as router/service/proxy.py does: `on_routed`, +1 inflight and the
+real `MemoryIndex` (sync methods), then the router's own decision (router/decision/route.py
+`RouteDecision`: candidates, policy select, `on_routed` and the recent sender) on the
+`LoadView`'s groups, and dispatch as router/service/proxy.py does: +1 inflight and the
 predicted uncached tokens queued; at the first token `on_first_token` with the
 TTFT and those tokens, which leave the queue; at the end `on_finished`. The CPU
 time of lookup + candidates + select is measured with `time.perf_counter` (real
@@ -16,7 +17,6 @@ decode on another instance (a dispatch with no uncached tokens) to its end.
 
 from __future__ import annotations
 
-import collections
 import time
 from array import array
 
@@ -24,13 +24,15 @@ from engine.core.sequence import Sequence
 from engine.core.work import SamplingParams
 from loadgen.record import RequestRecord
 from loadgen.sim.cluster import ARRIVE, Cluster, KVEvents
-from loadgen.sim.disagg import Disagg, uncached_tokens
+from loadgen.sim.disagg import Disagg, DisaggConfig
+from loadgen.sim.planning import SimWindow
 from loadgen.sim.instance import QUEUE_FULL, SimInstance
 from loadgen.sim.load_view import LoadView
 from loadgen.workload_base import RequestSpec
 from router.index.base import event_owner
 from router.index.memory import MemoryIndex
-from router.decision.policies.base import Policy, RouteRequest
+from router.decision.base import Policy, RouteRequest
+from router.decision.route import RouteDecision, Routed, RouteSettings, uncached_tokens
 from router.contract.protocol import block_hashes, hash_seed
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
@@ -39,7 +41,7 @@ CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV
 class Flight:
     """One request between dispatch and its end."""
 
-    __slots__ = ("record", "route", "instance", "uncached", "first", "last_t", "spec_index", "decode",
+    __slots__ = ("record", "route", "instance", "uncached", "first", "last_t", "spec_index", "prefill",
                  "max_tokens")
 
     def __init__(self, record: RequestRecord, route: RouteRequest, instance: int, uncached: int) -> None:
@@ -47,13 +49,14 @@ class Flight:
         self.first = False
         self.last_t = 0.0
         self.spec_index = record.index
-        self.decode: int | None = None  # disaggregated: the decode instance, after this prefill
-        self.max_tokens = 0  # disaggregated: the request's, for its decode
+        self.prefill = False  # disaggregated: a prefill stage, its decode to follow
+        self.max_tokens = 0  # the request's (its decode's, disaggregated; the planner's demand)
 
 
 class SimRouter:
     def __init__(self, cluster: Cluster, policy: Policy, followers: dict[int, list[RequestSpec]] | None = None,
-                 fast_k: int = 0, recent_ttl_s: float = 2.0) -> None:
+                 fast_k: int = 0, recent_ttl_s: float = 2.0, disagg: DisaggConfig | None = None,
+                 window: bool = False) -> None:
         self.cluster = cluster
         self.policy = policy
         first = cluster.instances[0]
@@ -63,7 +66,8 @@ class SimRouter:
         self.pool_tokens = first.config.num_blocks * self.block_size
         self.ids = [inst.id for inst in cluster.instances]
         self.index = MemoryIndex()
-        self.view = LoadView(self.ids, fast_k if policy.uses_index else 0, recent_ttl_s)
+        self.view = LoadView(self.ids, [inst.tier_costs() for inst in cluster.instances])
+        self.decision = RouteDecision(policy, RouteSettings(fast_candidates=fast_k, recent_ttl_s=recent_ttl_s))
         self.followers = followers or {}
         self.flights: dict[int, Flight] = {}
         self.records: list[RequestRecord] = []
@@ -71,10 +75,8 @@ class SimRouter:
         self.num_candidates = 0
         self.index_peak = 0
         self._sampling: dict[int, SamplingParams] = {}
-        self.disagg: Disagg | None = None
-        self.arrivals: collections.deque[tuple[float, int, int]] = collections.deque()  # for the planner
-        self.max_tokens_of: dict[int, int] = {}
-        self.track_arrivals = False
+        self.disagg = Disagg(cluster, self.view, self.decision, disagg) if disagg is not None else None
+        self.window = SimWindow(cluster) if window else None  # what the planner reads
 
     # -- arrivals -------------------------------------------------------------------
 
@@ -82,32 +84,20 @@ class SimRouter:
         now = self.cluster.now
         tokens = spec.prompt_ids
         n = len(tokens)
-        if self.track_arrivals:
-            self.arrivals.append((now, n, spec.max_tokens))
-            self.max_tokens_of[spec.index] = spec.max_tokens
+        if self.window is not None:
+            self.window.arrived(n, spec.max_tokens)
         route = RouteRequest(n, tuple(block_hashes(tokens, self.block_size, self.hash_seed)), self.block_size,
                              f"r{spec.index}")
-        first_block = route.block_hashes[0] if route.block_hashes else None
-        policy, view = self.policy, self.view
-        t0 = time.perf_counter()
-        matches = self.index.lookup_sync(route.block_hashes) if policy.uses_index else {}
-        candidates = view.fast(matches, first_block, now) if view.fast_k else view.all()
-        if self.disagg is None:
-            decision, decode = policy.select(route, candidates, matches), None
-        else:
-            decision, decode = self.disagg.plan(route, candidates, matches)
-        self.decision_s.append(time.perf_counter() - t0)
-        self.num_candidates += len(candidates)
-        i = view.position[decision.instance]
-        uncached = uncached_tokens(decision, matches, n, self.block_size)
-        policy.on_routed(route, decision.instance)
-        view.dispatched(i, uncached, first_block, now)
+        routed, prefill, uncached = self.decide(route, now)
+        decision = routed.decision
+        i = routed.member
+        self.view.dispatched(i, uncached)
         record = RequestRecord(index=spec.index, group=spec.group, send_s=now, planned_s=now, prompt_tokens=n,
                                instance=decision.instance)
         flight = Flight(record, route, i, uncached)
-        flight.decode, flight.max_tokens = decode, spec.max_tokens
+        flight.prefill, flight.max_tokens = prefill, spec.max_tokens
         seq = Sequence(route.request_id, list(tokens), self._sampling_for(spec.max_tokens), self.hash_seed, now)
-        if decode is not None and spec.max_tokens > 1:
+        if prefill and spec.max_tokens > 1:
             seq.sampling, seq.pin_kv = self._sampling_for(1), True
         self.flights[seq.seq_id] = flight
         if n + spec.max_tokens > self.max_model_len or n + 1 > self.pool_tokens:
@@ -116,6 +106,22 @@ class SimRouter:
             self._end(flight, seq, QUEUE_FULL, 429)
         if len(self.records) & 1023 == 0:
             self.index_peak = max(self.index_peak, self.index.size_sync())
+
+    def decide(self, route: RouteRequest, now: float) -> tuple[Routed, bool, int]:
+        """(the decision, whether it is a disaggregated prefill, its predicted uncached tokens), recorded
+        (`RouteDecision.routed`); lookup and choice are timed, in real seconds."""
+        t0 = time.perf_counter()
+        matches = self.index.lookup_sync(route.block_hashes) if self.policy.uses_index else {}
+        if self.disagg is None:
+            routed, prefill = self.decision.choose(route, self.view.all(), matches, now), False
+        else:
+            routed, prefill = self.disagg.plan(route, matches, now)
+        self.decision_s.append(time.perf_counter() - t0)
+        self.num_candidates += len(routed.candidates)
+        if not prefill:
+            self.decision.routed(route, routed.decision.instance, now)
+        uncached = uncached_tokens(routed.decision, routed.state, matches, route.num_tokens, self.block_size)
+        return routed, prefill, uncached
 
     def _sampling_for(self, max_tokens: int) -> SamplingParams:
         sampling = self._sampling.get(max_tokens)
@@ -140,7 +146,7 @@ class SimRouter:
                 self.policy.on_first_token(flight.route, inst.id, ttft, flight.uncached)
             flight.last_t = now
             if seq.is_finished:
-                if flight.decode is not None and seq.pin_kv:
+                if flight.prefill and seq.pin_kv:
                     self._to_decode(flight, seq, inst)
                 else:
                     self._end(flight, seq, "", 200)
@@ -149,12 +155,12 @@ class SimRouter:
         """The prefill's dispatch ends at its first token; the decode's starts (nothing to prefill)."""
         self.view.finished(flight.instance)
         self.policy.on_finished(flight.route, prefill.id)
-        flight.decode = self.disagg.pick_decode()  # by load now, as the router does, not at arrival
-        flight.instance = flight.decode
-        self.view.dispatched(flight.decode, 0, None, self.cluster.now)
+        flight.prefill = False
+        flight.instance = decode = self.disagg.pick_decode()  # by load now, as the router does, not at arrival
+        self.view.dispatched(decode, 0)
         del self.flights[prefilled.seq_id]
         prefilled.sampling = self._sampling_for(flight.max_tokens)
-        seq = self.disagg.hand_off(prefilled, prefill, flight.decode)
+        seq = self.disagg.hand_off(prefilled, prefill, decode)
         self.flights[seq.seq_id] = flight
 
     def on_failed(self, inst: SimInstance, seq: Sequence, error: str, status: int) -> None:
@@ -174,6 +180,8 @@ class SimRouter:
         self.policy.on_finished(flight.route, self.ids[flight.instance])
         del self.flights[seq.seq_id]
         self.records.append(record)
+        if self.window is not None:
+            self.window.finished(record, flight.max_tokens)
         for follower in self.followers.get(flight.spec_index, ()):
             self.cluster.push(now + follower.think_s, ARRIVE, follower)
 

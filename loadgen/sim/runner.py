@@ -25,7 +25,7 @@ from engine.runners.sim import LINKS
 from loadgen.arrivals import ArrivalConfig, arrival_times
 from loadgen.record import RequestRecord
 from loadgen.sim.cluster import Cluster
-from loadgen.sim.disagg import Disagg
+from loadgen.sim.disagg import DisaggConfig
 from loadgen.sim.oracle import make_oracle
 from loadgen.sim.planning import SimPlanning
 from loadgen.sim.oracle_future import make_future_oracle
@@ -34,7 +34,7 @@ from loadgen.summary import summarize
 from loadgen.workload_base import RequestSpec
 from router.planner.decide import PlannerConfig
 from router.decision.policies import POLICIES, make_policy, policy_params
-from router.decision.policies.base import Policy
+from router.decision.base import Policy
 
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
 # planned (send time, spec) of every request that is not a follow-up.
@@ -198,10 +198,10 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
     for s in specs:
         if s.after is not None:
             followers[s.after].append(s)
-    router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s)
-    if config.prefill_instances or planner is not None:
-        router.disagg = Disagg(cluster, router.view, policy, config.prefill_instances, config.pd_min_uncached,
-                               config.seed)
+    disagg = DisaggConfig(config.prefill_instances, config.pd_min_uncached, config.seed) \
+        if config.prefill_instances or planner is not None else None
+    router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
+                       window=planner is not None)
     planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
     cluster.run(router, iter(starts))
     if router.flights:

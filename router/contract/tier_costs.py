@@ -19,7 +19,7 @@ and recomputing it costs its tokens times the prefill time per token. `plan_runs
 takes the cached runs after the device prefix, in order, and returns how many to
 load (the rest is recomputed) and the time that saves: the engine uses it to
 decide (engine/kv/recovery.py) and the router to credit each instance by the time a
-hit saves (router/decision/policies/tier_credit.py), so both read the same numbers the
+hit saves (router/decision/scoring/tier_credit.py), so both read the same numbers the
 same way. The `remote.store` key names the store and the engine's K/V layout
 (namespace), so blocks in a shared store count for every instance with that key.
 """

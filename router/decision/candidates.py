@@ -7,8 +7,8 @@ fewest requests in flight (the best cold choices). `LeastLoaded` keeps members b
 their in-flight count, each bucket in order of arrival there, so the k least loaded cost
 O(k + levels skipped), not a sort; counts change in O(1) as requests start and end.
 
-The router (router/service/routing.py) and the simulator (loadgen/sim/load_view.py) both pick
-candidates with `pick`: one implementation, so a simulated decision is the router's.
+The router (router/service/routing.py) and the simulator (loadgen/sim/router.py) both pick
+candidates through router/decision/route.py: one implementation, so a simulated decision is the router's.
 """
 
 from __future__ import annotations

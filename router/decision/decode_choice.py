@@ -9,22 +9,21 @@ running + waiting, then KV usage; ties at random.
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence, TypeVar
+from typing import Hashable
 
-from router.contract.protocol import LoadRecord
+from router.decision.route import Members
 
 DECODE_ROLES = ("decode", "both")
-
-T = TypeVar("T")
-
-
-def decode_load(inflight: int, load: LoadRecord | None) -> tuple[int, float]:
-    engine = (load.running + load.waiting) if load else 0
-    return max(inflight, engine), load.kv_usage if load else 0.0
+PREFILL_ROLES = ("prefill",)
+COLOCATED_ROLES = ("both",)  # whole requests, when the fleet is not disaggregated and has any
 
 
-def pick_decode(candidates: Sequence[T], load_of: Callable[[T], tuple[int, float]], rng: random.Random) -> T:
-    """The candidate with the least `load_of` (a `decode_load`), at random among ties."""
-    loads = [load_of(c) for c in candidates]
+def pick_decode_member(decodes: Members, rng: random.Random) -> Hashable:
+    """The member of `decodes` (a router/decision/route.py `Members`) with the least decode load,
+    read from its `InstanceState`; at random among ties."""
+    states = decodes.states(decodes.members)
+    loads = [(s.inflight if s.inflight > s.running + s.waiting else s.running + s.waiting, s.kv_usage)
+             for s in states]
     best = min(loads)
-    return rng.choice([c for c, load in zip(candidates, loads) if load == best])
+    by_id = decodes.by_id
+    return rng.choice([by_id[s.id] for s, load in zip(states, loads) if load == best])

@@ -26,6 +26,9 @@ class Group:
         for inst in members:
             inst.groups.append(self)
 
+    def states(self, chosen: Sequence[Instance]) -> list:  # router/decision/route.py Members
+        return [i.state() for i in chosen]
+
 
 class Groups:
     def __init__(self, instances: Sequence[Instance], generation: Generation) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from router.decision.policies.base import InstanceState
+from router.decision.base import InstanceState
 from router.contract.protocol import LoadRecord
 from router.fleet.queued_prefill import QueuedPrefill
 from router.contract.tier_costs import TierCosts

@@ -83,7 +83,7 @@ def event_owner(instance: str, tier: str, store: str | None) -> str:
     """Whose blocks an event changes: a shared store's (tier "remote" with a store key), else the instance's.
 
     A store's blocks are indexed once, under `router.contract.tier_costs.store_owner(key)`, and count
-    for every instance advertising that store key (router/decision/policies/tier_credit.py); an
+    for every instance advertising that store key (router/decision/scoring/tier_credit.py); an
     instance's "cleared" (a restart) never clears the store. The event's (epoch, seq) still
     orders the writing instance's stream: the index advances that instance's watermark and
     writes the blocks under the store's owner, unordered (store events are advisory: a

@@ -45,7 +45,12 @@ import dataclasses
 import math
 from typing import Sequence
 
-ROLES = ("prefill", "decode", "both")
+from router.contract.protocol import ROLES
+
+# The roles (router/contract/protocol.py ROLES) in the order `assign` fills them: among equally
+# loaded surplus engines prefill is served first, then decode. Plans and reports list them so.
+ORDER = ("prefill", "decode", "both")
+assert set(ORDER) == set(ROLES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,15 +231,15 @@ class Planner:
 
 def assign(engines: Sequence[EngineView], target: dict[str, int]) -> dict[str, str]:
     """The fewest role changes that reach `target`; the least loaded engines move first."""
-    have = {role: [e for e in engines if e.role == role] for role in ROLES}
+    have = {role: [e for e in engines if e.role == role] for role in ORDER}
     surplus: list[EngineView] = []
-    for role in ROLES:
+    for role in ORDER:
         extra = len(have[role]) - target.get(role, 0)
         if extra > 0:
             surplus += sorted(have[role], key=lambda e: e.running + e.waiting)[:extra]
     surplus.sort(key=lambda e: e.running + e.waiting)
     changes = {}
-    for role in ROLES:
+    for role in ORDER:
         for _ in range(max(0, target.get(role, 0) - len(have[role]))):
             changes[surplus.pop(0).id] = role
     return changes
@@ -248,7 +253,7 @@ def _overloaded(current: dict[str, int], need_p: float, need_d: float) -> bool:
 
 
 def _counts(engines: Sequence[EngineView]) -> dict[str, int]:
-    return {role: sum(e.role == role for e in engines) for role in ROLES}
+    return {role: sum(e.role == role for e in engines) for role in ORDER}
 
 
 def _fmt(counts: dict[str, int]) -> str:

@@ -20,7 +20,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from router.contract.http import json_response
-from router.planner.decide import ROLES, EngineView, Observation, Plan, Planner, PlannerConfig
+from router.contract.protocol import ROLES
+from router.planner.decide import ORDER, EngineView, Observation, Plan, Planner, PlannerConfig
+from router.planner.recent import observation
 from router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
@@ -49,16 +51,11 @@ class PlannerService:
             if r.status != 200:
                 raise ValueError(f"GET /router/stats answered HTTP {r.status}: {(await r.text())[:200]}")
             stats = await r.json()
-        m = stats["models"]["*"]
         share = int(stats.get("workers") or 1)  # --workers N: one worker saw about 1/N of the requests
         engines = [EngineView(e["id"], e["role"], (e.get("load") or {}).get("running", 0),
                               (e.get("load") or {}).get("waiting", 0), bool(e.get("draining")))
                    for e in stats["engines"] if e.get("role") in ROLES and (e.get("routable") or e.get("draining"))]
-        d = m["demand"]
-        return Observation(time.time(), engines, share * (m["requests"] + m["arrived"]),
-                           share * d["prefill_tokens_per_s"], share * d["output_tokens_per_s"], m["ttft_s"]["p90"],
-                           m["tpot_s"]["p90"],
-                           d["mean_context_tokens"], d["mean_prompt_tokens"], d["mean_output_tokens"])
+        return observation(stats["models"]["*"], engines, time.time(), share)
 
     async def step(self) -> Plan:
         plan = self.planner.decide(await self.observe())
@@ -66,7 +63,7 @@ class PlannerService:
             for engine_id, role in plan.changes.items():
                 await self._switch(engine_id, role)
         self.plans.append(plan)
-        for role in ROLES:
+        for role in ORDER:
             self.engines.labels(role).set(plan.target.get(role, 0))
         for role, n in plan.desired.items():
             self.desired.labels(role).set(n)

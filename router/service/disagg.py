@@ -27,13 +27,12 @@ from aiohttp import web
 from router.fleet.cluster import Cluster
 from router.contract.errors import KVRouteError, Unavailable
 from router.contract.http import SSE_DONE, ClientGone, json_response, prepare_client, sse_error, sse_line, write_client
-from router.decision import decode_choice
-from router.decision.decode_choice import DECODE_ROLES, decode_load
+from router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES, pick_decode_member
 from router.contract.kv_auth import make_grant
 from router.service.steering import with_token_ids
 from router.service.upstream_errors import describe_failure
 from router.fleet.instance import Instance
-from router.decision.policies.base import Decision
+from router.decision.base import Decision
 from router.service.proxy import INSTANCE_HEADER, RETRYABLE, Dispatch, Proxy
 from router.service.routing import Choice, Prepared
 
@@ -42,9 +41,13 @@ log = logging.getLogger(__name__)
 PREFILL_HEADER = "x-kvroute-prefill-instance"
 
 
-def pick_decode(candidates: list[Instance], rng: random.Random) -> Instance:
-    """Decode load: fewest requests (router in-flight, engine running + waiting), then KV usage."""
-    return decode_choice.pick_decode(candidates, lambda i: decode_load(i.inflight, i.load), rng)
+def pick_decode(cluster: Cluster, model: str, rng: random.Random) -> Instance:
+    """Decode load: fewest requests (router in-flight, engine running + waiting), then KV usage
+    (router/decision/decode_choice.py, the simulator's rule too)."""
+    group = cluster.group(model, DECODE_ROLES)
+    if not group.members:
+        raise Unavailable(f"no healthy decode instance serves {model!r}")
+    return pick_decode_member(group, rng)
 
 
 def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) -> dict:
@@ -83,27 +86,20 @@ class Disaggregation:
         self.rng = rng or random.Random()
 
     def active(self, model: str) -> bool:
-        return bool(self.cluster.routable(model, ("prefill",)) and self.cluster.routable(model, ("decode",)))
+        return bool(self.cluster.routable(model, PREFILL_ROLES) and self.cluster.routable(model, DECODE_ROLES))
 
-    async def plan(self, prepared: Prepared, exclude: tuple[str, ...] = (),
-                   record: bool = True) -> tuple[Choice | None, Instance]:
-        """(prefill choice, or None to skip the prefill stage; decode instance)."""
-        decodes = self.cluster.routable(prepared.model, DECODE_ROLES)
-        if not decodes:
-            raise Unavailable(f"no healthy decode instance serves {prepared.model!r}")
-        decode = pick_decode(decodes, self.rng)
-        try:
-            prefill = await self.router.decide(prepared, exclude=exclude, record=False, roles=("prefill",))
-        except Unavailable:
-            return None, decode
-        if prefill.uncached_tokens < self.min_uncached:
-            return None, decode
-        if record:
-            self.router.policy.on_routed(prepared.route, prefill.instance.id)
-        return prefill, decode
+    async def plan(self, prepared: Prepared, exclude: tuple[str, ...] = (), record: bool = True) -> Choice | None:
+        """The prefill choice, or None to skip the prefill stage (router/decision/route.py
+        `plan_prefill`, the simulator's too); the decode engine is picked when the prefill is done."""
+        group = self.cluster.group(prepared.model, PREFILL_ROLES)
+        matches = await self.router.lookup(prepared)
+        routed = self.router.decision.plan_prefill(prepared.route, group, matches, self.router.clock(),
+                                                   self.min_uncached, exclude, record)
+        return None if routed is None else self.router.choice(prepared, routed, matches)
 
     async def explain(self, prepared: Prepared) -> dict:
-        prefill, decode = await self.plan(prepared, record=False)
+        prefill = await self.plan(prepared, record=False)
+        decode = pick_decode(self.cluster, prepared.model, self.rng)
         out = {"disaggregated": prefill is not None, "pd_min_uncached": self.min_uncached, "decode": {
             "choice": decode.id, "candidates": [{"instance": i.id, "inflight": i.inflight,
                                                  "load": i.load.to_dict() if i.load else None}
@@ -115,7 +111,7 @@ class Disaggregation:
     async def handle(self, request: web.Request, body: dict, prepared: Prepared) -> web.StreamResponse:
         tried: list[str] = []
         for attempt in range(self.cluster.config.max_retries + 1):
-            prefill, decode = await self.plan(prepared, exclude=tuple(tried))
+            prefill = await self.plan(prepared, exclude=tuple(tried))
             if prefill is None:
                 break
             result = await self._prefill(request, body, prepared, prefill)
@@ -124,8 +120,7 @@ class Disaggregation:
             if isinstance(result, dict):
                 # Decode load is read now, not at arrival: requests whose prefills overlapped
                 # would otherwise all pick the decode engine that was idlest back then.
-                decodes = self.cluster.routable(prepared.model, DECODE_ROLES) or [decode]
-                decode = pick_decode(decodes, self.rng)
+                decode = pick_decode(self.cluster, prepared.model, self.rng)
                 return await self._decode(request, body, prepared, prefill.instance, decode, result)
             tried.append(prefill.instance.id)
             self.router.metrics.retries.inc()

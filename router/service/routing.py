@@ -11,10 +11,10 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-from router.decision.candidates import RecentSenders, pick
 from router.fleet.cluster import Cluster
+from router.fleet.groups import Group
 from router.contract.errors import BadRequest, NotFound, Overloaded, Unavailable
 from router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
 from router.fleet.instance import Instance
@@ -22,9 +22,10 @@ from router.contract.encoding import Encoding
 from router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
 from router.service.metrics import RouterMetrics
 from router.contract.openai_request import CompletionRequest, parse_request
-from router.decision.policies.base import COST_TERMS, Decision, Policy, RouteRequest
-from router.decision.policies.tier_credit import with_store
+from router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
+from router.decision.scoring.tier_credit import with_store
 from router.decision.prefix_hashes import PrefixHashes
+from router.decision.route import NoCandidates, RouteDecision, Routed, RouteSettings, uncached_tokens
 from router.contract.protocol import hash_seed
 from router.service.request_trace import RecentRequests, RequestTrace
 from router.contract.tokenize_pool import TokenizePool
@@ -61,14 +62,14 @@ class Choice:
 
     @property
     def uncached_tokens(self) -> int:
-        if self.decision.uncached_tokens is not None:
-            return self.decision.uncached_tokens
-        return max(0, self.prepared_tokens - self.cached_tokens)
+        return uncached_tokens(self.decision, self.instance.state(), self.matches, self.prepared_tokens,
+                               self.instance.info.block_size)
 
 
 class Router:
     def __init__(self, cluster: Cluster, policy: Policy, tokenizer: Tokenizer, metrics: RouterMetrics,
-                 policy_name: str, pool: TokenizePool | None = None) -> None:
+                 policy_name: str, pool: TokenizePool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
         self.policy = policy
         self.policy_name = policy_name
@@ -77,7 +78,11 @@ class Router:
         self.pool = pool or TokenizePool()
         self.hashes = PrefixHashes()  # block hashes of cached prompt prefixes, reused
         self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
-        self.recent_senders = RecentSenders(cluster.config.recent_ttl_s) if cluster.config.fast_candidates else None
+        self.clock = clock  # the recent senders' (the policies have their own)
+        cfg = cluster.config
+        self.decision = RouteDecision(policy, RouteSettings(fast_candidates=cfg.fast_candidates,
+                                                            recent_ttl_s=cfg.recent_ttl_s,
+                                                            max_inflight=cfg.max_inflight))
 
     def resolve_model(self, requested: str | None) -> str:
         models = self.cluster.models()
@@ -133,53 +138,48 @@ class Router:
 
     async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
                      roles: Sequence[str] | None = None) -> Choice:
-        """Pick among routable instances (of `roles`, if given) not in `exclude`.
+        """Pick among routable instances (of `roles`, if given) not in `exclude`: the index lookup
+        here, the rest in `RouteDecision` (router/decision/route.py), the simulator's decision too.
+        `record=False` (POST /router/explain) always shows every instance and records nothing."""
+        group = self.group(prepared.model, roles)
+        if self.decision.overloaded(group) and not exclude:
+            raise self._overloaded()  # before the lookup it would waste
+        matches = await self.lookup(prepared)
+        try:
+            routed = self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=record)
+        except NoCandidates as e:
+            if e.overloaded:
+                raise self._overloaded() from None
+            raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already") from None
+        if record:
+            self.decision.routed(prepared.route, routed.member.id, self.clock())
+            self.decided(prepared)
+        return self.choice(prepared, routed, matches)
 
-        With `fast_candidates` K > 0 (and an index policy) the policy sees only the index holders
-        of the prompt's first block, this router's recent senders of it and the K least loaded
-        (router/decision/candidates.py): the work follows the request, not the fleet. `record=False`
-        (POST /router/explain) always shows every instance."""
-        group = self.cluster.group(prepared.model, roles)
+    def group(self, model: str, roles: Sequence[str] | None) -> Group:
+        group = self.cluster.group(model, roles)
         if not group.members:
             what = f" in role {'/'.join(roles)}" if roles else ""
-            raise Unavailable(f"no healthy instance{what} serves {prepared.model!r}")
+            raise Unavailable(f"no healthy instance{what} serves {model!r}")
+        return group
+
+    def decided(self, prepared: Prepared) -> None:
+        if not prepared.trace.decided:  # once per request, not per retry
+            prepared.trace.decided = True
+            self.metrics.decision_seconds.observe(time.perf_counter() - prepared.started)
+
+    @staticmethod
+    def choice(prepared: Prepared, routed: Routed, matches: Mapping[str, PrefixMatch]) -> Choice:
+        return Choice(routed.member, routed.decision, matches, routed.candidates, prepared_tokens=prepared.num_tokens)
+
+    def _overloaded(self) -> Overloaded:
+        self.metrics.errors.labels("overloaded").inc()
         limit = self.cluster.config.max_inflight
-        if limit and not exclude and all(i.inflight >= limit for i in group.load.least(1)):
-            self.metrics.errors.labels("overloaded").inc()  # before the lookup it would waste
-            raise Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
-        matches = await self._lookup(prepared) if self.policy.uses_index else {}
-        candidates = self._candidates(group, prepared, matches, record)
-        if exclude or limit:
-            usable = lambda i: i.id not in exclude and (not limit or i.inflight < limit)  # noqa: E731
-            candidates = [i for i in candidates if usable(i)] or [i for i in group.members if usable(i)]
-        if not candidates:
-            if limit and not exclude:
-                self.metrics.errors.labels("overloaded").inc()
-                raise Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
-            raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already")
-        decision = self.policy.select(prepared.route, [i.state() for i in candidates], matches)
-        chosen = group.by_id[decision.instance]
-        if record:
-            self.policy.on_routed(prepared.route, chosen.id)
-            hashes = prepared.route.block_hashes
-            if self.recent_senders is not None and hashes and self.policy.uses_index:
-                self.recent_senders.record(hashes[0], chosen.id, time.monotonic())
-            if not prepared.trace.decided:  # once per request, not per retry
-                prepared.trace.decided = True
-                self.metrics.decision_seconds.observe(time.perf_counter() - prepared.started)
-        return Choice(chosen, decision, matches, candidates, prepared_tokens=prepared.num_tokens)
+        return Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
 
-    def _candidates(self, group, prepared: Prepared, matches: Mapping[str, PrefixMatch], record: bool) -> list:
-        k, members = self.cluster.config.fast_candidates, group.members
-        if not k or not record or not self.policy.uses_index or len(members) <= k:
-            return members
-        by_id, hashes = group.by_id, prepared.route.block_hashes
-        recent = self.recent_senders.match(hashes[0], time.monotonic()) if hashes else ()
-        return pick((by_id[i] for i in matches if i in by_id), (by_id[i] for i in recent if i in by_id),
-                    group.load, k)
-
-    async def _lookup(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
-        if not prepared.route.block_hashes:
+    async def lookup(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
+        """The index's matches for the prompt ({} for policies that do not read the index)."""
+        if not prepared.route.block_hashes or not self.policy.uses_index:
             return {}
         t0 = time.perf_counter()
         try:

@@ -6,10 +6,10 @@ import pytest
 
 from router.index.base import PrefixMatch
 from router.decision.policies import InstanceState, make_policy
-from router.decision.policies.base import COST_TERMS
-from router.decision.policies.eviction import expected_loss
-from router.decision.policies.replication import PrefixDemand
-from router.decision.policies.reuse import ReuseHistory
+from router.decision.base import COST_TERMS
+from router.decision.scoring.eviction import expected_loss
+from router.decision.scoring.replication import PrefixDemand
+from router.decision.scoring.reuse import ReuseHistory
 from tests.support.clock import FakeClock
 from tests.support.route_requests import BS, chain, req
 
@@ -155,7 +155,7 @@ def test_router_and_simulator_map_the_load_record_alike():
     record = LoadRecord(instance="e0", running=1, waiting=2, kv_used_blocks=90, kv_total_blocks=100, queued_prefill_tokens=0, ts=50.0, kv_free_blocks=10, kv_evictable=((60, 3.0), (20, 1.0)))
     view = LoadView(["e0"])
     view.polled(0, record)
-    state = view.all()[0]  # the simulator: ts is on the virtual clock, the policy's clock
+    state = view.all().states([0])[0]  # the simulator: ts is on the virtual clock, the policy's clock
     assert (state.kv_free_blocks, state.kv_evictable, state.kv_measured_at) == (10, record.kv_evictable, 50.0)
     inst = Instance("http://127.0.0.1:1")
     inst.load = LoadRecord(instance="e0", running=1, waiting=2, kv_used_blocks=90, kv_total_blocks=100, queued_prefill_tokens=0,

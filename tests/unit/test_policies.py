@@ -6,7 +6,7 @@ import pytest
 
 from router.index.base import PrefixMatch
 from router.decision.policies import POLICIES, InstanceState, RouteRequest, make_policy, policy_params
-from router.decision.policies.recent import RecentBlocks
+from router.decision.scoring.recent import RecentBlocks
 from tests.support.clock import FakeClock
 from tests.support.route_requests import BS, chain, req
 

@@ -16,6 +16,9 @@ from loadgen.sim.instance import step_time
 from loadgen.sim.load_view import LoadView
 from loadgen.workload_base import RequestSpec
 from loadgen.workloads import make_workload
+from router.decision.base import RouteRequest
+from router.decision.policies import make_policy
+from router.decision.route import RouteDecision, RouteSettings
 from router.index.base import PrefixMatch
 
 TIMING_KEYS = {"sim_wall_s", "decision_us_mean", "decision_us_p50", "decision_us_p99", "decision_us_max"}
@@ -109,15 +112,18 @@ def test_fast_path_matches_full_candidates_in_spirit():
 
 
 def test_load_view_fast_candidates():
-    view = LoadView([f"i{k}" for k in range(10)], fast_k=3, recent_ttl_s=1.0)
+    view = LoadView([f"i{k}" for k in range(10)])
+    decision = RouteDecision(make_policy("kv_aware"), RouteSettings(fast_candidates=3, recent_ttl_s=1.0))
     for i in (0, 1, 2, 3):
-        view.dispatched(i, 100, first_block=None, now=0.0)
-    view.dispatched(4, 0, first_block=77, now=0.0)  # a recent sender of block 77
+        view.dispatched(i, 100)
+    route = RouteRequest(16, (77,), 16, "r")
+    view.dispatched(4, 0)
+    decision.routed(route, "i4", now=0.0)  # a recent sender of block 77
     view.first_token(0, 100)
-    got = [c.id for c in view.fast({"i9": PrefixMatch({"device": 2})}, 77, now=0.5)]
-    assert got == ["i9", "i4", "i5", "i6", "i7"]  # holder, recent sender, then 3 idle ones (i9 not twice)
-    assert [c.id for c in view.fast({}, 77, now=1.5)] == ["i5", "i6", "i7"]  # the recent entry expired
-    states = {c.id: c for c in view.all()}
+    got = decision.choose(route, view.all(), {"i9": PrefixMatch({"device": 1})}, now=0.5).candidates
+    assert [view.ids[i] for i in got] == ["i9", "i4", "i5", "i6", "i7"]  # holder, recent sender, 3 idle ones
+    assert [view.ids[i] for i in decision.choose(route, view.all(), {}, now=1.5).candidates] == ["i5", "i6", "i7"]
+    states = {c.id: c for c in view.all().states(view.all().members)}
     assert (states["i0"].inflight, states["i0"].queued_prefill_tokens) == (1, 0)
     assert states["i1"].queued_prefill_tokens == 100
 

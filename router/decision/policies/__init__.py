@@ -1,4 +1,4 @@
-"""Routing policies: one file per policy behind `base.Policy`, and the one registry of them.
+"""Routing policies: one file per policy behind `router.decision.base.Policy`, and the one registry of them.
 
     round_robin    exact rotation in id order               round_robin.py
     random         uniform                                  random_choice.py
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from router.decision.policies.approx_kv import ApproxKvPolicy
-from router.decision.policies.base import Decision, InstanceState, Policy, PolicyBase, RouteRequest
+from router.decision.base import Decision, InstanceState, Policy, PolicyBase, RouteRequest
 from router.decision.policies.kv_aware import KvAwarePolicy
 from router.decision.policies.least_load import LeastLoadPolicy
 from router.decision.policies.power_of_two import PowerOfTwoPolicy

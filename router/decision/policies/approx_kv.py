@@ -25,9 +25,9 @@ import random
 from typing import Callable, Mapping, Sequence
 
 from router.index.base import PrefixMatch
-from router.decision.policies.base import InstanceState, RouteRequest
-from router.decision.policies.kv_cost import KvCostConfig, KvCostPolicy
-from router.decision.policies.recent import RecentBlocks
+from router.decision.base import InstanceState, RouteRequest
+from router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
+from router.decision.scoring.recent import RecentBlocks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

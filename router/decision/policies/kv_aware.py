@@ -12,7 +12,7 @@ For each candidate i, in seconds (tokens divided by the learned prefill rate, to
 (`Decision.terms` holds the four parts, base.COST_TERMS; /router/explain shows them.)
 
 Credit. `credits()` weighs the index's consecutive cached prefix by tier
-(tier_credit.py): a device block counts `device_credit`; a host or remote block counts
+(scoring/tier_credit.py): a device block counts `device_credit`; a host or remote block counts
 the compute it saves minus the time to load it, from the bandwidth and latency the
 instance advertises (blocks in a shared store count for every instance with that
 store); an instance that advertises nothing, or every instance with
@@ -37,8 +37,8 @@ free blocks and their evictable ones as (blocks, idle seconds) in eviction order
 `lost_blocks_i` is the expected number of blocks this request's `ceil(uncached_i /
 block_size)` fresh blocks evict on i (after the blocks already queued there) that would
 have been used again, each weighted by reuse(idle): the chance that a block idle that
-long is asked for again, learned from the router's own hit history (eviction.py,
-reuse.py: a SHARDS-style sample of the blocks its requests touch, `reuse_sample`, over
+long is asked for again, learned from the router's own hit history (scoring/eviction.py,
+scoring/reuse.py: a SHARDS-style sample of the blocks its requests touch, `reuse_sample`, over
 `reuse_window_s`, half-life `reuse_halflife_s`). So a new prefix goes where it evicts
 the least valuable blocks: free blocks first, then blocks idle so long they are dead,
 never a pool full of hot ones. An engine that reports no profile costs nothing here.
@@ -49,7 +49,7 @@ scores a new prefix alike everywhere -- and a tie goes to the instance sent the 
 requests lately (a count decaying with half-life `share_halflife_s`), then at random:
 new prefixes spread evenly, and a tie never turns a hit into a copy.
 
-Replication on purpose (replication.py). A copy of a prefix on another instance pays off
+Replication on purpose (scoring/replication.py). A copy of a prefix on another instance pays off
 over the requests that follow, which no single request's cost sees. Per prefix the
 policy keeps its recent demand and the time-averaged extra wait its requests see on its
 holders (over the other instances' mean wait), and copies it onto the cheapest
@@ -59,7 +59,7 @@ prefill, the compute added there, what it evicts there), scaled by `replicate_we
 (0: never copy on purpose). A burst of siblings at one instant adds no time to the
 average, so it does not trigger copies; a queue that lasts does.
 
-Hot-spot guard (hot_spot.py): load balancing of last resort for an instance hot without
+Hot-spot guard (scoring/hot_spot.py): load balancing of last resort for an instance hot without
 a single hot prefix (many sticky sessions). When the winner has at least
 `hot_min_inflight` requests in flight and more than `hot_factor` times the mean inflight
 of the other candidates, and a less loaded candidate's cost is within `hot_tolerance_s`,
@@ -106,10 +106,10 @@ import random
 from typing import Callable, Mapping, Sequence
 
 from router.index.base import PrefixMatch
-from router.decision.policies.base import InstanceState, RouteRequest
-from router.decision.policies.kv_cost import KvCostConfig, KvCostPolicy
-from router.decision.policies.recent import RecentBlocks
-from router.decision.policies.tier_credit import tier_credit, with_store
+from router.decision.base import InstanceState, RouteRequest
+from router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
+from router.decision.scoring.recent import RecentBlocks
+from router.decision.scoring.tier_credit import tier_credit, with_store
 
 
 TIER_CREDITS = ("measured", "fixed")
@@ -154,24 +154,30 @@ class KvAwarePolicy(KvCostPolicy):
     ) -> dict[str, float]:
         pending = self.recent.match(request.block_hashes, self.clock())
         device, fallback = self.config.device_credit, self._tier_credit
+        device_fallback = fallback["device"]
         measured, bs = self.config.tier_credit == "measured", request.block_size
         out: dict[str, float] = {}
-        self._detail = {}
+        self._detail = detail = {}
+        get_match, get_pending, rate_of = matches.get, pending.get, self.rates.get
         for c in candidates:
             if not c.cache_ok:
                 continue
-            credit = pending.get(c.id, 0) * device
-            by_tier = with_store(matches.get(c.id), matches, c.tier_costs)
-            if by_tier:
-                per_block = bs / self.rates.get(c.id)
-                self._detail[c.id] = (by_tier, c.tier_costs, per_block)
-                if len(by_tier) == 1 and "device" in by_tier:  # what tier_credit gives, without its detail
-                    indexed = by_tier["device"] * fallback["device"]
-                else:
-                    indexed = tier_credit(by_tier, c.tier_costs, per_block, fallback, measured).credit
-                credit = max(credit, indexed)
+            cid, costs = c.id, c.tier_costs
+            match = get_match(cid)
+            credit = get_pending(cid, 0) * device
+            if match is not None or (costs is not None and costs.store):  # else nothing indexed to credit
+                by_tier = with_store(match, matches, costs)
+                if by_tier:
+                    per_block = bs / rate_of(cid)
+                    detail[cid] = (by_tier, costs, per_block)
+                    if len(by_tier) == 1 and "device" in by_tier:  # what tier_credit gives, without its detail
+                        indexed = by_tier["device"] * device_fallback
+                    else:
+                        indexed = tier_credit(by_tier, costs, per_block, fallback, measured).credit
+                    if indexed > credit:
+                        credit = indexed
             if credit:
-                out[c.id] = credit
+                out[cid] = credit
         return out
 
     def credit_detail(self, instance: str) -> dict:

@@ -15,7 +15,7 @@ import random
 from typing import Mapping, Sequence
 
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 def load_key(c: InstanceState) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 from router.decision.policies.least_load import least_loaded
 
 

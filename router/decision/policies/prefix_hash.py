@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 import xxhash
 
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 from router.decision.policies.least_load import least_loaded
 
 _U64 = struct.Struct("<Q")

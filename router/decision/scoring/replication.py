@@ -37,7 +37,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
-from router.decision.policies.base import InstanceState, RouteRequest
+from router.decision.base import InstanceState, RouteRequest
 
 _CAPACITY = 65536  # prefixes tracked; the least recently requested is dropped first
 
@@ -113,18 +113,22 @@ def consider(request: RouteRequest, candidates: Sequence[InstanceState], credits
     `waits[i]` is the cost model's queue and decode wait on i, the part of a hit's TTFT
     that depends on where it runs.
     """
-    best, held = holders(candidates, credits)
-    held_ids = {c.id for c in held}
-    if not held or chosen.id not in held_ids or len(held) == len(candidates):
+    best = max(credits.values(), default=0.0)
+    credit_of = credits.get
+    if best < 1.0 or credit_of(chosen.id, 0.0) < best - 1.0:  # no holders, or `chosen` is not one
         return None
-    others = [c for c in candidates if c.id not in held_ids]
-    delay = max(waits[chosen.id] - sum(waits[c.id] for c in others) / len(others), 0.0)
+    floor = best - 1.0  # as `holders`, in one pass
+    others = [c for c in candidates if credit_of(c.id, 0.0) < floor]
+    if not others:
+        return None
+    held = len(candidates) - len(others)
+    delay = max(waits[chosen.id] - sum([waits[c.id] for c in others]) / len(others), 0.0)
     key = request.block_hashes[min(math.ceil(best), len(request.block_hashes)) - 1]
     count, mean = demand.peek(key, now, delay)
     target = min(others, key=lambda c: costs[c.id])
-    gain, price = weight * benefit(count, mean, len(held)), costs[target.id] - costs[chosen.id]
+    gain, price = weight * benefit(count, mean, held), costs[target.id] - costs[chosen.id]
     if gain <= price:
         return Copy(None, key, delay)
     return Copy(target, key, delay, f"replicated a hot prefix onto {target.id}: {count:.1f} recent requests, "
-                f"{mean * 1e3:.1f} ms longer wait on its {len(held)} holder(s) on average; the copy spares "
+                f"{mean * 1e3:.1f} ms longer wait on its {held} holder(s) on average; the copy spares "
                 f"{gain:.3f} s and costs {price:.3f} s")

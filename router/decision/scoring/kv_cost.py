@@ -15,13 +15,13 @@ from collections import OrderedDict
 from typing import Callable, Mapping, Sequence
 
 from router.index.base import PrefixMatch
-from router.decision.policies.base import Decision, InstanceState, PolicyBase, RouteRequest
-from router.decision.policies.eviction import expected_loss
-from router.decision.policies.hot_spot import others_mean, spill_target
-from router.decision.policies.rate import PrefillRate, RateConfig
-from router.decision.policies.recent import RecentBlocks
-from router.decision.policies.replication import Copy, PrefixDemand, consider
-from router.decision.policies.reuse import ReuseHistory
+from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from router.decision.scoring.eviction import expected_loss
+from router.decision.scoring.hot_spot import others_mean, spill_target
+from router.decision.scoring.rate import PrefillRate, RateConfig
+from router.decision.scoring.recent import RecentBlocks
+from router.decision.scoring.replication import Copy, PrefixDemand, consider
+from router.decision.scoring.reuse import ReuseHistory
 
 _MAX_DISPATCHED = 65536  # request ids whose queue-at-dispatch is remembered until first token
 
@@ -120,22 +120,28 @@ class KvCostPolicy(PolicyBase):
         decode_w, compute_w, evict_w = cfg.decode_weight_s, cfg.compute_weight, cfg.evict_weight
         reuse = self.reuse.curve(now)
         rate_of, fleet_rate = self.rates.get, None if cfg.per_instance_rate else self.rates.get("")
+        credit_of = credits.get
         costs, terms = {}, {}
         for c in candidates:
-            rate = fleet_rate or rate_of(c.id)
-            uncached = num_tokens - credits.get(c.id, 0.0) * bs
+            cid = c.id
+            rate = fleet_rate or rate_of(cid)
+            uncached = num_tokens - credit_of(cid, 0.0) * bs
             if uncached < 0.0:
                 uncached = 0.0
             queued = c.queued_prefill_tokens
             load = c.running + c.waiting
-            wait = queued / rate + decode_w * (load if load > c.inflight else c.inflight)
+            inflight = c.inflight
+            wait = queued / rate + decode_w * (load if load > inflight else inflight)
             prefill = uncached / rate
             evict = 0.0
-            if evict_w and c.kv_free_blocks >= 0:
-                lost = expected_loss(c, -int(-uncached // bs), -(-queued // bs), now, reuse)
-                evict = evict_w * lost * bs / rate
-            costs[c.id] = wait + prefill + compute_w * prefill + evict
-            terms[c.id] = (wait, prefill, compute_w * prefill, evict)
+            free = c.kv_free_blocks
+            if evict_w and free >= 0:
+                need, ahead = -int(-uncached // bs), -(-queued // bs)
+                if need > 0 and ahead + need > free:  # else it fits in free blocks: expected_loss is 0
+                    evict = evict_w * expected_loss(c, need, ahead, now, reuse) * bs / rate
+            compute = compute_w * prefill
+            costs[cid] = wait + prefill + compute + evict
+            terms[cid] = (wait, prefill, compute, evict)
         return costs, terms
 
     def select(
@@ -168,9 +174,12 @@ class KvCostPolicy(PolicyBase):
                   credits: Mapping[str, float], now: float) -> InstanceState:
         """The lowest cost; near-ties (within tie_tolerance, crediting the same blocks) go to the
         instance sent the fewest requests lately, then at random."""
-        best = min(candidates, key=lambda c: costs[c.id])
-        limit, credit = costs[best.id] * (1.0 + self.config.tie_tolerance), credits.get(best.id, 0.0)
-        near = [c for c in candidates if costs[c.id] <= limit and abs(credits.get(c.id, 0.0) - credit) < 1.0]
+        values = list(costs.values())  # in candidate order (score's)
+        lowest = min(values)
+        best = candidates[values.index(lowest)]  # the first of the lowest, as min(candidates, key=cost)
+        limit, credit = lowest * (1.0 + self.config.tie_tolerance), credits.get(best.id, 0.0)
+        credit_of = credits.get
+        near = [c for c, cost in zip(candidates, values) if cost <= limit and abs(credit_of(c.id, 0.0) - credit) < 1.0]
         if len(near) == 1:
             return near[0]
         shares = {c.id: self._share(c.id, now) for c in near}

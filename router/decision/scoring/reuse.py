@@ -55,6 +55,7 @@ class ReuseHistory:
         self._table: list[float] = [0.0] * len(EDGES)
         self._built_at = -math.inf
         self._fresh = 0
+        self._curve: tuple[list[float], Callable[[float], float]] | None = None  # (table, reuse over it)
 
     def _weight(self, start: float) -> float:
         return 2.0 ** ((start - self._t0) / self.halflife_s)
@@ -95,6 +96,8 @@ class ReuseHistory:
     def curve(self, now: float) -> Callable[[float], float]:
         """reuse(idle_s) as of `now`, for many lookups in one decision."""
         table = self.table(now)
+        if self._curve is not None and self._curve[0] is table:  # the same table: the same curve
+            return self._curve[1]
         first, last, log, per_step, head, tail = EDGES[0], len(EDGES) - 1, math.log, 1.0 / _LOG_STEP, table[0], table[-1]
 
         def reuse(idle_s: float) -> float:  # linear between the edges, in log(idle)
@@ -106,6 +109,7 @@ class ReuseHistory:
                 return tail
             return table[k] + (table[k + 1] - table[k]) * (x - k)
 
+        self._curve = (table, reuse)
         return reuse
 
     def table(self, now: float) -> list[float]:

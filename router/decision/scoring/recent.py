@@ -65,13 +65,14 @@ class RecentBlocks:
         if not first:
             return {}
         out: dict[str, int] = {}
+        get, n = table.get, len(blocks)
         for inst, expiry in first.items():
             if expiry <= now:
                 continue
-            lo, hi = 1, len(blocks)  # blocks[lo - 1] is held; the answer lies in [lo, hi]
+            lo, hi = 1, n  # blocks[lo - 1] is held; the answer lies in [lo, hi]
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                entry = table.get(blocks[mid - 1])
+                entry = get(blocks[mid - 1])
                 if entry is not None and entry.get(inst, 0.0) > now:
                     lo = mid
                 else:

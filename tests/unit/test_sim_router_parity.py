@@ -1,0 +1,249 @@
+"""The simulator's router decides as the real router does.
+
+A simulation runs with `Twin`, the simulator's router (loadgen/sim/router.py) that feeds
+everything it sees to a real `Router` (router/service/routing.py) built in process --
+`Cluster` and `Instance`s set up directly, a memory index, no HTTP: every arrival, the
+engines' KV events (device, host and shared-store tiers) and load reports, first tokens
+and ends. At each arrival both decide; the real side's in-flight and queued-prefill
+counts follow its own predictions (as router/service/proxy.py `Dispatch` does). Every
+policy of the registry (random included: both sides get the same seed) must make the
+same choices on both sides, with the same view of every instance's load, colocated and
+disaggregated (router/service/disagg.py `Disaggregation` against loadgen/sim/disagg.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import pytest
+
+from loadgen.arrivals import ArrivalConfig
+from loadgen.sim.cluster import Cluster as SimCluster
+from loadgen.sim.disagg import DisaggConfig
+from loadgen.sim.router import SimRouter
+from loadgen.sim.runner import SimConfig, arrivals
+from loadgen.workloads import make_workload
+from router.contract.protocol import hash_seed
+from router.decision.base import RouteRequest
+from router.decision.decode_choice import DECODE_ROLES
+from router.decision.policies import POLICIES, make_policy
+from router.fleet.cluster import Cluster
+from router.fleet.instance import EngineInfo
+from router.index import MemoryIndex
+from router.index.base import event_owner
+from router.service.config import RouterConfig
+from router.service.disagg import Disaggregation, pick_decode
+from router.service.metrics import RouterMetrics
+from router.service.proxy import Proxy
+from router.service.request_trace import RequestTrace
+from router.service.routing import Prepared, Router
+
+FINGERPRINT = "sim-tokenizer"
+
+
+def run_now(coro):
+    """Run a coroutine that never suspends (the memory index's lookup) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise AssertionError("the in-process router suspended")
+
+
+class RealSide:
+    """The real router beside the simulator's, with the proxy's in-flight accounting."""
+
+    def __init__(self, sim: SimCluster, policy_name: str, seed: int, fast_k: int, min_uncached: int | None):
+        self.model = sim.instances[0].runner.info.model
+        config = RouterConfig(engines=tuple(f"http://127.0.0.1:{9000 + i.index}" for i in sim.instances),
+                              fast_candidates=fast_k, recent_ttl_s=2.0)
+        self.cluster = Cluster(config, MemoryIndex(), FINGERPRINT, RouterMetrics())
+        for inst, simulated in zip(self.cluster.instances, sim.instances):
+            inst.info = EngineInfo(simulated.id, self.model, simulated.config.block_size, hash_seed(self.model),
+                                   FINGERPRINT, role=simulated.role, max_model_len=simulated.runner.info.max_model_len,
+                                   tier_costs=simulated.tier_costs())
+            inst.healthy = inst.reachable = True
+        self.cluster.check_compatibility()
+        clock = lambda: sim.now  # noqa: E731
+        self.policy = make_policy(policy_name, rng=random.Random(seed), clock=clock)
+        self.router = Router(self.cluster, self.policy, None, RouterMetrics(), policy_name, clock=clock)
+        self.disagg = Disaggregation(Proxy(self.router, self.cluster, None), min_uncached, random.Random(seed)) \
+            if min_uncached is not None else None
+        self.by_id = {inst.id: inst for inst in self.cluster.instances}
+        self.pending: dict[str, tuple[str, int]] = {}  # request id -> (instance, queued prefill tokens)
+
+    def decide(self, route: RouteRequest) -> tuple[str, int]:
+        trace = RequestTrace(self.model, False, route.num_tokens)
+        prepared = Prepared(None, self.model, route.num_tokens, route, time.perf_counter(), trace)
+        choice = None
+        if self.disagg is not None and self.disagg.active(self.model):
+            choice = run_now(self.disagg.plan(prepared))
+            roles = DECODE_ROLES
+        else:
+            roles = self.cluster.colocated_roles(self.model)
+        if choice is None:
+            choice = run_now(self.router.decide(prepared, roles=roles))
+        inst, uncached = choice.instance, choice.uncached_tokens
+        inst.inflight += 1
+        inst.queued_prefill_tokens += uncached
+        self.pending[route.request_id] = (inst.id, uncached)
+        return inst.id, uncached
+
+    def decoded(self) -> str:
+        decode = pick_decode(self.cluster, self.model, self.disagg.rng)
+        decode.inflight += 1
+        return decode.id
+
+    def first_token(self, route: RouteRequest) -> None:
+        inst, uncached = self.pending.pop(route.request_id, (None, 0))
+        if inst is not None:
+            self.by_id[inst].queued_prefill_tokens -= uncached
+
+    def finished(self, route: RouteRequest, instance: str) -> None:
+        self.first_token(route)
+        self.by_id[instance].inflight -= 1
+
+
+class Tee:
+    """The simulator's policy; its outcome hooks (first token, end) reach the real side too."""
+
+    def __init__(self, sim, real: RealSide) -> None:
+        self.sim, self.real = sim, real
+        self.uses_index = sim.uses_index
+
+    def select(self, request, candidates, matches):
+        return self.sim.select(request, candidates, matches)
+
+    def on_routed(self, request, instance):
+        self.sim.on_routed(request, instance)
+
+    def on_first_token(self, request, instance, ttft_s, uncached_tokens):
+        self.sim.on_first_token(request, instance, ttft_s, uncached_tokens)
+        self.real.policy.on_first_token(request, instance, ttft_s, uncached_tokens)
+        self.real.first_token(request)
+
+    def on_finished(self, request, instance):
+        self.sim.on_finished(request, instance)
+        self.real.policy.on_finished(request, instance)
+        self.real.finished(request, instance)
+
+    def on_failed(self, request, instance):
+        self.sim.on_failed(request, instance)
+        self.real.policy.on_failed(request, instance)
+
+    def credit_detail(self, instance):
+        return self.sim.credit_detail(instance)
+
+
+def load_view(state) -> tuple:
+    return (state.id, state.inflight, state.queued_prefill_tokens, state.running, state.waiting, state.kv_usage,
+            state.kv_free_blocks, state.kv_evictable, state.tier_costs)
+
+
+class Twin(SimRouter):
+    def __init__(self, cluster: SimCluster, policy: Tee, real: RealSide, fast_k: int,
+                 disagg: DisaggConfig | None) -> None:
+        super().__init__(cluster, policy, None, fast_k, 2.0, disagg)
+        self.real = real
+        self.sim_choices: list[tuple[str, int]] = []
+        self.real_choices: list[tuple[str, int]] = []
+        self.decodes: list[tuple[str, str]] = []
+        self.views_differ = 0
+
+    def decide(self, route, now):
+        group = self.view.all()
+        sim_view = [load_view(s) for s in group.states(group.members)]
+        real_view = [load_view(i.state()) for i in self.real.cluster.instances]
+        self.views_differ += sim_view != real_view
+        self.real_choices.append(self.real.decide(route))
+        routed, prefill, uncached = super().decide(route, now)
+        self.sim_choices.append((routed.decision.instance, uncached))
+        return routed, prefill, uncached
+
+    def _to_decode(self, flight, prefilled, prefill):
+        super()._to_decode(flight, prefilled, prefill)
+        self.decodes.append((self.ids[flight.instance], self.real.decoded()))
+
+    def on_kv_events(self, index, events):
+        super().on_kv_events(index, events)
+        inst = self.ids[index]
+        for ev in events:
+            self.real.cluster.index.apply_sync(event_owner(inst, ev.tier, ev.store), ev.kind, ev.blocks, ev.tier)
+
+    def on_load(self, inst):
+        super().on_load(inst)
+        load = inst.load()
+        # Instance.state() dates the report on the real clocks: give it the age it has on the virtual one
+        ts = time.time() + load.ts - time.monotonic()
+        real = self.real.by_id[inst.id]
+        tiers = advertised(inst)
+        real.observe_load(dataclasses.replace(load, ts=ts, kv_tiers=tiers))
+        assert real.tier_costs == inst.tier_costs()
+
+
+def advertised(inst) -> dict:
+    """The `kv_tiers` of the instance's GET /load, as engine/kv/tier_service.py serves it."""
+    if inst.tiers is None:
+        return {}
+    host = inst.tiers.host
+    return inst.tiers.recovery.to_wire({"blocks": host.num_slots, "used": host.num_used} if host else None)
+
+
+TIERED = dict(num_blocks=160, host_blocks=256, kv_store="file:///parity-store", poll_interval_s=0.05)
+
+
+def run_twins(policy_name: str, fast_k: int = 0, prefill: int = 0, perturb=None, seed: int = 3, **config):
+    sim_config = SimConfig(instances=6, seed=seed, fast_candidates=fast_k, prefill_instances=prefill, **config)
+    specs = make_workload("doc-qa", seed=seed, num_requests=240, documents=10, doc_tokens=600,
+                          question_tokens=24, output_tokens=4).requests()
+    cluster = SimCluster(sim_config.instances, sim_config.engine_config(), sim_config.event_delay_s,
+                         sim_config.poll_interval_s)
+    disagg = DisaggConfig(prefill, 64, seed) if prefill else None
+    if disagg is not None:  # the roles the real side's engines advertise
+        for inst in cluster.instances:
+            inst.role = "prefill" if inst.index < prefill else "decode"
+    real = RealSide(cluster, policy_name, seed, fast_k, 64 if prefill else None)
+    sim_policy = make_policy(policy_name, rng=random.Random(seed), clock=lambda: cluster.now)
+    twin = Twin(cluster, Tee(sim_policy, real), real, fast_k, disagg)
+    if perturb is not None:
+        perturb(twin, real)
+    cluster.run(twin, iter(list(arrivals(specs, ArrivalConfig(rate=60.0), seed))))
+    assert len(twin.records) == len(specs) and not twin.flights
+    return twin
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_same_choices_colocated_with_tiers(policy):
+    twin = run_twins(policy, **TIERED)
+    assert twin.sim_choices == twin.real_choices
+    assert twin.views_differ == 0
+    assert len({inst for inst, _ in twin.sim_choices}) > 1
+
+
+@pytest.mark.parametrize("policy", [name for name, cls in POLICIES.items() if cls.uses_index])
+def test_same_choices_on_the_fast_path(policy):
+    twin = run_twins(policy, fast_k=2, **TIERED)
+    assert twin.num_candidates < 6 * len(twin.sim_choices)  # the fast path did cut candidates
+    assert twin.sim_choices == twin.real_choices
+    assert twin.views_differ == 0
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_same_prefill_and_decode_choices_disaggregated(policy):
+    twin = run_twins(policy, fast_k=2, prefill=2)
+    assert twin.sim_choices == twin.real_choices
+    assert twin.decodes and all(sim == real for sim, real in twin.decodes)
+    assert twin.views_differ == 0
+    assert twin.disagg.num_transfers > 0
+    assert twin.disagg.num_whole > 0 or not POLICIES[policy].uses_index  # short uncached prompts ran whole
+
+
+def test_a_drift_shows():
+    """Without the recent-sender record on one side the fast path's candidates differ, and so do choices."""
+    def forget_senders(twin, real):
+        real.router.decision.recent.record = lambda *args: None
+    twin = run_twins("kv_aware", fast_k=1, perturb=forget_senders, **TIERED)
+    assert twin.sim_choices != twin.real_choices
