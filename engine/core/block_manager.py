@@ -95,11 +95,20 @@ class BlockManager:
     def emit(self, kind: str, blocks: list[int], parent: int | None, tier: str = "device") -> None:
         self.changes.emit(kind, blocks, parent, tier)
 
+    def chain(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """The chained hashes of `seq`'s first `num_blocks` full blocks (cached on the sequence: its tokens
+        only grow, so a prefix's hashes never change)."""
+        cache = seq.hash_chain
+        have = len(cache)
+        if have < num_blocks:
+            bs = self.block_size
+            cache.extend(block_hashes(seq.token_ids[have * bs:num_blocks * bs], bs, seq.hash_seed,
+                                      parent=cache[-1] if have else None))
+        return cache[:num_blocks] if len(cache) > num_blocks else cache
+
     def missing_hashes(self, seq: Sequence) -> list[int]:
         """The prompt's usable block hashes after the prefix the device and host pools hold (ask the store)."""
-        bs = self.block_size
-        usable = (len(seq.token_ids) - 1) // bs
-        hashes = block_hashes(seq.token_ids[:usable * bs], bs, seq.hash_seed)
+        hashes = self.chain(seq, (len(seq.token_ids) - 1) // self.block_size)
         device, tiers = self.hash_to_block, self.tiers
         local = 0
         while local < len(hashes) and (hashes[local] in device or tiers is not None and tiers.holds(hashes[local])):
@@ -111,19 +120,22 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> PrefixHit:
         """The longest reusable prefix, leaving at least one token to compute."""
         bs = self.block_size
-        usable = (len(seq.token_ids) - 1) // bs
-        hashes = block_hashes(seq.token_ids[: usable * bs], bs, seq.hash_seed)
+        tokens = seq.token_ids
+        hashes = self.chain(seq, (len(tokens) - 1) // bs)
         hit = PrefixHit()
+        device, lookup, blocks = hit.device, self.hash_to_block.get, self.blocks
         parent = seq.hash_seed
-        for i, h in enumerate(hashes):
-            block_id = self.hash_to_block.get(h)
+        start = 0
+        for h in hashes:
+            block_id = lookup(h)
             if block_id is None:
                 break
-            block = self.blocks[block_id]
-            if block.parent != parent or block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+            block = blocks[block_id]
+            if block.parent != parent or block.token_ids != tuple(tokens[start:start + bs]):
                 break
-            hit.device.append(block_id)
+            device.append(block_id)
             parent = h
+            start += bs
         if self.tiers is not None and len(hit.device) < len(hashes):
             self.tiers.extend(seq, hit, hashes, parent)
         return hit
@@ -171,15 +183,16 @@ class BlockManager:
             self.tiers.cancel(seq)
         # Tail blocks first, so they are evicted before the (more shareable) head.
         now = self.clock()
+        blocks, free_cached, add_idle = self.blocks, self.free_cached, self.idle.add
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.hash is None:
                     self.free_plain.append(block_id)
                 else:
-                    self.free_cached[block_id] = now
-                    self.idle.add(now)
+                    free_cached[block_id] = now
+                    add_idle(now)
         seq.block_table = []
         seq.block_hashes = []
 
@@ -192,14 +205,15 @@ class BlockManager:
         end = seq.num_computed // bs
         if end <= start:
             return
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
-        new = block_hashes(seq.token_ids[start * bs : end * bs], bs, seq.hash_seed, parent=parent)
+        chain = self.chain(seq, end)
+        new = chain[start:end]
         stored, first = [], None
-        for i, h in enumerate(new, start):
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None and h not in self.hash_to_block:
-                self._set_hash(block, h, tuple(seq.token_ids[i * bs : (i + 1) * bs]),
-                               new[i - start - 1] if i > start else (parent if i else seq.hash_seed))
+        blocks, table, known, tokens = self.blocks, seq.block_table, self.hash_to_block, seq.token_ids
+        for i in range(start, end):
+            h = chain[i]
+            block = blocks[table[i]]
+            if block.hash is None and h not in known:
+                self._set_hash(block, h, tuple(tokens[i * bs : (i + 1) * bs]), chain[i - 1] if i else seq.hash_seed)
                 stored.append((i, block.block_id, StoredBlock(h, block.token_ids, block.parent)))
                 first = i if first is None else first
         seq.block_hashes.extend(new)

@@ -37,14 +37,19 @@ class KVChanges:
 
     def drain(self) -> list[KVChange]:
         """Queued changes, consecutive removals from one tier merged into one."""
+        pending, self.pending = self.pending, []
         events: list[KVChange] = []
-        for ev in self.pending:
+        copied = False  # events[-1] is a copy (merging into it leaves the queued change alone)
+        for ev in pending:
             last = events[-1] if events else None
             if ev.kind == "removed" and last is not None and last.kind == "removed" and last.tier == ev.tier:
+                if not copied:
+                    last = events[-1] = last._replace(blocks=list(last.blocks))
+                    copied = True
                 last.blocks.extend(ev.blocks)
             else:
-                events.append(ev._replace(blocks=list(ev.blocks)))
-        self.pending = []
+                events.append(ev)
+                copied = False
         return events
 
 

@@ -122,10 +122,9 @@ class SimInstance:
     def start_step(self, now: float) -> tuple[float | None, list[tuple[Sequence, str]]]:
         """Schedule one step; its duration (None: nothing could run) and the sequences that failed."""
         t0 = time.perf_counter()
-        try:
-            return self._start_step(now)
-        finally:
-            self.step_wall_s += time.perf_counter() - t0
+        out = self._start_step(now)
+        self.step_wall_s += time.perf_counter() - t0
+        return out
 
     def _start_step(self, now: float) -> tuple[float | None, list[tuple[Sequence, str]]]:
         start = self.core.begin_step()
