@@ -121,7 +121,10 @@ class BlockManager:
         """The longest reusable prefix, leaving at least one token to compute."""
         bs = self.block_size
         tokens = seq.token_ids
-        hashes = self.chain(seq, (len(tokens) - 1) // bs)
+        usable = (len(tokens) - 1) // bs
+        hashes = self.chain(seq, len(tokens) // bs)  # every full block: the prefill commits them all
+        if len(hashes) > usable:
+            hashes = hashes[:usable]
         hit = PrefixHit()
         device, lookup, blocks = hit.device, self.hash_to_block.get, self.blocks
         parent = seq.hash_seed
@@ -141,17 +144,29 @@ class BlockManager:
         return hit
 
     def can_allocate(self, seq: Sequence, hits: PrefixHit) -> bool:
-        reused_free = sum(1 for b in hits.device if self.blocks[b].ref_count == 0)
-        fresh = self.blocks_needed(len(seq.token_ids)) - len(hits.device)
-        return fresh + reused_free <= self.num_free
+        blocks = self.blocks
+        reused_free = 0
+        for b in hits.device:
+            if not blocks[b].ref_count:
+                reused_free += 1
+        fresh = -(-len(seq.token_ids) // self.block_size) - len(hits.device)
+        return fresh + reused_free <= len(self.free_plain) + len(self.free_cached)
 
     def allocate(self, seq: Sequence, hits: PrefixHit) -> None:
         """Give `seq` its prefix hits, fresh blocks for the loads, and fresh blocks for the rest."""
         assert not seq.block_table, "sequence already holds blocks"
-        for block_id in hits.device:
-            self._take(block_id)
+        blocks, free_cached = self.blocks, self.free_cached
+        for block_id in hits.device:  # a hit nobody held leaves the free cached list
+            block = blocks[block_id]
+            if not block.ref_count:
+                freed_at = free_cached.pop(block_id, None)
+                if freed_at is not None:
+                    self.idle.remove(freed_at)
+                if self.tiers is not None:
+                    self.tiers.reused(block_id)
+            block.ref_count += 1
         seq.block_table = list(hits.device)
-        seq.block_hashes = [self.blocks[b].hash for b in hits.device]
+        seq.block_hashes = [blocks[b].hash for b in hits.device]
         if hits.num_loads:
             self.tiers.take_host(hits.host)  # out of the host pool before a fresh block can evict into it
             dests = [self._take_fresh() for _ in range(hits.num_loads)]
@@ -159,8 +174,9 @@ class BlockManager:
             host, remote = iter(hits.host), iter(hits.remote)
             seq.block_hashes.extend(next(host if t == "host" else remote).hash for t in hits.order)
         seq.num_computed = len(hits) * self.block_size
+        table, fresh = seq.block_table, self._take_fresh
         for _ in range(self.blocks_needed(len(seq.token_ids)) - len(hits)):
-            seq.block_table.append(self._take_fresh())
+            table.append(fresh())
         if self.tiers is not None:
             self.tiers.admitted(seq, hits)
             if hits.num_loads:
@@ -170,13 +186,14 @@ class BlockManager:
         self.num_hit_tokens += seq.num_computed
 
     def can_append(self, seq: Sequence, num_new_slots: int = 1) -> bool:
-        need = self.blocks_needed(seq.num_computed + num_new_slots) - len(seq.block_table)
-        return need <= self.num_free
+        need = -(-(seq.num_computed + num_new_slots) // self.block_size) - len(seq.block_table)
+        return need <= 0 or need <= len(self.free_plain) + len(self.free_cached)
 
     def append_slots(self, seq: Sequence, num_new_slots: int = 1) -> None:
         """Grow the block table so `num_new_slots` more tokens after num_computed fit."""
-        while len(seq.block_table) < self.blocks_needed(seq.num_computed + num_new_slots):
-            seq.block_table.append(self._take_fresh())
+        table = seq.block_table
+        for _ in range(-(-(seq.num_computed + num_new_slots) // self.block_size) - len(table)):
+            table.append(self._take_fresh())
 
     def free(self, seq: Sequence) -> None:
         if seq.pending_loads:
@@ -274,16 +291,6 @@ class BlockManager:
         return self.changes.drain()
 
     # -- internals ----------------------------------------------------------------
-
-    def _take(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
-            freed_at = self.free_cached.pop(block_id, None)
-            if freed_at is not None:
-                self.idle.remove(freed_at)
-            if self.tiers is not None:
-                self.tiers.reused(block_id)
-        block.ref_count += 1
 
     def _take_fresh(self) -> int:
         if self.free_plain:

@@ -84,8 +84,14 @@ class Scheduler:
 
     @property
     def queued_prefill_tokens(self) -> int:
-        pending = sum(len(s) - s.num_computed for s in self.waiting)
-        return pending + sum(len(s) - s.num_computed for s in self.running if s.is_prefilling)
+        pending = 0
+        for s in self.waiting:
+            pending += len(s.token_ids) - s.num_computed
+        for s in self.running:
+            n = len(s.token_ids) - s.num_computed
+            if n > 1:  # prefilling
+                pending += n
+        return pending
 
     def abort(self, seq: Sequence, reason: str = "abort") -> None:
         if seq in self.running:
@@ -142,6 +148,7 @@ class Scheduler:
         advanced = []
         bm = self.block_manager
         bs = bm.block_size
+        stop_ids, max_len = self.stop_token_ids, self.config.max_model_len
         for seq, n, token in zip(step.seqs, step.num_tokens, sampled):
             if seq.status is not RUNNING:
                 continue  # aborted while the step ran
@@ -150,24 +157,23 @@ class Scheduler:
                 bm.commit_computed(seq)
             if token is None:
                 continue
-            seq.token_ids.append(token)
+            tokens = seq.token_ids
+            tokens.append(token)
             advanced.append(seq)
-            reason = self._stop_reason(seq, token)
-            if reason:
-                self.running.remove(seq)
-                if seq.pin_kv and reason == "length":
-                    self.pinned_out.append(seq)
-                else:
-                    self.block_manager.free(seq)
-                self._finish(seq, reason)
+            sampling = seq.sampling
+            if token in stop_ids and not sampling.ignore_eos:  # vLLM's order: a stop token, then the length
+                reason = "stop"
+            elif len(tokens) - seq.num_prompt >= sampling.max_tokens or len(tokens) >= max_len:
+                reason = "length"
+            else:
+                continue
+            self.running.remove(seq)
+            if seq.pin_kv and reason == "length":
+                self.pinned_out.append(seq)
+            else:
+                bm.free(seq)
+            self._finish(seq, reason)
         return advanced
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        if token in self.stop_token_ids and not seq.sampling.ignore_eos:
-            return "stop"
-        if seq.num_generated >= seq.sampling.max_tokens or len(seq) >= self.config.max_model_len:
-            return "length"
-        return None
 
     def _make_room(self, seq: Sequence, n: int, step: Step) -> bool:
         """Preempt later sequences until `seq` can take `n` more tokens; False if `seq` itself went."""

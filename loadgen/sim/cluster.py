@@ -132,7 +132,8 @@ class Cluster:
 
     def kick(self, inst: SimInstance) -> None:
         """`inst` got work or free blocks outside a step: start one if it is idle."""
-        if not inst.busy and inst.scheduler.has_work():
+        sched = inst.scheduler
+        if not inst.busy and (sched.waiting or sched.running):
             self._start_step(inst)
         else:
             self._load_changed(inst)
@@ -141,7 +142,8 @@ class Cluster:
 
     def _start_step(self, inst: SimInstance) -> None:
         sink = self._sink
-        while inst.scheduler.has_work():
+        sched = inst.scheduler
+        while sched.waiting or sched.running:  # has_work()
             duration, failed = inst.start_step(self.now)
             self.publish(inst)
             for seq, error in failed:
@@ -157,7 +159,8 @@ class Cluster:
         advanced = inst.finish_step()
         self.publish(inst)
         self._sink.on_tokens(inst, advanced)
-        if inst.scheduler.has_work():
+        sched = inst.scheduler
+        if sched.waiting or sched.running:  # has_work()
             self._start_step(inst)
         else:
             if inst.io is not None:  # what the last step left planned (reads for the store), while idle
@@ -165,7 +168,7 @@ class Cluster:
             self._load_changed(inst)
 
     def publish(self, inst: SimInstance) -> None:
-        if inst.block_manager.pending_events:
+        if inst.block_manager.changes.pending:
             self.publish_events(inst.index, inst.block_manager.drain_events())
 
     def publish_events(self, index: int, events: KVEvents) -> None:

@@ -143,7 +143,7 @@ class SimInstance:
         if self.tiers is not None:
             self.tiers.recovery.prefill.observe(sum(n for n in step.num_tokens if n > 1), duration)
         duration = max(copy_s + duration, ahead_s)  # the batch, then the step; the ahead batch alongside both
-        self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq) else None
+        self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq.token_ids) else None
                        for seq, n in zip(step.seqs, step.num_tokens)]
         self.step = step
         self.busy_until = now + duration
