@@ -247,7 +247,8 @@ class CacheTiers:
             self.host.release(held)
         return plan
 
-    def looked_up(self, hashes: list[int], present: list[bool], misses_known: bool) -> tuple[frozenset[int], KVChange | None]:
+    def looked_up(self, hashes: list[int], present: list[bool],
+                  misses_known: bool) -> tuple[frozenset[int], KVChange | None]:
         """The store answered a lookup of `hashes`: (the hashes it holds, a `removed` change of tier
         "remote" for those `known` had that it no longer holds, or None). `misses_known`: the answer
         is the store's (not a guard's "none" while it is down), so a miss means the entry is gone."""

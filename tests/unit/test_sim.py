@@ -18,7 +18,8 @@ from loadgen.workload_base import RequestSpec
 from loadgen.workloads import make_workload
 from router.index.base import PrefixMatch
 
-TIMING_KEYS = {"sim_wall_s", "engine_step_us_mean", "decision_us_mean", "decision_us_p50", "decision_us_p99", "decision_us_max"}
+TIMING_KEYS = {"sim_wall_s", "engine_step_us_mean", "decision_us_mean", "decision_us_p50", "decision_us_p99",
+               "decision_us_max"}
 
 
 def shared_prefix(n, groups=4, prefix=128, question=16, output=4, seed=0):
