@@ -12,10 +12,15 @@ Free cached blocks remember when they were freed, summarised in `idle` (router/c
 so `kv_load()` can tell a router how much it can allocate without evicting and how
 long the blocks it would evict have been idle (GET /load, router/contract/protocol.py).
 
-With `tiers` (engine/kv/tiers.py), evicted blocks go to the host pool and/or the
-store, and a prefix continues into them: those blocks are loaded into fresh device
-blocks (`Sequence.pending_loads`: copies still to come) or recomputed, as the cost
-model decides. Changes are queued as `KVChange`s (engine/core/kv_events.py).
+With `tiers` (a `LowerTiers`, engine/core/lower_tiers.py; engine/kv/tiers.py), evicted
+blocks go to the host pool and/or the store, and a prefix continues into them: those
+blocks are loaded into fresh device blocks (`Sequence.pending_loads`: copies still to
+come) or recomputed, as the cost model decides. The tiers never see the block manager:
+they get block ids and contents, and emit into the same `KVChanges`
+(engine/core/kv_events.py) as the block manager does.
+
+`Block` records are made when a block is first handed out (`blocks[i]` is None
+before): a simulated cluster builds thousands of pools that each touch a few blocks.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ import dataclasses
 import time
 from typing import Callable
 
-from engine.kv.kv_copies import CopyPlan, StoredBlock
-from engine.core.kv_events import KVChange
+from engine.core.kv_events import KVChange, KVChanges
+from engine.core.lower_tiers import LowerTiers
 from engine.core.prefix_hit import PrefixHit
 from engine.core.sequence import Sequence
-from engine.kv.tiers import CacheTiers
+from engine.kv.kv_copies import CopyPlan, StoredBlock
 from router.contract.idle_ages import IdleAges
 from router.contract.protocol import block_hashes
 
@@ -44,27 +49,30 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, tiers: CacheTiers | None = None,
+    def __init__(self, num_blocks: int, block_size: int, tiers: LowerTiers | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.block_size = block_size
         self.clock = clock
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks: list[Block | None] = [None] * num_blocks  # made on first use (_take_fresh)
+        self._num_blocks = num_blocks
         self.free_plain: collections.deque[int] = collections.deque(range(num_blocks))
         self.free_cached: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU first: freed at
         self.idle = IdleAges()
         self.hash_to_block: dict[int, int] = {}
-        self.pending_events: list[KVChange] = []
+        self.changes = tiers.changes if tiers is not None else KVChanges()
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
         self.tiers = tiers
-        if tiers is not None:
-            tiers.attach(self)
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
+
+    @property
+    def pending_events(self) -> list[KVChange]:
+        return self.changes.pending
 
     @property
     def num_free(self) -> int:
@@ -85,42 +93,80 @@ class BlockManager:
         return len(self.free_plain), self.idle.profile(self.clock())
 
     def emit(self, kind: str, blocks: list[int], parent: int | None, tier: str = "device") -> None:
-        self.pending_events.append(KVChange(kind, blocks, parent, tier))
+        self.changes.emit(kind, blocks, parent, tier)
+
+    def chain(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """The chained hashes of `seq`'s first `num_blocks` full blocks (cached on the sequence: its tokens
+        only grow, so a prefix's hashes never change)."""
+        cache = seq.hash_chain
+        have = len(cache)
+        if have < num_blocks:
+            bs = self.block_size
+            cache.extend(block_hashes(seq.token_ids[have * bs:num_blocks * bs], bs, seq.hash_seed,
+                                      parent=cache[-1] if have else None))
+        return cache[:num_blocks] if len(cache) > num_blocks else cache
+
+    def missing_hashes(self, seq: Sequence) -> list[int]:
+        """The prompt's usable block hashes after the prefix the device and host pools hold (ask the store)."""
+        hashes = self.chain(seq, (len(seq.token_ids) - 1) // self.block_size)
+        device, tiers = self.hash_to_block, self.tiers
+        local = 0
+        while local < len(hashes) and (hashes[local] in device or tiers is not None and tiers.holds(hashes[local])):
+            local += 1
+        return hashes[local:]
 
     # -- prefix matching and allocation ---------------------------------------------
 
     def match_prefix(self, seq: Sequence) -> PrefixHit:
         """The longest reusable prefix, leaving at least one token to compute."""
         bs = self.block_size
-        usable = (len(seq.token_ids) - 1) // bs
-        hashes = block_hashes(seq.token_ids[: usable * bs], bs, seq.hash_seed)
+        tokens = seq.token_ids
+        usable = (len(tokens) - 1) // bs
+        hashes = self.chain(seq, len(tokens) // bs)  # every full block: the prefill commits them all
+        if len(hashes) > usable:
+            hashes = hashes[:usable]
         hit = PrefixHit()
+        device, lookup, blocks = hit.device, self.hash_to_block.get, self.blocks
         parent = seq.hash_seed
-        for i, h in enumerate(hashes):
-            block_id = self.hash_to_block.get(h)
+        start = 0
+        for h in hashes:
+            block_id = lookup(h)
             if block_id is None:
                 break
-            block = self.blocks[block_id]
-            if block.parent != parent or block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+            block = blocks[block_id]
+            if block.parent != parent or block.token_ids != tuple(tokens[start:start + bs]):
                 break
-            hit.device.append(block_id)
+            device.append(block_id)
             parent = h
+            start += bs
         if self.tiers is not None and len(hit.device) < len(hashes):
             self.tiers.extend(seq, hit, hashes, parent)
         return hit
 
     def can_allocate(self, seq: Sequence, hits: PrefixHit) -> bool:
-        reused_free = sum(1 for b in hits.device if self.blocks[b].ref_count == 0)
-        fresh = self.blocks_needed(len(seq.token_ids)) - len(hits.device)
-        return fresh + reused_free <= self.num_free
+        blocks = self.blocks
+        reused_free = 0
+        for b in hits.device:
+            if not blocks[b].ref_count:
+                reused_free += 1
+        fresh = -(-len(seq.token_ids) // self.block_size) - len(hits.device)
+        return fresh + reused_free <= len(self.free_plain) + len(self.free_cached)
 
     def allocate(self, seq: Sequence, hits: PrefixHit) -> None:
         """Give `seq` its prefix hits, fresh blocks for the loads, and fresh blocks for the rest."""
         assert not seq.block_table, "sequence already holds blocks"
-        for block_id in hits.device:
-            self._take(block_id)
+        blocks, free_cached = self.blocks, self.free_cached
+        for block_id in hits.device:  # a hit nobody held leaves the free cached list
+            block = blocks[block_id]
+            if not block.ref_count:
+                freed_at = free_cached.pop(block_id, None)
+                if freed_at is not None:
+                    self.idle.remove(freed_at)
+                if self.tiers is not None:
+                    self.tiers.reused(block_id)
+            block.ref_count += 1
         seq.block_table = list(hits.device)
-        seq.block_hashes = [self.blocks[b].hash for b in hits.device]
+        seq.block_hashes = [blocks[b].hash for b in hits.device]
         if hits.num_loads:
             self.tiers.take_host(hits.host)  # out of the host pool before a fresh block can evict into it
             dests = [self._take_fresh() for _ in range(hits.num_loads)]
@@ -128,38 +174,42 @@ class BlockManager:
             host, remote = iter(hits.host), iter(hits.remote)
             seq.block_hashes.extend(next(host if t == "host" else remote).hash for t in hits.order)
         seq.num_computed = len(hits) * self.block_size
+        table, fresh = seq.block_table, self._take_fresh
         for _ in range(self.blocks_needed(len(seq.token_ids)) - len(hits)):
-            seq.block_table.append(self._take_fresh())
+            table.append(fresh())
         if self.tiers is not None:
             self.tiers.admitted(seq, hits)
             if hits.num_loads:
                 self.tiers.start_loads(seq, hits, dests)
+                self._register_loaded()
         self.num_queried_tokens += len(seq.token_ids)
         self.num_hit_tokens += seq.num_computed
 
     def can_append(self, seq: Sequence, num_new_slots: int = 1) -> bool:
-        need = self.blocks_needed(seq.num_computed + num_new_slots) - len(seq.block_table)
-        return need <= self.num_free
+        need = -(-(seq.num_computed + num_new_slots) // self.block_size) - len(seq.block_table)
+        return need <= 0 or need <= len(self.free_plain) + len(self.free_cached)
 
     def append_slots(self, seq: Sequence, num_new_slots: int = 1) -> None:
         """Grow the block table so `num_new_slots` more tokens after num_computed fit."""
-        while len(seq.block_table) < self.blocks_needed(seq.num_computed + num_new_slots):
-            seq.block_table.append(self._take_fresh())
+        table = seq.block_table
+        for _ in range(-(-(seq.num_computed + num_new_slots) // self.block_size) - len(table)):
+            table.append(self._take_fresh())
 
     def free(self, seq: Sequence) -> None:
         if seq.pending_loads:
             self.tiers.cancel(seq)
         # Tail blocks first, so they are evicted before the (more shareable) head.
         now = self.clock()
+        blocks, free_cached, add_idle = self.blocks, self.free_cached, self.idle.add
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.hash is None:
                     self.free_plain.append(block_id)
                 else:
-                    self.free_cached[block_id] = now
-                    self.idle.add(now)
+                    free_cached[block_id] = now
+                    add_idle(now)
         seq.block_table = []
         seq.block_hashes = []
 
@@ -172,19 +222,20 @@ class BlockManager:
         end = seq.num_computed // bs
         if end <= start:
             return
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
-        new = block_hashes(seq.token_ids[start * bs : end * bs], bs, seq.hash_seed, parent=parent)
+        chain = self.chain(seq, end)
+        new = chain[start:end]
         stored, first = [], None
-        for i, h in enumerate(new, start):
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None and h not in self.hash_to_block:
-                self._set_hash(block, h, tuple(seq.token_ids[i * bs : (i + 1) * bs]),
-                               new[i - start - 1] if i > start else (parent if i else seq.hash_seed))
-                stored.append((i, h, block.block_id))
+        blocks, table, known, tokens = self.blocks, seq.block_table, self.hash_to_block, seq.token_ids
+        for i in range(start, end):
+            h = chain[i]
+            block = blocks[table[i]]
+            if block.hash is None and h not in known:
+                self._set_hash(block, h, tuple(tokens[i * bs : (i + 1) * bs]), chain[i - 1] if i else seq.hash_seed)
+                stored.append((i, block.block_id, StoredBlock(h, block.token_ids, block.parent)))
                 first = i if first is None else first
         seq.block_hashes.extend(new)
         if stored:
-            self.emit("stored", [h for _, h, _ in stored], seq.block_hashes[first - 1] if first else None)
+            self.emit("stored", [m.hash for _, _, m in stored], seq.block_hashes[first - 1] if first else None)
             if self.tiers is not None:
                 self.tiers.on_commit(seq, stored)
 
@@ -197,19 +248,30 @@ class BlockManager:
 
     def drain_loads(self) -> None:
         if self.tiers is not None:
-            self.tiers.loads.drain(self.tiers.plan)
+            self.tiers.drain_loads()
+            self._register_loaded()
 
     @property
     def has_pending_loads(self) -> bool:
-        return self.tiers is not None and len(self.tiers.loads) > 0
+        return self.tiers is not None and self.tiers.pending_loads() > 0
 
     def take_copy_plan(self) -> CopyPlan:
         """Copies to run before the next step (engine/kv/kv_copies.py)."""
-        return self.tiers.take_copy_plan() if self.tiers is not None else CopyPlan()
+        if self.tiers is None:
+            return CopyPlan()
+        plan = self.tiers.take_copy_plan()
+        self._register_loaded()
+        return plan
 
     def take_ahead_plan(self, max_fresh: int) -> CopyPlan:
         """Copies to run while the next step computes (engine/kv/prestage.py); `max_fresh`: blocks a step may take."""
-        return self.tiers.take_ahead_plan(max_fresh) if self.tiers is not None else CopyPlan()
+        if self.tiers is None:
+            return CopyPlan()
+        return self.tiers.take_ahead_plan(max_fresh, len(self.free_plain), self.free_cached)
+
+    def _register_loaded(self) -> None:
+        for block_id, meta in self.tiers.take_loaded():
+            self.register(block_id, meta)
 
     def clear_cache(self) -> None:
         """Forget every cached hash of free blocks (blocks in use keep theirs) and the host pool."""
@@ -218,36 +280,17 @@ class BlockManager:
             self._unhash(self.blocks[block_id], emit=False)
             self.free_plain.append(block_id)
         self.idle.clear()
-        if self.tiers is not None and self.tiers.host is not None:
-            self.tiers.prestager.clear()
-            self.tiers.host.clear()
+        if self.tiers is not None:
+            self.tiers.clear_host()
         self.emit("cleared", [], None)
         for h in list(self.hash_to_block):
             self.emit("stored", [h], None)
 
     def drain_events(self) -> list[KVChange]:
         """Queued changes, consecutive removals from one tier merged into one."""
-        events: list[KVChange] = []
-        for ev in self.pending_events:
-            last = events[-1] if events else None
-            if ev.kind == "removed" and last is not None and last.kind == "removed" and last.tier == ev.tier:
-                last.blocks.extend(ev.blocks)
-            else:
-                events.append(ev._replace(blocks=list(ev.blocks)))
-        self.pending_events = []
-        return events
+        return self.changes.drain()
 
     # -- internals ----------------------------------------------------------------
-
-    def _take(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
-            freed_at = self.free_cached.pop(block_id, None)
-            if freed_at is not None:
-                self.idle.remove(freed_at)
-            if self.tiers is not None and self.tiers.prestager is not None:
-                self.tiers.prestager.reused(block_id)
-        block.ref_count += 1
 
     def _take_fresh(self) -> int:
         if self.free_plain:
@@ -257,11 +300,14 @@ class BlockManager:
             self.idle.remove(freed_at)
             block = self.blocks[block_id]
             if self.tiers is not None:
-                self.tiers.on_evict(block)
+                self.tiers.on_evict(block_id, StoredBlock(block.hash, block.token_ids, block.parent))
             self._unhash(block, emit=True)
         else:
             raise RuntimeError("KV block pool exhausted: the scheduler must check before allocating")
-        self.blocks[block_id].ref_count = 1
+        block = self.blocks[block_id]
+        if block is None:
+            block = self.blocks[block_id] = Block(block_id)
+        block.ref_count = 1
         return block_id
 
     def _set_hash(self, block: Block, h: int, token_ids: tuple[int, ...], parent: int | None) -> None:

@@ -9,7 +9,7 @@ from engine.runners.cost_model import COST_MODELS
 from engine.runners.devices import check_device_syntax
 from engine.runners.sim import LINKS
 from router.contract.kv_encode import ENCODINGS
-from router.kvevents.sources import SCHEMES
+from router.contract.kv_wire import SCHEMES
 from router.contract.protocol import ROLES
 
 BACKENDS = ("torch", "sim")

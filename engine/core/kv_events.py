@@ -26,6 +26,33 @@ class KVChange(NamedTuple):
     store: str | None = None  # tier "remote": the store key
 
 
+class KVChanges:
+    """Changes queued between two drains, by the block manager and its lower tiers alike (one order)."""
+
+    def __init__(self) -> None:
+        self.pending: list[KVChange] = []
+
+    def emit(self, kind: str, blocks: list[int], parent: int | None, tier: str = "device") -> None:
+        self.pending.append(KVChange(kind, blocks, parent, tier))
+
+    def drain(self) -> list[KVChange]:
+        """Queued changes, consecutive removals from one tier merged into one."""
+        pending, self.pending = self.pending, []
+        events: list[KVChange] = []
+        copied = False  # events[-1] is a copy (merging into it leaves the queued change alone)
+        for ev in pending:
+            last = events[-1] if events else None
+            if ev.kind == "removed" and last is not None and last.kind == "removed" and last.tier == ev.tier:
+                if not copied:
+                    last = events[-1] = last._replace(blocks=list(last.blocks))
+                    copied = True
+                last.blocks.extend(ev.blocks)
+            else:
+                events.append(ev)
+                copied = False
+        return events
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EventBatch:
     epoch: int

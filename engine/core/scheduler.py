@@ -58,6 +58,13 @@ class Step:
         return out
 
 
+RUNNING = SeqStatus.RUNNING
+
+
+def _prefilling(seq: Sequence) -> bool:
+    return len(seq.token_ids) - seq.num_computed > 1
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, stop_token_ids: frozenset[int]) -> None:
         self.config = config
@@ -77,8 +84,14 @@ class Scheduler:
 
     @property
     def queued_prefill_tokens(self) -> int:
-        pending = sum(len(s) - s.num_computed for s in self.waiting)
-        return pending + sum(len(s) - s.num_computed for s in self.running if s.is_prefilling)
+        pending = 0
+        for s in self.waiting:
+            pending += len(s.token_ids) - s.num_computed
+        for s in self.running:
+            n = len(s.token_ids) - s.num_computed
+            if n > 1:  # prefilling
+                pending += n
+        return pending
 
     def abort(self, seq: Sequence, reason: str = "abort") -> None:
         if seq in self.running:
@@ -90,70 +103,77 @@ class Scheduler:
         self._finish(seq, reason)
 
     def schedule(self) -> Step:
-        step = Step([], [])
+        seqs: list[Sequence] = []
+        counts: list[int] = []
+        step = Step(seqs, counts)
         budget = self.config.max_batched_tokens
-        self.block_manager.drain_loads()  # loads ready since the last step go into this step's copy batch
-        # Decodes first so a long prefill never stalls them; then unfinished prefills.
-        self.running.sort(key=lambda s: s.is_prefilling)
-        for seq in list(self.running):
+        bm, running, waiting = self.block_manager, self.running, self.waiting
+        bm.drain_loads()  # loads ready since the last step go into this step's copy batch
+        if len(running) > 1:  # decodes first so a long prefill never stalls them; then unfinished prefills
+            running.sort(key=_prefilling)
+        for seq in running[:]:
             if budget == 0:
                 break
-            if seq.status != SeqStatus.RUNNING or seq.pending_loads:
+            if seq.status is not RUNNING or seq.pending_loads:
                 continue  # preempted earlier in this loop, or waiting for blocks to be loaded
-            n = min(len(seq) - seq.num_computed, budget)
-            if not self._make_room(seq, n, step):
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            if not bm.can_append(seq, n) and not self._make_room(seq, n, step):
                 continue
-            self.block_manager.append_slots(seq, n)
-            step.seqs.append(seq)
-            step.num_tokens.append(n)
+            bm.append_slots(seq, n)
+            seqs.append(seq)
+            counts.append(n)
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            seq = self.waiting[0]
-            hits = self.block_manager.match_prefix(seq)
-            if not self.block_manager.can_allocate(seq, hits):
+        max_running = self.config.max_running
+        while waiting and budget > 0 and len(running) < max_running:
+            seq = waiting[0]
+            hits = bm.match_prefix(seq)
+            if not bm.can_allocate(seq, hits):
                 break
-            self.waiting.popleft()
-            self.block_manager.allocate(seq, hits)
+            waiting.popleft()
+            bm.allocate(seq, hits)
             if seq.num_preemptions == 0:
-                seq.num_cached, seq.cached_by_tier = seq.num_computed, hits.tokens_by_tier(self.block_manager.block_size)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+                seq.num_cached, seq.cached_by_tier = seq.num_computed, hits.tokens_by_tier(bm.block_size)
+            seq.status = RUNNING
+            running.append(seq)
             if seq.pending_loads:
                 continue  # runs once its loads are copied (engine/kv/load_queue.py)
-            n = min(len(seq) - seq.num_computed, budget)
-            step.seqs.append(seq)
-            step.num_tokens.append(n)
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            seqs.append(seq)
+            counts.append(n)
             budget -= n
         return step
 
     def postprocess(self, step: Step, sampled: list[int | None]) -> list[Sequence]:
         """Advance each scheduled sequence; returns those that got a new token."""
         advanced = []
+        bm = self.block_manager
+        bs = bm.block_size
+        stop_ids, max_len = self.stop_token_ids, self.config.max_model_len
         for seq, n, token in zip(step.seqs, step.num_tokens, sampled):
-            if seq.status != SeqStatus.RUNNING:
+            if seq.status is not RUNNING:
                 continue  # aborted while the step ran
             seq.num_computed += n
-            self.block_manager.commit_computed(seq)
+            if seq.num_computed // bs > len(seq.block_hashes):  # a block was filled: hash it
+                bm.commit_computed(seq)
             if token is None:
                 continue
-            seq.token_ids.append(token)
+            tokens = seq.token_ids
+            tokens.append(token)
             advanced.append(seq)
-            reason = self._stop_reason(seq, token)
-            if reason:
-                self.running.remove(seq)
-                if seq.pin_kv and reason == "length":
-                    self.pinned_out.append(seq)
-                else:
-                    self.block_manager.free(seq)
-                self._finish(seq, reason)
+            sampling = seq.sampling
+            if token in stop_ids and not sampling.ignore_eos:  # vLLM's order: a stop token, then the length
+                reason = "stop"
+            elif len(tokens) - seq.num_prompt >= sampling.max_tokens or len(tokens) >= max_len:
+                reason = "length"
+            else:
+                continue
+            self.running.remove(seq)
+            if seq.pin_kv and reason == "length":
+                self.pinned_out.append(seq)
+            else:
+                bm.free(seq)
+            self._finish(seq, reason)
         return advanced
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        if token in self.stop_token_ids and not seq.sampling.ignore_eos:
-            return "stop"
-        if seq.num_generated >= seq.sampling.max_tokens or len(seq) >= self.config.max_model_len:
-            return "length"
-        return None
 
     def _make_room(self, seq: Sequence, n: int, step: Step) -> bool:
         """Preempt later sequences until `seq` can take `n` more tokens; False if `seq` itself went."""

@@ -18,13 +18,10 @@ only slots no entry uses, so it needs no lock against the step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Iterable
 
 from engine.kv.host_pool import HostEntry, HostPool
-from engine.kv.kv_copies import CopyPlan
-
-if TYPE_CHECKING:
-    from engine.core.block_manager import Block, BlockManager
+from engine.kv.kv_copies import CopyPlan, StoredBlock
 
 
 class Prestager:
@@ -34,12 +31,13 @@ class Prestager:
         self.staged: dict[int, int] = {}  # device block id -> reserved host slot holding its K/V
         self.plan = CopyPlan()
 
-    def stage(self, bm: "BlockManager", count: int) -> None:
-        """Reserve slots and plan ahead copies for the next `count` blocks the device pool would evict."""
-        need = count - len(bm.free_plain) - len(self.staged)
+    def stage(self, num_plain: int, lru: Iterable[int], count: int) -> None:
+        """Reserve slots and plan ahead copies for the next `count` blocks the device pool would evict:
+        `num_plain` free blocks holding nothing go first, then the free cached `lru` (next evicted first)."""
+        need = count - num_plain - len(self.staged)
         if need <= 0:
             return
-        for block_id in bm.free_cached:  # LRU first: the order `_take_fresh` evicts in
+        for block_id in lru:  # LRU first: the order the block manager evicts in
             if need <= 0:
                 break
             if block_id in self.staged:
@@ -57,12 +55,13 @@ class Prestager:
         plan, self.plan = self.plan, CopyPlan()
         return plan
 
-    def evicted(self, block: "Block") -> HostEntry | None:
-        """`block` is being evicted: its host entry if it was staged (no copy needed), else None."""
-        slot = self.staged.pop(block.block_id, None)
+    def evicted(self, block_id: int, meta: StoredBlock) -> HostEntry | None:
+        """Device block `block_id` (holding `meta`) is being evicted: its host entry if it was staged
+        (no copy needed), else None."""
+        slot = self.staged.pop(block_id, None)
         if slot is None:
             return None
-        return self.host.commit(slot, block.hash, block.token_ids, block.parent)
+        return self.host.commit(slot, meta.hash, meta.token_ids, meta.parent)
 
     def reused(self, block_id: int) -> None:
         """A staged block was taken again before its eviction: drop its copy."""

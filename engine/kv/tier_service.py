@@ -20,21 +20,26 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
-from engine.kv.kv_copies import CopyPlan, StoredBlock
+from prometheus_client import CollectorRegistry
+
+from engine.core.config import EngineConfig
+from engine.core.kv_events import KVChange
+from engine.core.sequence import Sequence
+from engine.core.work import RunnerInfo
+from engine.kv.kv_copies import CopyPlan, CopyTimes, StoredBlock
+from engine.kv.load_queue import Load
+from engine.kv.store import check_reachable, make_store
 from engine.kv.store.base import StoreUnavailable
 from engine.kv.store.entry import BadEntry, decode, encode
 from engine.kv.store.guard import GuardedStore
-from engine.kv.load_queue import Load
-from engine.core.sequence import Sequence
 from engine.kv.tier_metrics import TierMetrics
+from engine.kv.tier_setup import model_name, namespace
 from engine.kv.tiers import CacheTiers
-
-if TYPE_CHECKING:
-    from engine.core.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +50,47 @@ MAX_FETCHES = 2  # store read calls in flight
 SLOW_READ_FACTOR = 4.0  # a read may take this many times its expected transfer time (plus the read timeout)
 
 
+class CopyRunner(Protocol):
+    """The model runner's side of the tier copies (engine/runners: sim and torch)."""
+
+    payload_bytes_per_block: int
+
+    async def run_copies(self, plan: CopyPlan) -> CopyTimes: ...
+
+    async def run_ahead(self, plan: CopyPlan) -> CopyTimes: ...
+
+    def store_delay(self, num_blocks: int) -> float: ...
+
+
+class CopySource(Protocol):
+    """The block manager's side: the copies it planned, and what a prompt lacks locally."""
+
+    def take_copy_plan(self) -> CopyPlan: ...
+
+    def take_ahead_plan(self, max_fresh: int) -> CopyPlan: ...
+
+    def missing_hashes(self, seq: Sequence) -> list[int]: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TierWiring:
+    """What the tier I/O is handed: the device side, the runner, and callbacks into the engine."""
+
+    tiers: CacheTiers
+    device: CopySource
+    runner: CopyRunner
+    store_url: str | None
+    max_fresh: int  # blocks one step may take fresh
+    wake: Callable[[], None]  # new store bytes arrived: the engine loop should look
+    publish: Callable[[KVChange], None]  # a change of tier "remote", for the engine's event log
+
+
 class TierService:
-    def __init__(self, engine: "LLMEngine", tiers: CacheTiers, store: GuardedStore | None, namespace: str,
-                 metrics: TierMetrics, wake: Callable[[], None]) -> None:
-        self.engine, self.tiers, self.store, self.namespace = engine, tiers, store, namespace
-        self.bm, self.runner, self.metrics, self.wake = engine.block_manager, engine.runner, metrics, wake
-        self.payload_bytes = engine.runner.payload_bytes_per_block
+    def __init__(self, wiring: TierWiring, store: GuardedStore | None, namespace: str, metrics: TierMetrics) -> None:
+        self.tiers, self.store, self.namespace, self.metrics = wiring.tiers, store, namespace, metrics
+        self.bm, self.runner, self.wake, self.publish = wiring.device, wiring.runner, wiring.wake, wiring.publish
+        self.store_url = wiring.store_url
+        self.payload_bytes = wiring.runner.payload_bytes_per_block
         self.tasks: set[asyncio.Task] = set()
         self.writes: list[tuple[StoredBlock, bytes]] = []
         self.write_bytes = 0
@@ -58,16 +98,14 @@ class TierService:
         self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
         self._ahead: asyncio.Future | None = None
         self._ahead_plan: CopyPlan | None = None
-        self.max_fresh = -(-engine.config.max_batched_tokens // engine.config.block_size)  # blocks a step takes
+        self.max_fresh = wiring.max_fresh
         if store is not None:
             metrics.store_up.set(1)
 
     async def start(self) -> None:
         """Refuses to start (ValueError naming the store) when the store cannot be reached now."""
         if self.store is not None:
-            from engine.kv.store import check_reachable
-
-            await asyncio.to_thread(check_reachable, self.engine.config.kv_store)
+            await asyncio.to_thread(check_reachable, self.store_url)
             self._spawn(self._writer(), "kv-store-writer")
 
     async def stop(self) -> None:
@@ -87,7 +125,7 @@ class TierService:
     # -- store lookups before queueing --------------------------------------------------
 
     def admit(self, seq: Sequence, enqueue: Callable[[Sequence], None]) -> None:
-        hashes = self.tiers.missing_hashes(seq) if self.store is not None else []
+        hashes = self.bm.missing_hashes(seq) if self.store is not None else []
         if not hashes:
             enqueue(seq)
             return
@@ -98,17 +136,12 @@ class TierService:
             present = await self.store.contains_many(hashes)
         except StoreUnavailable:
             present = [False] * len(hashes)
-        hits = [h for h, p in zip(hashes, present) if p]
+        # entries the store dropped (evicted, pruned): routers stop crediting them
+        hits, removed = self.tiers.looked_up(hashes, present, misses_known=self.store.up)
         self.metrics.lookups(len(hits), len(hashes) - len(hits))
-        for h in hits:
-            self.tiers.known.add(h)
-        if self.store.up:  # entries the store dropped (evicted, pruned): routers stop crediting them
-            gone = [h for h, p in zip(hashes, present) if not p and h in self.tiers.known]
-            for h in gone:
-                self.tiers.known.discard(h)
-            if gone:
-                self._emit_remote("removed", gone)
-        seq.store_hits = frozenset(hits)
+        if removed is not None:
+            self.publish(removed)
+        seq.store_hits = hits
         if not seq.is_finished:
             enqueue(seq)
 
@@ -222,8 +255,7 @@ class TierService:
         self._emit_remote("stored", [b.hash for b, _ in batch])
 
     def _emit_remote(self, kind: str, hashes: list[int]) -> None:
-        self.engine.events.append(kind, hashes, None, tier="remote", store=self.tiers.store_key)
-        self.engine.metrics.kv_events.labels(kind).inc()
+        self.publish(KVChange(kind, hashes, None, "remote", self.tiers.store_key))
 
     # -- measurements and reports ---------------------------------------------------------
 
@@ -252,3 +284,16 @@ class TierService:
         if self.store is not None:
             out["remote"] = self.tiers.known.hashes()
         return out
+
+
+def build_service(config: EngineConfig, info: RunnerInfo, wiring: TierWiring,
+                  registry: CollectorRegistry) -> TierService:
+    """The engine's tier I/O over `wiring.tiers`, with its store (if configured) behind a guard."""
+    metrics = TierMetrics(registry, model_name(config, info))
+    store = None
+    if config.kv_store:
+        raw = make_store(config.kv_store, namespace(config, info), config.kv_store_id, config.kv_store_timeout_s)
+        store = GuardedStore(raw, config.kv_store_timeout_s,
+                             on_error=metrics.store_error,
+                             on_state=lambda up: metrics.store_up.set(1 if up else 0))
+    return TierService(wiring, store, namespace(config, info), metrics)

@@ -1,6 +1,6 @@
 """Build an engine's lower tiers from its config: `CacheTiers` with priors, namespace and store key.
 
-Shared by the engine (engine/core/llm_engine.py) and the simulator (loadgen/sim/instance.py),
+Shared by the engine (engine/service/llm_engine.py) and the simulator (loadgen/sim/instance.py),
 so both run the same tiers with the same figures. Prior link figures (what the
 estimators start from, and what the sim runner models) come from
 `engine.runners.sim.LINKS`: `--kv-host-link` / `--kv-store-link`, else by device type and
@@ -9,7 +9,6 @@ store URL scheme.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from engine.core.config import EngineConfig
@@ -20,9 +19,6 @@ from engine.kv.tiers import CacheTiers
 from engine.core.work import RunnerInfo
 from router.contract.protocol import hash_seed
 from router.contract.tier_costs import Link
-
-if TYPE_CHECKING:
-    from engine.kv.tier_service import TierService
 
 def host_link_name(config: EngineConfig) -> str:
     return config.kv_host_link or DEFAULT_HOST_LINK.get(config.device.split(":")[0], "pcie4")
@@ -63,24 +59,3 @@ def build_tiers(config: EngineConfig, info: RunnerInfo, bytes_per_block: int, pr
     recovery = Recovery(priors, prefill_rate, config.block_size, bytes_per_block, config.host_blocks > 0, key)
     return CacheTiers(recovery, config.host_blocks, config.kv_store_write if key else None,
                       config.kv_load_budget_bytes)
-
-
-def build_service(engine) -> "TierService | None":
-    """The engine's tier I/O (engine/kv/tier_service.py), or None without tiers."""
-    from engine.kv.store import make_store
-    from engine.kv.store.guard import GuardedStore
-    from engine.kv.tier_metrics import TierMetrics
-    from engine.kv.tier_service import TierService
-
-    tiers, config = engine.block_manager.tiers, engine.config
-    if tiers is None:
-        return None
-    metrics = TierMetrics(engine.metrics.registry, model_name(config, engine.runner.info))
-    store = None
-    if config.kv_store:
-        raw = make_store(config.kv_store, namespace(config, engine.runner.info), config.kv_store_id,
-                         config.kv_store_timeout_s)
-        store = GuardedStore(raw, config.kv_store_timeout_s,
-                             on_error=metrics.store_error,
-                             on_state=lambda up: metrics.store_up.set(1 if up else 0))
-    return TierService(engine, tiers, store, namespace(config, engine.runner.info), metrics, engine.wake)

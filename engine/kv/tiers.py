@@ -18,24 +18,24 @@ talking to the store) is the caller's (engine/kv/tier_service.py, loadgen/sim).
 - Write-through (`on_commit`, `--kv-store-write through`): a prompt's full blocks
   are read out for the store as soon as they are computed; `known` remembers the
   hashes the store holds (written or seen), so nothing is written twice.
+- Lookups (`looked_up`): the one bookkeeping of a store answer, for the engine's
+  I/O and the simulator's alike: hits join `known`, and a known hash the store no
+  longer holds leaves it, announced with a `removed` change of tier "remote".
 """
 
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING
+from typing import Iterable
 
-from engine.kv.host_pool import HostEntry, HostPool
+from engine.core.kv_events import KVChange, KVChanges
 from engine.core.prefix_hit import PrefixHit
+from engine.core.sequence import Sequence
+from engine.kv.host_pool import HostEntry, HostPool
 from engine.kv.kv_copies import CopyPlan, StoredBlock
 from engine.kv.load_queue import Load, LoadQueue
 from engine.kv.prestage import Prestager
 from engine.kv.recovery import Recovery
-from engine.core.sequence import Sequence
-from router.contract.protocol import block_hashes
-
-if TYPE_CHECKING:
-    from engine.core.block_manager import Block, BlockManager
 
 STORE_WRITE_MODES = ("through", "evict")
 KNOWN_CAPACITY = 1 << 20  # hashes remembered as held by the store
@@ -64,8 +64,10 @@ class KnownSet:
 
 
 class CacheTiers:
+    """The `LowerTiers` of one block manager (engine/core/lower_tiers.py); emits into `changes`."""
+
     def __init__(self, recovery: Recovery, host_blocks: int = 0, store_write: str | None = None,
-                 load_budget_bytes: int = 0, load_budget_s: float = 0.02) -> None:
+                 load_budget_bytes: int = 0, load_budget_s: float = 0.02, changes: KVChanges | None = None) -> None:
         if store_write is not None and store_write not in STORE_WRITE_MODES:
             raise ValueError(f"--kv-store-write must be one of {', '.join(STORE_WRITE_MODES)}, got {store_write!r}")
         self.recovery = recovery
@@ -78,10 +80,10 @@ class CacheTiers:
         self.load_budget_bytes = load_budget_bytes
         self.load_budget_s = load_budget_s
         self.loads = LoadQueue(self._budget_blocks, self._loaded, self._failed)
-        self.bm: BlockManager | None = None
-
-    def attach(self, bm: "BlockManager") -> None:
-        self.bm = bm
+        self.loaded: list[tuple[int, StoredBlock]] = []  # planned loads, for the block manager to register
+        self.changes = changes if changes is not None else KVChanges()
+        self.emit = self.changes.emit
+        self.block_size = recovery.block_size
 
     def _budget_blocks(self) -> int:
         """Blocks per copy batch: --kv-load-budget-bytes, or what the H2D link moves in load_budget_s."""
@@ -92,7 +94,7 @@ class CacheTiers:
 
     def extend(self, seq: Sequence, hit: PrefixHit, hashes: list[int], parent: int) -> PrefixHit:
         """Add the host and store runs after `hit.device`, trimmed to what the cost model says to load."""
-        bs, host, in_store = self.bm.block_size, self.host, seq.store_hits or ()
+        bs, host, in_store = self.block_size, self.host, seq.store_hits or ()
         found: list[tuple[str, HostEntry | StoredBlock]] = []
         for i in range(len(hit.device), len(hashes)):
             h, tokens = hashes[i], tuple(seq.token_ids[i * bs:(i + 1) * bs])
@@ -115,62 +117,62 @@ class CacheTiers:
             hit.order.append(tier)
         return hit
 
-    def missing_hashes(self, seq: Sequence) -> list[int]:
-        """The prompt's usable block hashes after the prefix the device and host pools hold (ask the store)."""
-        bs = self.bm.block_size
-        usable = (len(seq.token_ids) - 1) // bs
-        hashes = block_hashes(seq.token_ids[:usable * bs], bs, seq.hash_seed)
-        device, host = self.bm.hash_to_block, self.host.entries if self.host is not None else {}
-        local = 0
-        while local < len(hashes) and (hashes[local] in device or hashes[local] in host):
-            local += 1
-        return hashes[local:]
+    def holds(self, h: int) -> bool:
+        return self.host is not None and h in self.host.entries
 
     # -- eviction, commits ----------------------------------------------------------
 
-    def on_evict(self, block: "Block") -> None:
-        """`block` (cached, free) is about to be reused: keep its K/V in a lower tier."""
-        meta = StoredBlock(block.hash, block.token_ids, block.parent)
+    def on_evict(self, block_id: int, meta: StoredBlock) -> None:
+        """Device block `block_id` (cached, free, holding `meta`) is about to be reused: keep its K/V lower."""
         if self.host is None:
             if self.store_write == "evict":
-                self._write(self.plan.device_reads, block.block_id, meta)
+                self._write(self.plan.device_reads, block_id, meta)
             return
-        entry = self.prestager.evicted(block)  # copied ahead of time: nothing to copy now
+        entry = self.prestager.evicted(block_id, meta)  # copied ahead of time: nothing to copy now
         if entry is None:
             entry, evicted = self.host.insert(meta.hash, meta.token_ids, meta.parent)
             if evicted is not None:
                 self._host_evicted(evicted, self.plan)
             if entry is not None:
-                self.plan.d2h.append((block.block_id, entry.slot))
+                self.plan.d2h.append((block_id, entry.slot))
         if entry is not None:
-            self.bm.emit("stored", [meta.hash], meta.parent, "host")
+            self.emit("stored", [meta.hash], meta.parent, "host")
+
+    def reused(self, block_id: int) -> None:
+        if self.prestager is not None:
+            self.prestager.reused(block_id)
+
+    def clear_host(self) -> None:
+        if self.host is not None:
+            self.prestager.clear()
+            self.host.clear()
 
     def _host_evicted(self, evicted: HostEntry, plan: CopyPlan) -> None:
         """`evicted` left the host pool for a newer block (its slot is reused by `plan`)."""
-        self.bm.emit("removed", [evicted.hash], None, "host")
+        self.emit("removed", [evicted.hash], None, "host")
         if self.store_write == "evict":
             self._write(plan.host_reads, evicted.slot, StoredBlock(evicted.hash, evicted.token_ids, evicted.parent))
 
-    def take_ahead_plan(self, max_fresh: int) -> CopyPlan:
+    def take_ahead_plan(self, max_fresh: int, num_plain: int, lru: Iterable[int]) -> CopyPlan:
         """Copies to run alongside the next batch and step: the evictions that a step's fresh blocks
-        (`max_fresh`) and a batch of loads will cause, staged to the host."""
+        (`max_fresh`) and a batch of loads will cause, staged to the host. `num_plain`: free device
+        blocks holding nothing; `lru`: the free cached ones, next evicted first."""
         if self.prestager is None:
             return CopyPlan()
-        self.prestager.stage(self.bm, max_fresh + min(self._budget_blocks(), max_fresh))
+        self.prestager.stage(num_plain, lru, max_fresh + min(self._budget_blocks(), max_fresh))
         return self.prestager.take_plan()
 
-    def on_commit(self, seq: Sequence, stored: list[tuple[int, int, int]]) -> None:
-        """Blocks (index, hash, device block) of `seq` just computed and registered on the device."""
+    def on_commit(self, seq: Sequence, stored: list[tuple[int, int, StoredBlock]]) -> None:
+        """Blocks (index, device block, content) of `seq` just computed and registered on the device."""
         if self.host is not None:
-            dropped = [h for _, h, _ in stored if self.host.discard(h)]
+            dropped = [m.hash for _, _, m in stored if self.host.discard(m.hash)]
             if dropped:
-                self.bm.emit("removed", dropped, None, "host")
+                self.emit("removed", dropped, None, "host")
         if self.store_write == "through":
-            full = seq.num_prompt // self.bm.block_size
-            for i, h, block_id in stored:
+            full = seq.num_prompt // self.block_size
+            for i, block_id, meta in stored:
                 if i < full:
-                    block = self.bm.blocks[block_id]
-                    self._write(self.plan.device_reads, block_id, StoredBlock(h, block.token_ids, block.parent))
+                    self._write(self.plan.device_reads, block_id, meta)
 
     def _write(self, reads: list, source: int, meta: StoredBlock) -> None:
         if meta.hash not in self.known:
@@ -183,7 +185,7 @@ class CacheTiers:
         for entry in entries:
             self.host.take(entry.hash)
         if entries:
-            self.bm.emit("removed", [e.hash for e in entries], None, "host")
+            self.emit("removed", [e.hash for e in entries], None, "host")
 
     def start_loads(self, seq: Sequence, hit: PrefixHit, dests: list[int]) -> None:
         """Queue `hit`'s loads into the fresh device blocks `dests` (prompt order), then drain what fits."""
@@ -210,13 +212,23 @@ class CacheTiers:
             self.host.release(self.loads.cancel(seq))
 
     def _loaded(self, load: Load) -> None:
-        self.bm.register(load.block_id, load.block)
+        self.loaded.append((load.block_id, load.block))
+
+    def take_loaded(self) -> list[tuple[int, StoredBlock]]:
+        loaded, self.loaded = self.loaded, []
+        return loaded
+
+    def drain_loads(self) -> None:
+        self.loads.drain(self.plan)
+
+    def pending_loads(self) -> int:
+        return len(self.loads)
 
     def _failed(self, seq: Sequence, index: int, slots: list[int]) -> None:
         """A store load of `seq`'s block `index` failed: it and everything after is computed instead."""
         if self.host is not None:
             self.host.release(slots)
-        cut = index * self.bm.block_size  # (the prefix-cache hit counters keep what admission found)
+        cut = index * self.block_size  # (the prefix-cache hit counters keep what admission found)
         seq.num_computed = min(seq.num_computed, cut)
         del seq.block_hashes[index:]
         lost = max(0, seq.num_cached - cut)
@@ -234,6 +246,20 @@ class CacheTiers:
         if self.host is not None:
             self.host.release(held)
         return plan
+
+    def looked_up(self, hashes: list[int], present: list[bool],
+                  misses_known: bool) -> tuple[frozenset[int], KVChange | None]:
+        """The store answered a lookup of `hashes`: (the hashes it holds, a `removed` change of tier
+        "remote" for those `known` had that it no longer holds, or None). `misses_known`: the answer
+        is the store's (not a guard's "none" while it is down), so a miss means the entry is gone."""
+        hits = [h for h, p in zip(hashes, present) if p]
+        for h in hits:
+            self.known.add(h)
+        gone = [h for h, p in zip(hashes, present) if not p and h in self.known] if misses_known else []
+        for h in gone:
+            self.known.discard(h)
+        removed = KVChange("removed", gone, None, "remote", self.store_key) if gone else None
+        return frozenset(hits), removed
 
     def write_failed(self, blocks: list[StoredBlock]) -> None:
         for b in blocks:

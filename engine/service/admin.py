@@ -16,6 +16,7 @@ import logging
 from aiohttp import web
 
 from engine.core.config import ROLES
+from engine.service.app_keys import CONFIG, DRAIN, ENGINE, REGISTRATION
 from router.contract.errors import BadRequest, Forbidden, Unauthorized
 from router.contract.http import json_response, read_json
 
@@ -31,16 +32,12 @@ def check_admin(request: web.Request, key: str | None) -> None:
 
 
 async def handle_drain(request: web.Request) -> web.Response:
-    from engine.service.server import CONFIG, DRAIN, ENGINE
-
     check_admin(request, request.app[CONFIG].admin_key)
     request.app[DRAIN].start("POST /admin/drain")
     return json_response({"status": "draining", "running": len(request.app[ENGINE].requests)}, status=202)
 
 
 async def handle_role(request: web.Request) -> web.Response:
-    from engine.service.server import CONFIG, ENGINE, REGISTRATION
-
     check_admin(request, request.app[CONFIG].admin_key)
     body = await read_json(request)
     role = body.get("role")

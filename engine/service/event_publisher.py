@@ -19,7 +19,7 @@ from router.contract.cancellation import raise_if_cancelled
 from router.contract.protocol import REDIS_EVENT_STREAM, KVEvent
 
 if TYPE_CHECKING:
-    from engine.core.llm_engine import LLMEngine
+    from engine.service.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from router.contract.metric_buckets import (ITERATION_TOKEN_BUCKETS, REQUEST_LAT
                                    TTFT_BUCKETS, buckets_1_2_5)
 
 if TYPE_CHECKING:
-    from engine.core.llm_engine import LLMEngine
+    from engine.core.engine_core import EngineCore
     from engine.core.sequence import Sequence
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -122,8 +122,8 @@ class EngineMetrics:
             self.decode_time.observe(max(0.0, last - first))
             self.inference_time.observe(max(0.0, last - start))
 
-    def observe_state(self, engine: "LLMEngine") -> None:
-        bm, sched = engine.block_manager, engine.scheduler
+    def observe_state(self, core: "EngineCore") -> None:
+        bm, sched = core.block_manager, core.scheduler
         self.running.set(len(sched.running))
         self.waiting.set(len(sched.waiting))
         self.kv_usage.set(bm.num_used / bm.num_blocks)

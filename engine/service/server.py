@@ -11,9 +11,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.core.config import EngineConfig
 from engine.service.admin import handle_drain, handle_role
+from engine.service.app_keys import CONFIG, DRAIN, ENGINE, METRICS, REGISTRATION, SERVICE, TOKENIZER, ZMQ_PUBLISHER
 from engine.service.drain import Drain
 from engine.service.event_publisher import RedisEventPublisher
-from engine.core.llm_engine import LLMEngine
+from engine.service.llm_engine import LLMEngine
 from engine.service.metrics import EngineMetrics
 from engine.service.registration import Registration
 from engine.runners.registry import RUNNERS
@@ -32,14 +33,6 @@ from router.contract.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-CONFIG = web.AppKey("config", EngineConfig)
-ENGINE = web.AppKey("engine", LLMEngine)
-DRAIN = web.AppKey("drain", Drain)
-REGISTRATION = web.AppKey("registration", Registration)
-SERVICE = web.AppKey("service", CompletionService)
-TOKENIZER = web.AppKey("tokenizer", Tokenizer)
-METRICS = web.AppKey("metrics", EngineMetrics)
-ZMQ_PUBLISHER = web.AppKey("zmq_publisher", ZmqEventPublisher)
 
 MAX_EVENTS_TIMEOUT_S = 30.0
 

@@ -10,7 +10,7 @@ import uuid
 from aiohttp import web
 
 from engine.transfer.kv_transfer import TransferHandle, tail_hash
-from engine.core.llm_engine import LLMEngine, Output, RequestHandle
+from engine.service.llm_engine import LLMEngine, Output, RequestHandle
 from engine.service.logprob_format import LogprobFormatter
 from engine.service.openai_format import ResponseFormat, usage
 from engine.service.output import OutputProcessor

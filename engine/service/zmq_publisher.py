@@ -35,7 +35,7 @@ from router.contract.kv_encode import BatchEncoder
 from router.contract.protocol import KVEvent, hash_seed
 
 if TYPE_CHECKING:
-    from engine.core.llm_engine import LLMEngine
+    from engine.service.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 

@@ -11,30 +11,48 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import aiohttp
 
-from engine.transfer.kv_transfer import LinkMismatch, Links, TransferError, TransferHandle, read_frames
+from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
-
-if TYPE_CHECKING:
-    from engine.core.llm_engine import LLMEngine
+from engine.core.work import ModelRunner
+from engine.service.metrics import EngineMetrics
+from engine.transfer.kv_transfer import LinkMismatch, Links, TransferError, TransferHandle, read_frames
+from router.contract.errors import KVRouteError
+from router.contract.protocol import block_hashes
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PullWiring:
+    """What the decode side of a transfer uses: the device pool, the runner, and callbacks into the engine."""
+
+    block_manager: BlockManager
+    runner: ModelRunner
+    metrics: EngineMetrics
+    admit_timeout_s: float
+    resume: Callable[[Sequence], None]  # the K/V is in (pulled, or to compute here): run it
+    fail: Callable[[Sequence, str, type[KVRouteError]], None]
+    fail_overloaded: Callable[[Sequence, str], None]
+
+
 class RemotePrefill:
-    def __init__(self, engine: "LLMEngine", local_info: dict) -> None:
-        self.engine = engine
-        self.links = Links(local_info)
+    def __init__(self, wiring: PullWiring) -> None:
+        self.wiring = wiring
+        self.bm, self.runner, self.metrics = wiring.block_manager, wiring.runner, wiring.metrics
+        self.links: Links | None = None  # from start(): the local end of the handshake
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.session: aiohttp.ClientSession | None = None
         self.tasks: set[asyncio.Task] = set()
 
-    async def start(self) -> None:
+    async def start(self, local_info: dict) -> None:
+        self.links = Links(local_info)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60, connect=5))
 
     async def stop(self) -> None:
@@ -49,7 +67,7 @@ class RemotePrefill:
 
     def admit(self) -> None:
         """Take blocks for waiting requests in arrival order; time out those that waited too long."""
-        bm = self.engine.block_manager
+        bm = self.bm
         while self.waiting:
             seq = self.waiting[0]
             if seq.is_finished:  # aborted while waiting
@@ -64,18 +82,18 @@ class RemotePrefill:
             task = asyncio.create_task(self._pull(seq, len(hits)), name=f"kv-pull-{seq.request_id}")
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-        limit = time.monotonic() - self.engine.config.kv_admit_timeout_s
+        timeout = self.wiring.admit_timeout_s
+        limit = time.monotonic() - timeout
         while self.waiting and self.waiting[0].arrival < limit:
             seq = self.waiting.popleft()
-            self.engine.fail_overloaded(seq, f"no free KV blocks for {self.engine.config.kv_admit_timeout_s:g}s "
-                                             "to receive the prefilled request")
+            self.wiring.fail_overloaded(seq, f"no free KV blocks for {timeout:g}s to receive the prefilled request")
 
     async def _pull(self, seq: Sequence, first_block: int) -> None:
         """Pull the blocks this engine lacks, then run the sequence. Whatever happens, the
         request ends up in a defined state: resumed with pulled K/V, resumed to compute the
         missing blocks here, or failed; never left `pulling` with its blocks held."""
         handle: TransferHandle = seq.remote
-        metrics, bs = self.engine.metrics, self.engine.block_manager.block_size
+        metrics, bs = self.metrics, self.bm.block_size
         num_blocks = -(-handle.num_tokens // bs)
         metrics.kv_pull_skipped.inc(first_block)
         t0 = time.perf_counter()
@@ -84,17 +102,17 @@ class RemotePrefill:
             await self.links.ensure(self.session, handle)
             if first_block < num_blocks:
                 received = await self._receive(seq, handle, first_block, num_blocks)
-                delay = getattr(self.engine.runner, "transfer_time", None)
+                delay = getattr(self.runner, "transfer_time", None)
                 if delay is not None:  # the sim runner models the link instead of moving bytes
                     await asyncio.sleep(delay(num_blocks - first_block))
-                    received = (num_blocks - first_block) * self.engine.runner.kv_bytes_per_block
+                    received = (num_blocks - first_block) * self.runner.kv_bytes_per_block
                 metrics.kv_pull_bytes.inc(received)
                 metrics.kv_pull_blocks.inc(num_blocks - first_block)
             computed = handle.num_tokens
             metrics.kv_pull_seconds.observe(time.perf_counter() - t0)
         except LinkMismatch as e:  # refused link: fail this request with the reason
             seq.pulling = False
-            self.engine.fail_request(seq, e.message, LinkMismatch)
+            self.wiring.fail(seq, e.message, LinkMismatch)
             return
         except asyncio.CancelledError:
             seq.pulling = False
@@ -107,14 +125,12 @@ class RemotePrefill:
         if seq.is_finished:
             return
         seq.num_computed = computed
-        self.engine.block_manager.commit_computed(seq)
-        self.engine.resume(seq)
+        self.bm.commit_computed(seq)
+        self.wiring.resume(seq)
 
     async def _receive(self, seq: Sequence, handle: TransferHandle, first: int, end: int) -> int:
         """Pull blocks [first, end) into this sequence's blocks; returns payload bytes."""
-        from router.contract.protocol import block_hashes
-
-        bm, runner = self.engine.block_manager, self.engine.runner
+        bm, runner = self.bm, self.runner
         expected = block_hashes(seq.token_ids[: handle.num_tokens], bm.block_size, seq.hash_seed)
         body = {"request_id": handle.request_id, "from_block": first, "signature": handle.signature}
         received, block_ids, payloads = 0, [], []

@@ -6,6 +6,7 @@ import asyncio
 
 from aiohttp import web
 
+from engine.service.app_keys import ENGINE
 from engine.transfer.kv_transfer import encode_frames
 from router.contract.errors import BadRequest, Forbidden, NotFound
 from router.contract.http import prepare_client, read_json, write_client
@@ -26,8 +27,6 @@ async def read_pinned(engine, request_id: str, from_block: int) -> list[tuple[in
 
 
 async def handle_transfer(request: web.Request) -> web.StreamResponse:
-    from engine.service.server import ENGINE
-
     engine = request.app[ENGINE]
     body = await read_json(request)
     request_id, from_block = body.get("request_id"), body.get("from_block", 0)

@@ -53,14 +53,9 @@ class Cluster:
     def __init__(self, num_instances: int, engine: EngineConfig, event_delay_s: float = 0.0,
                  poll_interval_s: float = 0.1) -> None:
         clock = lambda: self.now  # noqa: E731
-        self.instances = [SimInstance(i, dataclasses.replace(engine, instance_id=f"sim-{i}", seed=engine.seed + i),
-                                      clock) for i in range(num_instances)]
         self.store = SimStore() if engine.kv_store else None  # the one shared store (loadgen/sim/tiers.py)
-        for inst in self.instances:
-            if inst.tiers is not None:
-                inst.io = SimTierIO(inst.tiers, inst.runner, self.store, self._call_at,
-                                    lambda events, i=inst.index: self.publish_events(i, events),
-                                    lambda inst=inst: self.kick(inst))
+        self.instances = [SimInstance(i, dataclasses.replace(engine, instance_id=f"sim-{i}", seed=engine.seed + i),
+                                      clock, self._io_maker(i)) for i in range(num_instances)]
         self.event_delay_s = event_delay_s
         self.poll_interval_s = poll_interval_s
         self.now = 0.0
@@ -72,6 +67,14 @@ class Cluster:
         self._poll_pending = False
         self._sink: Sink | None = None
         self.num_events = 0
+
+    def _io_maker(self, index: int) -> Callable[..., SimTierIO]:
+        """Instance `index`'s tier I/O, on this cluster's clock, store and event delivery."""
+        def make(tiers, block_manager, runner) -> SimTierIO:
+            return SimTierIO(tiers, block_manager.missing_hashes, runner, self.store, self._call_at,
+                             lambda events: self.publish_events(index, events),
+                             lambda: self.kick(self.instances[index]))
+        return make
 
     def push(self, at: float, kind: int, payload: object) -> None:
         heapq.heappush(self._heap, (at, next(self._order), kind, payload))
@@ -129,7 +132,8 @@ class Cluster:
 
     def kick(self, inst: SimInstance) -> None:
         """`inst` got work or free blocks outside a step: start one if it is idle."""
-        if not inst.busy and inst.scheduler.has_work():
+        sched = inst.scheduler
+        if not inst.busy and (sched.waiting or sched.running):
             self._start_step(inst)
         else:
             self._load_changed(inst)
@@ -138,7 +142,8 @@ class Cluster:
 
     def _start_step(self, inst: SimInstance) -> None:
         sink = self._sink
-        while inst.scheduler.has_work():
+        sched = inst.scheduler
+        while sched.waiting or sched.running:  # has_work()
             duration, failed = inst.start_step(self.now)
             self.publish(inst)
             for seq, error in failed:
@@ -154,7 +159,8 @@ class Cluster:
         advanced = inst.finish_step()
         self.publish(inst)
         self._sink.on_tokens(inst, advanced)
-        if inst.scheduler.has_work():
+        sched = inst.scheduler
+        if sched.waiting or sched.running:  # has_work()
             self._start_step(inst)
         else:
             if inst.io is not None:  # what the last step left planned (reads for the store), while idle
@@ -162,7 +168,7 @@ class Cluster:
             self._load_changed(inst)
 
     def publish(self, inst: SimInstance) -> None:
-        if inst.block_manager.pending_events:
+        if inst.block_manager.changes.pending:
             self.publish_events(inst.index, inst.block_manager.drain_events())
 
     def publish_events(self, index: int, events: KVEvents) -> None:

@@ -1,13 +1,14 @@
-"""One simulated engine: the real BlockManager and Scheduler, step times from the sim runner's cost model.
+"""One simulated engine: the engine's own `EngineCore`, step times from the sim runner's cost model.
 
-This is the loop of engine/core/llm_engine.py without asyncio or sleeping, split at the
-two instants the virtual clock needs: `start_step` schedules a step and prices it
-with the engine's cost model (that of the `SimRunner` that `engine.runners.registry` builds
-from an `EngineConfig`, exactly as `kvroute engine --backend sim` does);
-`finish_step`, at the step's end time, runs the scheduler's postprocess. KV
-changes are drained with `block_manager.drain_events()` after each of the two,
-where the engine publishes them (evictions while scheduling, newly computed
-blocks after a step).
+A thin driver of engine/core/engine_core.py on the virtual clock, as the engine
+server's asyncio loop (engine/service/llm_engine.py) is one on the wall clock:
+`start_step` is the core's `begin_step` priced with the engine's cost model (that of
+the `SimRunner` that `engine.runners.registry` builds from an `EngineConfig`, exactly
+as `kvroute engine --backend sim` does); `finish_step`, at the step's end time, is
+the core's `finish_step`. KV changes are drained with `block_manager.drain_events()`
+after each of the two, where the engine publishes them (evictions while
+scheduling, newly computed blocks after a step). The load record is the core's
+(`load_record`), so both report remote prefills waiting for blocks in `waiting`.
 
 Speed: building `Step.works()` (copies of every chunk's tokens and block table)
 for `SimRunner.execute_sync` costs more than the rest of a step, so `step_time`
@@ -34,20 +35,21 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
+import time
+
 from engine.core.block_manager import BlockManager
-from engine.kv.tier_setup import build_tiers
 from engine.core.config import EngineConfig
-from engine.runners.registry import RUNNERS
-from engine.core.scheduler import Scheduler, SchedulerConfig, Step
-from engine.runners.cost_model import CostModel
+from engine.core.engine_core import DROPPED, NO_FIT, QUEUE_FULL, CoreConfig, EngineCore
+from engine.core.scheduler import Step
 from engine.core.sequence import Sequence, SeqStatus
+from engine.kv.tier_setup import build_tiers
+from engine.runners.cost_model import CostModel
+from engine.runners.registry import RUNNERS
 from engine.runners.sim import NUM_SPECIAL_TOKENS
 from loadgen.sim.tiers import SimTierIO
 from router.contract.protocol import LoadRecord
 
-QUEUE_FULL = "engine queue is full"
-NO_FIT = "prompt does not fit in the KV block pool"
-DROPPED = "sequence dropped: out of KV blocks"
+__all__ = ["DROPPED", "NO_FIT", "QUEUE_FULL", "SimInstance", "step_time"]
 SAMPLED_TOKEN = NUM_SPECIAL_TOKENS  # the first ordinary id
 
 
@@ -70,9 +72,13 @@ def step_time(cost_model: CostModel, step: Step) -> float:
 
 
 class SimInstance:
-    """An engine on the virtual clock; `busy` while a step is in flight."""
+    """An engine on the virtual clock; `busy` while a step is in flight.
 
-    def __init__(self, index: int, config: EngineConfig, clock: Callable[[], float] = lambda: 0.0) -> None:
+    `make_io` builds the instance's tier I/O from its tiers and block manager (the cluster's
+    `SimTierIO`, loadgen/sim/tiers.py); it is called only when the config has tiers."""
+
+    def __init__(self, index: int, config: EngineConfig, clock: Callable[[], float] = lambda: 0.0,
+                 make_io: Callable[..., SimTierIO] | None = None) -> None:
         if config.backend != "sim":
             raise ValueError("a simulated instance needs an EngineConfig with backend='sim'")
         self.index = index
@@ -87,15 +93,20 @@ class SimInstance:
         self.tiers = build_tiers(config, self.runner.info, self.runner.kv_bytes_per_block,
                                  self.runner.prefill_rate_hint)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, self.tiers, clock)
-        self.io: SimTierIO | None = None  # set by the cluster when tiers exist (loadgen/sim/tiers.py)
-        self.max_fresh = -(-config.max_batched_tokens // config.block_size)
-        sched = SchedulerConfig(config.max_batched_tokens, config.max_running, self.runner.info.max_model_len)
-        self.scheduler = Scheduler(sched, self.block_manager, frozenset())
+        self.core = EngineCore(CoreConfig(instance=config.instance, max_batched_tokens=config.max_batched_tokens,
+                                          max_running=config.max_running, max_waiting=config.max_waiting,
+                                          max_model_len=self.runner.info.max_model_len),
+                               self.block_manager, frozenset())
+        self.scheduler = self.core.scheduler
+        self.max_fresh = self.core.max_fresh
+        self.io: SimTierIO | None = (make_io(self.tiers, self.block_manager, self.runner)
+                                     if make_io is not None and self.tiers is not None else None)
         self.step: Step | None = None
         self.tokens: list[int | None] = []
         self.busy_until = 0.0
         self.busy_s = 0.0
         self.num_steps = 0
+        self.step_wall_s = 0.0  # wall seconds spent in start_step + finish_step (the engine side's cost)
 
     @property
     def busy(self) -> bool:
@@ -103,32 +114,36 @@ class SimInstance:
 
     def admit(self, seq: Sequence) -> bool:
         """Queue `seq`; False (nothing queued) when the waiting queue is full."""
-        if len(self.scheduler.waiting) >= self.config.max_waiting:
+        if self.core.queue_full:
             return False
-        self.scheduler.add(seq)
+        self.core.add(seq)
         return True
 
     def start_step(self, now: float) -> tuple[float | None, list[tuple[Sequence, str]]]:
         """Schedule one step; its duration (None: nothing could run) and the sequences that failed."""
-        sched = self.scheduler
-        step = sched.schedule()
-        failed = [(seq, DROPPED) for seq in sched.dropped]
-        sched.dropped = []
+        t0 = time.perf_counter()
+        out = self._start_step(now)
+        self.step_wall_s += time.perf_counter() - t0
+        return out
+
+    def _start_step(self, now: float) -> tuple[float | None, list[tuple[Sequence, str]]]:
+        start = self.core.begin_step()
+        step = start.step
+        failed = [(seq, DROPPED) for seq in start.dropped]
         copy_s = ahead_s = 0.0
         if self.io is not None:
             copy_s = self.io.copies(now, self.block_manager.take_copy_plan())
             ahead_s = self.io.copies(now, self.block_manager.take_ahead_plan(self.max_fresh))
             self.io.fetch(now)
         if not step.seqs and not copy_s:
-            if self.num_held or self.block_manager.has_pending_loads:
-                return None, failed  # blocks held for a transfer, or loads waiting for store bytes
-            failed.extend((seq, NO_FIT) for seq in self._unschedulable())
+            # blocks held for a transfer, or loads waiting for store bytes: wait; else the head can never fit
+            failed.extend((seq, NO_FIT) for seq in self.core.unschedulable(held=self.num_held > 0))
             return None, failed
         duration = step_time(self.cost_model, step) * self.runner.time_scale
         if self.tiers is not None:
             self.tiers.recovery.prefill.observe(sum(n for n in step.num_tokens if n > 1), duration)
         duration = max(copy_s + duration, ahead_s)  # the batch, then the step; the ahead batch alongside both
-        self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq) else None
+        self.tokens = [SAMPLED_TOKEN if seq.num_computed + n == len(seq.token_ids) else None
                        for seq, n in zip(step.seqs, step.num_tokens)]
         self.step = step
         self.busy_until = now + duration
@@ -138,33 +153,20 @@ class SimInstance:
 
     def finish_step(self) -> list[Sequence]:
         """Advance the step's sequences; returns those that got a token (finished ones included)."""
+        t0 = time.perf_counter()
         step, self.step = self.step, None
-        advanced = self.scheduler.postprocess(step, self.tokens)
-        if self.scheduler.pinned_out:
-            self.num_held += len(self.scheduler.pinned_out)
-            self.scheduler.pinned_out.clear()
-        return advanced
-
-    def _unschedulable(self) -> list[Sequence]:
-        """Nothing ran: the head of the queue can never fit (or, defensively, nothing can)."""
-        sched = self.scheduler
-        stuck = [sched.waiting[0]] if not sched.running and sched.waiting else list(sched.running)
-        for seq in stuck:
-            sched.abort(seq)
-        return stuck
+        end = self.core.finish_step(step, self.tokens)
+        self.num_held += len(end.pinned)
+        self.step_wall_s += time.perf_counter() - t0
+        return end.advanced
 
     def tier_costs(self):
         """What this instance advertises about its tiers (None without tiers)."""
         return self.tiers.recovery.costs() if self.tiers is not None else None
 
     def load(self) -> LoadRecord:
-        """What the engine's GET /load reports (engine/core/llm_engine.py), `ts` on the virtual clock."""
-        bm, sched = self.block_manager, self.scheduler
-        kv_free, kv_evictable = bm.kv_load()
-        return LoadRecord(instance=self.id, running=len(sched.running), waiting=len(sched.waiting) + len(self.remote),
-                          kv_used_blocks=bm.num_used, kv_total_blocks=bm.num_blocks,
-                          queued_prefill_tokens=sched.queued_prefill_tokens, ts=self.clock(), kv_free_blocks=kv_free,
-                          kv_evictable=kv_evictable)
+        """What the engine's GET /load reports (engine/core/engine_core.py), `ts` on the virtual clock."""
+        return self.core.load_record(ts=self.clock(), remote_waiting=len(self.remote))
 
     def prefill_backlog(self) -> tuple[int, int, int]:
         """(prompt tokens still to prefill after the step in flight, decoding sequences, their context tokens)."""

@@ -17,6 +17,7 @@ COLUMNS = (  # (header, summary key, scale, digits)
     ("goodput %", "goodput", 100, 1),
     ("decide us", "decision_us_mean", 1, 1),
     ("decide p99 us", "decision_us_p99", 1, 1),
+    ("step us", "engine_step_us_mean", 1, 1),
     ("candidates", "candidates_mean", 1, 1),
     ("index entries", "index_entries", 1, 0),
     ("wall s", "sim_wall_s", 1, 1),

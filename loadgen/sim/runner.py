@@ -149,6 +149,7 @@ class SimResult:
     disagg: dict | None = None  # Disagg.stats() when prefill_instances > 0 or a planner runs
     planner: dict | None = None  # SimPlanning.stats() when a planner runs
     tiers: dict | None = None  # tier_stats() when instances have a host pool or a store
+    step_wall_s: float = 0.0  # wall seconds in the instances' start_step + finish_step (the engine side)
 
     def summary(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
         out = summarize(self.records, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
@@ -158,6 +159,7 @@ class SimResult:
             decision_us_mean=float(us.mean()), decision_us_p50=float(np.percentile(us, 50)),
             decision_us_p99=float(np.percentile(us, 99)), decision_us_max=float(us.max()),
             candidates_mean=self.num_candidates / max(len(self.decision_s), 1),
+            engine_step_us_mean=self.step_wall_s * 1e6 / max(len(self.records), 1),  # per request
             index_entries=self.index_entries, index_entries_peak=max(self.index_peak, self.index_entries),
             sim_wall_s=self.wall_s, sim_virtual_s=self.virtual_s, steps=self.steps,
             preemptions=self.preemptions, kv_events=self.kv_events,
@@ -220,6 +222,7 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         disagg=router.disagg.stats() if router.disagg else None,
         planner=planning.stats() if planning else None,
         tiers=tier_stats(cluster),
+        step_wall_s=sum(i.step_wall_s for i in cluster.instances),
     )
 
 

@@ -8,7 +8,10 @@ for a real engine, with times from the sim runner's links (engine/runners/sim.py
 - a copy batch (evictions to the host, host hits and store bytes into the device,
   reads for the store) lengthens the step it precedes by its modelled time, as it
   does on this engine's runner thread;
-- a store lookup (before a request is queued) takes the store link's latency;
+- a store lookup (before a request is queued) takes the store link's latency,
+  and its answer is booked as the engine books it (`CacheTiers.looked_up`: hits
+  join `known`, a known block the store lacks -- written but not landed yet --
+  leaves it with a `removed` event of tier "remote");
   a fetch of n blocks its latency + n blocks / bandwidth, after which the loads
   are ready for the next copy batch; a write lands after its modelled time and
   is then announced with a `stored` event of tier "remote";
@@ -32,10 +35,10 @@ class SimStore:
 
 
 class SimTierIO:
-    def __init__(self, tiers: CacheTiers, runner, store: SimStore | None,
+    def __init__(self, tiers: CacheTiers, missing: Callable[[Sequence], list[int]], runner, store: SimStore | None,
                  call_at: Callable[[float, Callable[[], None]], None],
                  publish: Callable[[list[KVChange]], None], kick: Callable[[], None]) -> None:
-        self.tiers, self.runner, self.store = tiers, runner, store
+        self.tiers, self.missing, self.runner, self.store = tiers, missing, runner, store
         self.call_at, self.publish, self.kick = call_at, publish, kick
         self.bytes = {"d2h": 0, "h2d": 0, "store_write": 0, "store_read": 0}
         self.seconds = dict.fromkeys(self.bytes, 0.0)
@@ -44,10 +47,13 @@ class SimTierIO:
         """Ask the store for what the local tiers lack (sets `seq.store_hits`); the lookup's modelled time."""
         if self.store is None:
             return 0.0
-        missing = self.tiers.missing_hashes(seq)
+        missing = self.missing(seq)
         if not missing:
             return 0.0
-        seq.store_hits = frozenset(h for h in missing if h in self.store.blocks)
+        blocks = self.store.blocks
+        seq.store_hits, removed = self.tiers.looked_up(missing, [h in blocks for h in missing], misses_known=True)
+        if removed is not None:
+            self.publish([removed])
         return self.runner.store_link[1] * self.runner.time_scale
 
     def copies(self, now: float, plan: CopyPlan) -> float:

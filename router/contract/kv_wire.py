@@ -29,6 +29,7 @@ from typing import Annotated, Any, Union
 import msgspec
 
 SEQ_BYTES = 8
+SCHEMES = ("tcp://", "ipc://", "inproc://")  # ZeroMQ endpoints a publisher binds and a router connects to
 MAX_MESSAGE_BYTES = 16 << 20  # ZMQ_MAXMSGSIZE of the router's sockets: a larger frame is refused unread
 END_OF_REPLAY = b"\xff" * SEQ_BYTES  # seq -1: the replay socket's end marker
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping
 
-SCHEMES = ("tcp://", "ipc://", "inproc://")
+from router.contract.kv_wire import SCHEMES
+
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

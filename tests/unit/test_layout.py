@@ -164,7 +164,7 @@ def _crossings(prefix: str, allowed: tuple[str, ...], into: str = "router") -> l
 
 
 def test_the_graph_sees_the_project():
-    assert {"router.service.app", "engine.core.llm_engine", "loadgen.sim.runner", "kvroute_cli"} <= set(GRAPH)
+    assert {"router.service.app", "engine.service.llm_engine", "loadgen.sim.runner", "kvroute_cli"} <= set(GRAPH)
     assert "router.fleet.cluster" in GRAPH["router.service.app"]
 
 

@@ -21,7 +21,8 @@ from router.decision.policies import make_policy
 from router.decision.route import RouteDecision, RouteSettings
 from router.index.base import PrefixMatch
 
-TIMING_KEYS = {"sim_wall_s", "decision_us_mean", "decision_us_p50", "decision_us_p99", "decision_us_max"}
+TIMING_KEYS = {"sim_wall_s", "engine_step_us_mean", "decision_us_mean", "decision_us_p50", "decision_us_p99",
+               "decision_us_max"}
 
 
 def shared_prefix(n, groups=4, prefix=128, question=16, output=4, seed=0):

@@ -11,7 +11,8 @@ from loadgen.sim.pd_sweep import pd_sweep
 from loadgen.workload_base import RequestSpec
 from loadgen.workloads import make_workload
 
-TIMING_KEYS = {"sim_wall_s", "decision_us_mean", "decision_us_p50", "decision_us_p99", "decision_us_max"}
+TIMING_KEYS = {"sim_wall_s", "engine_step_us_mean", "decision_us_mean", "decision_us_p50", "decision_us_p99",
+               "decision_us_max"}
 
 
 def prefixed_specs(n, prefix=256, suffix=64, max_tokens=5, seed=0):

@@ -1,4 +1,10 @@
-"""The engine loop: step -> schedule -> run -> postprocess, plus request handles.
+"""The engine server's driver of `EngineCore` (engine/core/engine_core.py): an asyncio loop, plus request handles.
+
+Each turn of the loop is the core's step -- `begin_step` (schedule), the tier copies
+and the model step on the runner, `finish_step` (postprocess) -- with the I/O around
+it: tier copies and store calls (engine/kv/tier_service.py), remote prefills
+(engine/transfer/remote_prefill.py), outputs to request handles, metrics. The
+simulator drives the same core on its virtual clock (loadgen/sim/instance.py).
 
 Requests enter through `add_request`, which returns a handle whose queue receives
 one `Output` per generated token. Aborts (client gone, stop string hit) are applied
@@ -14,15 +20,17 @@ import time
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import EngineConfig
-from engine.core.kv_events import KVEventLog
-from engine.service.metrics import EngineMetrics
-from engine.core.scheduler import Scheduler, SchedulerConfig, Step
-from engine.transfer.kv_transfer import PinnedBlocks, TransferHandle
-from engine.transfer.remote_prefill import RemotePrefill
-from router.contract.kv_auth import KVAuth, secret_from
+from engine.core.engine_core import NO_FIT, CoreConfig, EngineCore
+from engine.core.kv_events import KVChange, KVEventLog
+from engine.core.scheduler import Step
 from engine.core.sequence import Sequence, SeqStatus
-from engine.kv.tier_setup import build_service, build_tiers
 from engine.core.work import ModelRunner, SamplingParams, TokenLogprobs
+from engine.kv.tier_service import TierWiring, build_service
+from engine.kv.tier_setup import build_tiers
+from engine.service.metrics import EngineMetrics
+from engine.transfer.kv_transfer import PinnedBlocks, TransferHandle
+from engine.transfer.remote_prefill import PullWiring, RemotePrefill
+from router.contract.kv_auth import KVAuth, secret_from
 from router.contract.errors import KVRouteError, Overloaded, Unavailable
 from router.contract.protocol import LoadRecord
 
@@ -61,11 +69,11 @@ class LLMEngine:
         self.metrics = metrics
         tiers = build_tiers(config, runner.info, runner.kv_bytes_per_block, runner.prefill_rate_hint)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, tiers)
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_batched_tokens, config.max_running, runner.info.max_model_len),
-            self.block_manager,
-            stop_token_ids,
-        )
+        self.core = EngineCore(CoreConfig(instance=config.instance, max_batched_tokens=config.max_batched_tokens,
+                                          max_running=config.max_running, max_waiting=config.max_waiting,
+                                          max_model_len=runner.info.max_model_len),
+                               self.block_manager, stop_token_ids)
+        self.scheduler = self.core.scheduler
         self.events = KVEventLog(config.instance, capacity=config.event_buffer)
         self.requests: dict[str, RequestHandle] = {}
         self._aborts: dict[str, str] = {}  # request id -> finish reason
@@ -73,11 +81,17 @@ class LLMEngine:
         self._task: asyncio.Task | None = None
         self.pinned = PinnedBlocks(config.kv_pin_ttl_s)
         self.auth = KVAuth(secret_from(config.kv_secret), config.kv_peers, config.instance)
-        self.remote: RemotePrefill | None = None  # set by start_remote (decode-capable roles)
+        self.remote = RemotePrefill(PullWiring(  # any role may become decode-capable at run time
+            block_manager=self.block_manager, runner=runner, metrics=metrics,
+            admit_timeout_s=config.kv_admit_timeout_s, resume=self.resume, fail=self.fail_request,
+            fail_overloaded=self.fail_overloaded))
         self.last_progress = time.monotonic()  # a step ended, or the loop went idle
         self.role = config.role  # changes at run time (POST /admin/role); running requests keep theirs
         self.draining = False  # set by a drain: no new requests
-        self.kv = build_service(self)  # host pool / shared store I/O (engine/kv/tier_service.py); None without tiers
+        # host pool / shared store I/O (engine/kv/tier_service.py); None without tiers
+        self.kv = None if tiers is None else build_service(config, runner.info, TierWiring(
+            tiers=tiers, device=self.block_manager, runner=runner, store_url=config.kv_store,
+            max_fresh=self.core.max_fresh, wake=self.wake, publish=self._publish_remote), metrics.registry)
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -85,8 +99,7 @@ class LLMEngine:
         self.events.append("cleared", [])
         if self.kv is not None:
             await self.kv.start()
-        self.remote = RemotePrefill(self, local_info)  # any role may become decode-capable at run time
-        await self.remote.start()
+        await self.remote.start(local_info)
         self._task = asyncio.create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:
@@ -96,8 +109,7 @@ class LLMEngine:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        if self.remote:
-            await self.remote.stop()
+        await self.remote.stop()
         if self.kv is not None:
             await self.kv.stop()
         for handle in self.requests.values():
@@ -139,7 +151,7 @@ class LLMEngine:
 
     def _new_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
                      hash_seed: int) -> RequestHandle:
-        if len(self.scheduler.waiting) >= self.config.max_waiting:
+        if self.core.queue_full:
             self.metrics.rejected.labels("queue_full").inc()
             raise Overloaded(f"engine queue is full ({self.config.max_waiting} waiting requests)", retry_after=1)
         seq = Sequence(request_id, prompt_ids, sampling, hash_seed, arrival=time.monotonic())
@@ -190,21 +202,10 @@ class LLMEngine:
         return max(0.0, time.monotonic() - self.last_progress)
 
     def load(self) -> LoadRecord:
-        kv_free, kv_evictable = self.block_manager.kv_load()
-        return LoadRecord(
-            instance=self.config.instance,
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            kv_used_blocks=self.block_manager.num_used,
-            kv_total_blocks=self.block_manager.num_blocks,
-            queued_prefill_tokens=self.scheduler.queued_prefill_tokens,
-            ts=time.time(),
-            state="draining" if self.draining else "ready",
-            role=self.role,
-            kv_free_blocks=kv_free,
-            kv_evictable=kv_evictable,
-            kv_tiers=self.kv.kv_tiers() if self.kv is not None else {},
-        )
+        """GET /load: the core's record; `waiting` includes remote prefills waiting for blocks."""
+        return self.core.load_record(ts=time.time(), remote_waiting=len(self.remote.waiting),
+                                     state="draining" if self.draining else "ready", role=self.role,
+                                     kv_tiers=self.kv.kv_tiers() if self.kv is not None else {})
 
     # -- the loop -----------------------------------------------------------------
 
@@ -217,7 +218,7 @@ class LLMEngine:
                 if self.kv is not None:
                     await self.kv.run_copies()  # what the last step left planned (reads for the store)
                 self._wakeup.clear()
-                if self.pinned.pinned or (self.remote and self.remote.waiting):
+                if self.pinned.pinned or self.remote.waiting:
                     try:  # pins expire and waiting pulls time out even when nothing runs
                         await asyncio.wait_for(self._wakeup.wait(), 0.5)
                     except asyncio.TimeoutError:
@@ -225,16 +226,16 @@ class LLMEngine:
                 else:
                     await self._wakeup.wait()
                 continue
-            step = self.scheduler.schedule()
+            start = self.core.begin_step()
+            step = start.step
             self._mark_scheduled(step)
             if self.kv is not None:
                 await self.kv.run_copies()  # tier copies planned while scheduling, before the step
             self._publish_events()
-            if self.scheduler.dropped:
-                self._deliver(Step(self.scheduler.dropped, [0] * len(self.scheduler.dropped)), [None] * len(self.scheduler.dropped))
-                self.scheduler.dropped = []
+            if start.dropped:
+                self._deliver(Step(start.dropped, [0] * len(start.dropped)), [None] * len(start.dropped))
             if not step.seqs:
-                self._fail_unschedulable()
+                self._fail(Step(self.core.unschedulable(), []), NO_FIT)
                 if self.block_manager.has_pending_loads:  # waiting for store bytes: sleep until they come
                     self._wakeup.clear()
                     try:
@@ -256,11 +257,12 @@ class LLMEngine:
             self.metrics.observe_step(time.perf_counter() - t0, sum(step.num_tokens))
             if self.kv is not None:
                 self.kv.observe_step(sum(n for n in step.num_tokens if n > 1), time.perf_counter() - t0)
-            self.scheduler.postprocess(step, tokens)
+            for seq in self.core.finish_step(step, tokens).pinned:
+                self.pinned.pin(seq)
             self._housekeeping()
             self._publish_events()
             self._deliver(step, tokens)
-            self.metrics.observe_state(self)
+            self.metrics.observe_state(self.core)
 
     def _deliver(self, step: Step, tokens: list[int | None]) -> None:
         now = time.monotonic()
@@ -284,17 +286,13 @@ class LLMEngine:
                 self._retire(seq)
 
     def _housekeeping(self) -> None:
-        """Pin finished prefills, free expired pins, admit remote-prefilled requests."""
-        for seq in self.scheduler.pinned_out:
-            self.pinned.pin(seq)
-        self.scheduler.pinned_out.clear()
+        """Free expired pins, admit remote-prefilled requests."""
         for seq in self.pinned.pop_expired():
             self.block_manager.free(seq)
             self.metrics.kv_pins_expired.inc()
             log.warning("pinned KV of %s expired unpulled; blocks freed", seq.request_id)
         self.metrics.kv_pinned.set(len(self.pinned.pinned))
-        if self.remote:
-            self.remote.admit()
+        self.remote.admit()
 
     def _apply_aborts(self) -> None:
         deferred = {}
@@ -321,17 +319,14 @@ class LLMEngine:
                 seq.scheduled_time = now
 
     def _publish_events(self) -> None:
-        for ev in self.block_manager.drain_events():
+        for ev in self.core.drain_events():
             self.events.append(ev.kind, ev.blocks, ev.parent, ev.tier)
             self.metrics.kv_events.labels(ev.kind).inc()
+
+    def _publish_remote(self, ev: KVChange) -> None:
+        self.events.append(ev.kind, ev.blocks, ev.parent, tier=ev.tier, store=ev.store)
+        self.metrics.kv_events.labels(ev.kind).inc()
 
     def _fail(self, step: Step, message: str) -> None:
         for seq in step.seqs:
             self.fail_request(seq, message)
-
-    def _fail_unschedulable(self) -> None:
-        """Nothing runs and the head of the queue cannot get blocks: it can never fit."""
-        if self.scheduler.running or not self.scheduler.waiting:
-            return
-        seq = self.scheduler.waiting[0]
-        self._fail(Step([seq], [0]), "prompt does not fit in the KV block pool")
