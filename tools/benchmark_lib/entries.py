@@ -77,6 +77,16 @@ ENTRIES = (
                 "restarted. The run fails if any invariant breaks.",
           args=(*CLI, "chaos", "--quick", "--out", "{out}"), out="chaos-quick", result="results.json",
           render=render.chaos),
+    Entry(name="chaos-trust", title="Chaos: every channel a trust boundary",
+          about="The trust scenarios on the full chaos fleet (3 sim engines, 2 routers, Redis) under steady load: "
+                "a router's ZeroMQ feed poisoned (deep nesting, a frame over 16 MiB, garbage) and flooded with "
+                "1,000,000 stored blocks for a 4,096-block engine; 300 slow-header and 300 silent connections; "
+                "introspection on a router with only --api-key; an unsigned registry record for a fake engine; "
+                "non-streamed requests while an engine is SIGSTOPped; a transfer handle replayed with another "
+                "prompt tail. Scenario rows and their details below.",
+          args=(*CLI, "chaos", "--scenarios", "kv-feed-poison,kv-feed-flood,slow-clients,introspection-auth,"
+                "rogue-registry,engine-hang-whole,handle-replay", "--out", "{out}"), out="chaos-trust",
+          result="results.json", render=render.chaos),
     Entry(name="kvevents", title="KV events over ZeroMQ: decode, throughput, lag",
           about="Decoding a vLLM-format batch with its validation (us per batch, best of 5 x 2,000); subscriber "
                 "throughput into the memory index (router blocks/s, consumer pinned to one core); lag from a "

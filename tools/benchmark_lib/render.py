@@ -76,9 +76,10 @@ def sim(out: Mapping[str, Any]) -> str:
         rows.append([name, _ms(r.get("ttft_p50_s")), _ms(r.get("ttft_p90_s")), _ms(r.get("ttft_p99_s")),
                      _pct(r.get("cached_token_ratio")), num(o.get("cached_token_ratio"), digits=3),
                      num(o.get("ttft_p90"), digits=2), num(r.get("decision_us_p50"), digits=0),
-                     num(r.get("decision_us_p99"), digits=0), num(r.get("sim_wall_s"), digits=1)])
+                     num(r.get("decision_us_p99"), digits=0), num(r.get("engine_step_us_mean"), digits=0),
+                     num(r.get("sim_wall_s"), digits=1)])
     head = ["policy", "TTFT p50", "TTFT p90", "TTFT p99", "cached", "cached / oracle", "p90 / oracle",
-            "decision us p50", "decision us p99", "sim wall s"]
+            "decision us p50", "decision us p99", "engine step us / request", "sim wall s"]
     return table(head, rows)
 
 
@@ -139,4 +140,16 @@ def chaos(out: Mapping[str, Any]) -> str:
             "eject s", "resync s", "p50 / p99 ms"]
     violations = out.get("violations") or []
     held = "Every invariant held." if out.get("invariants_ok") else f"{len(violations)} invariant(s) broken."
-    return table(head, rows) + f"\n\n{held} Run time {num(out.get('seconds'))} s."
+    details = [f"- {r['scenario']}, {r['traffic']}: " + ", ".join(f"{k} {_brief(v)}" for k, v in r["detail"].items())
+               for r in out.get("rows", []) if r.get("detail") and r.get("traffic") != "background load"]
+    extra = "\n\n" + "\n".join(details) if details else ""
+    return table(head, rows) + f"\n\n{held} Run time {num(out.get('seconds'))} s." + extra
+
+
+def _brief(value: Any) -> str:
+    """A detail value in a line: numbers as they are, mappings of numbers inline, the rest left out."""
+    if isinstance(value, (int, float)) or value is None:
+        return str(value)
+    if isinstance(value, dict) and all(isinstance(v, (int, float)) for v in value.values()):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return "(see results.json)"
