@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 RCVHWM = 100_000  # messages queued in the SUB socket (vLLM's PUB high-water mark)
 POLL_MS = 100  # how often an idle subscriber looks at `forget()` requests
 LOG_EVERY_S = 10.0  # one warning per source per this many seconds; the counters count every one
-DROPPED_S = 1.0  # a connection dropped with no reconnect under way for this long is lost (see FeedLost)
+DROPPED_S = 0.5  # a connection dropped with no reconnect under way for this long is lost (see FeedLost)
 _MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 

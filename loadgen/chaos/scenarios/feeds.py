@@ -122,7 +122,7 @@ class FeedPoison:
         try:
             for what, poison in poisons.items():
                 poison()
-                limit = POISON_APPLY_S if what != "oversized frame" else ctx.config.wait_s  # a reconnect
+                limit = POISON_APPLY_S
                 took = await _applied_within(ctx, proc, engine, pub, limit)
                 out.require(took is not None, "feed-survives", self.name,
                             f"no valid event applied within {limit:g}s after {what}")
