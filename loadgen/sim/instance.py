@@ -166,7 +166,7 @@ class SimInstance:
 
     def load(self) -> LoadRecord:
         """What the engine's GET /load reports (engine/core/engine_core.py), `ts` on the virtual clock."""
-        return self.core.load_record(ts=self.clock(), remote_waiting=len(self.remote))
+        return self.core.load_record(ts=self.clock(), remote_waiting=len(self.remote), role=self.role)
 
     def prefill_backlog(self) -> tuple[int, int, int]:
         """(prompt tokens still to prefill after the step in flight, decoding sequences, their context tokens)."""
