@@ -68,6 +68,16 @@ def run_entry(entry: Entry, work: pathlib.Path) -> dict:
     return {"ok": True, "seconds": seconds, "data": data, "returncode": proc.returncode}
 
 
+def reused(entry: Entry, work: pathlib.Path, meta: dict) -> dict:
+    """An entry's outcome from its files of an earlier run (`--reuse`)."""
+    out = work / entry.out
+    path = out / entry.result if entry.result else out
+    try:
+        return {**meta, "data": json.loads(path.read_text())} if meta.get("ok") else dict(meta)
+    except (OSError, ValueError) as e:
+        return {"ok": False, "seconds": 0.0, "error": f"--reuse: no JSON at {path} ({e})"}
+
+
 def section(entry: Entry, outcome: dict | None) -> str:
     parts = [f"## {entry.title}", entry.about, f"```bash\n{shown(entry)}\n```"]
     if outcome is None:
@@ -106,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="leave out the full-only entries")
     p.add_argument("--only", help="comma-separated entry names (see --list)")
     p.add_argument("--work", help="where the commands write their files (default: a temporary directory)")
+    p.add_argument("--reuse", default="", help="comma-separated entries not to run again: their files from an "
+                   "earlier run in the same --work are rendered (with that run's wall time)")
     p.add_argument("--out", default="docs/benchmarks.md")
     p.add_argument("--list", action="store_true", help="list the entries and their commands")
     args = p.parse_args(argv)
@@ -118,10 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     work = pathlib.Path(args.work or tempfile.mkdtemp(prefix="kvroute-benchmarks-"))
     work.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, dict | None] = {e.name: None for e in ENTRIES}
+    reuse = {n.strip() for n in args.reuse.split(",") if n.strip()}
+    ran = work / "outcomes.json"  # each entry's wall time and exit code, for --reuse
+    earlier = json.loads(ran.read_text()) if ran.exists() else {}
     for i, entry in enumerate(run, 1):
+        if entry.name in reuse and entry.name in earlier:
+            outcomes[entry.name] = reused(entry, work, earlier[entry.name])
+            print(f"[{i}/{len(run)}] {entry.name}: reused from {work}", file=sys.stderr, flush=True)
+            continue
         print(f"[{i}/{len(run)}] {entry.name}: {shown(entry)}", file=sys.stderr, flush=True)
         outcomes[entry.name] = run_entry(entry, work)
         o = outcomes[entry.name]
+        earlier[entry.name] = {k: o.get(k) for k in ("ok", "seconds", "returncode", "error")}
+        ran.write_text(json.dumps(earlier, indent=1))
         print(f"[{i}/{len(run)}] {entry.name}: {'done' if o['ok'] else 'FAILED'} in {o['seconds']:.1f} s",
               file=sys.stderr, flush=True)
     pathlib.Path(args.out).write_text(page(outcomes, argv, machine))

@@ -84,8 +84,8 @@ ENTRIES = (
                 "introspection on a router with only --api-key; an unsigned registry record for a fake engine; "
                 "non-streamed requests while an engine is SIGSTOPped; a transfer handle replayed with another "
                 "prompt tail. Scenario rows and their details below.",
-          args=(*CLI, "chaos", "--scenarios", "kv-feed-poison,kv-feed-flood,slow-clients,introspection-auth,"
-                "rogue-registry,engine-hang-whole,handle-replay", "--out", "{out}"), out="chaos-trust",
+          args=(*CLI, "chaos", "--scenarios", "kv-feed-poison,slow-clients,introspection-auth,rogue-registry,"
+                "engine-hang-whole,handle-replay,kv-feed-flood", "--out", "{out}"), out="chaos-trust",
           result="results.json", render=render.chaos),
     Entry(name="kvevents", title="KV events over ZeroMQ: decode, throughput, lag",
           about="Decoding a vLLM-format batch with its validation (us per batch, best of 5 x 2,000); subscriber "
