@@ -122,7 +122,7 @@ class Subscriber:
         sock.connect(self.endpoint)
         log.info("subscribed to KV events at %s (replay %s)", self.endpoint, self.replay_endpoint or "none")
         self._catch_up = True
-        dropped_at = None
+        dropped_at, next_check = None, 0.0
         try:
             while True:
                 if self._catch_up:
@@ -130,7 +130,8 @@ class Subscriber:
                     await self._replay_history()
                 self.stats.state = "live"
                 self.stats.heartbeat = now = time.monotonic()
-                dropped_at = await self._connection_events(monitor, dropped_at, now)
+                if now >= next_check:  # the connection's events every POLL_MS, not per message
+                    dropped_at, next_check = await self._connection_events(monitor, dropped_at, now), now + POLL_MS / 1e3
                 if await sock.poll(POLL_MS):
                     await self.handle(await sock.recv_multipart())
         finally:
