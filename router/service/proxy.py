@@ -246,21 +246,33 @@ class Proxy:
         """Await a non-streamed answer, which comes whole at the end: while the engine's load reports
         keep arriving it is working and only --request-timeout-s bounds the wait; an engine silent
         for --first-byte-timeout-s (hung, stopped) raises EngineStalled, so the request is retried
-        before anything reached the client, as a stream without its first byte would be."""
-        task = asyncio.ensure_future(work)
+        before anything reached the client, as a stream without its first byte would be. A timer
+        watches the load reports; no task is made per request."""
+        loop = asyncio.get_running_loop()
         patience = self.config.first_byte_timeout_s
+        silent_for: list[float] = []
+        handle = None
+
+        def watch() -> None:
+            nonlocal handle
+            silent = time.monotonic() - inst.load_seen
+            if silent >= patience:
+                silent_for.append(silent)
+                stall.reschedule(loop.time())  # ends `work` with the TimeoutError caught below
+            else:
+                handle = loop.call_later(patience - silent, watch)
+
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=patience)
-                if done:
-                    return task.result()
-                silent = time.monotonic() - inst.load_seen
-                if silent >= patience:
-                    raise EngineStalled(f"no answer and no load report for {silent:.1f}s")
+            async with asyncio.timeout(None) as stall:
+                handle = loop.call_later(patience, watch)
+                return await work
+        except TimeoutError:
+            if silent_for and stall.expired():
+                raise EngineStalled(f"no answer and no load report for {silent_for[0]:.1f}s") from None
+            raise
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            if handle is not None:
+                handle.cancel()
 
     async def _server_error(self, inst, upstream) -> KVRouteError:
         text = (await upstream.content.read(2048)).decode(errors="replace")
