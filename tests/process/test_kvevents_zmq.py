@@ -10,6 +10,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from loadgen.chaos.scenarios.feeds import deep_nesting_payload
 from router.index.memory import MemoryIndex
 from router.fleet.instance import EngineInfo, Instance
 from router.kvevents.follower import ZmqFollower
@@ -227,20 +228,11 @@ async def test_cleared_while_down_rebuilds_by_replay_and_readmission_keeps_the_i
         assert f.pub.replay_requests == [0, 0] and "cleared while it was down" in f.feed.rebuilds[0]["reason"]
 
 
-def _deep_payload(depth=100_000):
-    """A batch whose one BlockStored event has `extra_keys` nested `depth` arrays deep (~100 KB)."""
-    import msgpack
-
-    head = msgpack.packb([1.0, [["BlockStored", [1], None, list(range(16)), 16, None, "GPU", None, 0]], 0])
-    i = head.rfind(b"\x00\x00")  # the event's extra_keys (0), then the batch's dp rank (0)
-    return head[:i] + b"\x91" * depth + b"\x90" + head[i + 1:]
-
-
 async def test_a_deeply_nested_event_is_one_bad_message_and_the_feed_goes_on():
     """A 100,000-deep extra_keys used to raise RecursionError, kill the subscriber task silently and
     freeze the index; now it is counted and skipped, and the next valid batch is applied."""
     async with Feed(VllmPublisher()) as f:
-        f.pub.publish([], raw_payload=_deep_payload())
+        f.pub.publish([], raw_payload=deep_nesting_payload())
         await f.until(lambda: f.stats.malformed_payloads == 1)
         assert f.metric("kvroute_router_zmq_malformed_payloads_total") == 1
         _, ev = chain(TOKENS[:32])

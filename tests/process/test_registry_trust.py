@@ -47,7 +47,6 @@ async def test_a_rogue_registry_record_gets_no_request(start_engine, start_route
             async with http.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 2}) as r:
                 assert r.status == 200 and r.headers["x-kvroute-instance"] == "honest"
         assert [i.url for i in cluster.instances] == [good_url]
-        assert rogue.app is not None and not any(i.url == rogue_url for i in cluster.instances)
         metric = router.app[METRICS].registry.get_sample_value
         assert metric("kvroute_router_registry_refused_total", {"reason": "unsigned"}) >= 1
         assert metric("kvroute_router_registry_refused_total", {"reason": "bad_signature"}) >= 1

@@ -22,10 +22,11 @@ import aiohttp
 from loadgen.chaos.fleet import get_json, instances, metric
 from loadgen.chaos.rows import Row
 from loadgen.chaos.scenario_base import Context, Outcome
+from router.contract.connections import ConnectionLimits
 from router.contract.kv_auth import make_grant
 from router.contract.registry_record import IDS, EngineRecord, engine_key
 
-HEADER_TIMEOUT_S = 10.0  # the router's default --header-timeout-s
+HEADER_TIMEOUT_S = ConnectionLimits().header_timeout_s  # the fleet's routers run with the default
 HANG_FIRST_BYTE_S = 2.0  # --first-byte-timeout-s of engine-hang-whole's own router
 
 

@@ -60,7 +60,9 @@ class _Publisher:
         self.ctx.term()
 
 
-def _deep(depth: int = 100_000) -> bytes:
+def deep_nesting_payload(depth: int = 100_000) -> bytes:
+    """A batch whose one BlockStored event has `extra_keys` nested `depth` arrays deep (~100 KB): a
+    decoder that recurses raises RecursionError on it."""
     head = b"\x93\xcb" + b"\x00" * 8 + b"\x91"  # [ts=0.0, [event], ...] as msgpack, then the event
     event = b"\x99\xabBlockStored\x91\x01\xc0\x90\x10\xc0\xa3GPU\xc0"  # 8 of its 9 fields
     return head + event + b"\x91" * depth + b"\x90" + b"\x00"  # extra_keys nested `depth` deep, dp rank 0
@@ -126,7 +128,7 @@ class FeedPoison:
     async def run(self, ctx: Context) -> Outcome:
         out, pub = Outcome(), _Publisher()
         proc, engine = await _feed_router(ctx, "router-zmq-poison", pub)
-        poisons = {"deep nesting": lambda: pub.send(_deep()),
+        poisons = {"deep nesting": lambda: pub.send(deep_nesting_payload()),
                    "oversized frame": lambda: pub.send(b"\x00" * (MAX_MESSAGE_BYTES + 1)),
                    "garbage payload": lambda: pub.send(b"\xc1\xff not msgpack"),
                    "two frames": lambda: pub.send(b"", frames=[b"kv", b"\x00" * 8])}
