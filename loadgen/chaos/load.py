@@ -56,7 +56,8 @@ class Tally:
             self.examples.append(f"{outcome} ({status}): {why[:200]}")
 
     def to_row(self) -> Row:
-        return Row(self.scenario, self.traffic, self.sent, self.ok, self.lost, self.broken, dict(self.statuses),
+        return Row(scenario=self.scenario, traffic=self.traffic, sent=self.sent, ok=self.ok, lost=self.lost,
+                   broken=self.broken, statuses=dict(self.statuses),
                    five_xx=sum(v for k, v in self.statuses.items() if k[:1] == "5"), failovers=self.failovers,
                    p50_ms=self.ttft_ms(0.5), p99_ms=self.ttft_ms(0.99),
                    detail={"examples": self.examples, "peak_streaming": self.peak_streaming,

@@ -7,7 +7,7 @@ import dataclasses
 from loadgen.chaos.rss import MB, Memory
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Row:
     scenario: str
     traffic: str  # "background load", "fuzz -> router0", "1000 streams -> router0", ...

@@ -38,7 +38,7 @@ from router.decision.base import RouteRequest
 from router.index.base import PrefixMatch
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DisaggConfig:
     num_prefill: int  # instances 0..num_prefill-1 start prefill-role, the rest decode-role (0: all "both")
     min_uncached: int  # fewer predicted uncached prompt tokens: run whole on a decode instance

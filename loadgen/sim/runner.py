@@ -200,7 +200,8 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
     for s in specs:
         if s.after is not None:
             followers[s.after].append(s)
-    disagg = DisaggConfig(config.prefill_instances, config.pd_min_uncached, config.seed) \
+    disagg = DisaggConfig(num_prefill=config.prefill_instances, min_uncached=config.pd_min_uncached,
+                          seed=config.seed) \
         if config.prefill_instances or planner is not None else None
     router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
                        window=planner is not None)

@@ -201,7 +201,7 @@ def run_twins(policy_name: str, fast_k: int = 0, prefill: int = 0, perturb=None,
                           question_tokens=24, output_tokens=4).requests()
     cluster = SimCluster(sim_config.instances, sim_config.engine_config(), sim_config.event_delay_s,
                          sim_config.poll_interval_s)
-    disagg = DisaggConfig(prefill, 64, seed) if prefill else None
+    disagg = DisaggConfig(num_prefill=prefill, min_uncached=64, seed=seed) if prefill else None
     if disagg is not None:  # the roles the real side's engines advertise
         for inst in cluster.instances:
             inst.role = "prefill" if inst.index < prefill else "decode"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from loadgen.chaos.config import ChaosConfig
-from loadgen.chaos.scenarios.boundaries import EngineHangWhole, HandleReplay, IntrospectionAuth, RogueRegistry, SlowClients
+from loadgen.chaos.scenarios.boundaries import (EngineHangWhole, HandleReplay, IntrospectionAuth, RogueRegistry,
+                                                SlowClients)
 from loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
 from loadgen.chaos.scenarios.feeds import FeedFlood, FeedPoison
 from loadgen.chaos.scenarios.fuzzing import Fuzz

@@ -77,7 +77,8 @@ class SlowClients:
         out.require(len(done) == len(conns), "slow-clients-closed", self.name,
                     f"{len(conns) - len(done)} of {len(conns)} connections open past the header timeout + 1 s")
         out.eject_s = round(max(done), 2) if done else None
-        out.rows.append(Row(self.name, "300 slow + 300 silent -> router0", len(conns), len(done),
+        out.rows.append(Row(scenario=self.name, traffic="300 slow + 300 silent -> router0",
+                            sent=len(conns), ok=len(done),
                             eject_s=out.eject_s, detail={"header_timeout_s": HEADER_TIMEOUT_S}))
         return out
 
@@ -104,7 +105,7 @@ class IntrospectionAuth:
                                     f"{method} {path} {'with' if headers else 'without'} the key: {r.status}")
         finally:
             proc.terminate(grace_s=5.0)
-        out.rows.append(Row(self.name, "introspection -> router-apikey", checks, ok))
+        out.rows.append(Row(scenario=self.name, traffic="introspection -> router-apikey", sent=checks, ok=ok))
         return out
 
 
@@ -142,7 +143,8 @@ class RogueRegistry:
             for proc in (router, rogue, honest):
                 proc.terminate(grace_s=5.0)
         out.require(not served.get("e-rogue"), "rogue-gets-nothing", self.name, f"served by {served}")
-        out.rows.append(Row(self.name, "30 requests -> router-registry", 30, served.get("e-registered", 0),
+        out.rows.append(Row(scenario=self.name, traffic="30 requests -> router-registry",
+                            sent=30, ok=served.get("e-registered", 0),
                             statuses={k: v for k, v in served.items()}, detail={"refused_records": refused}))
         return out
 
@@ -155,8 +157,9 @@ class EngineHangWhole:
         out, victim = Outcome(), ctx.fleet.engines[0]
         rng = random.Random(ctx.config.seed)
         engines = [a for e in ctx.fleet.engines for a in ("--engine", e.url)]
-        router = ctx.fleet.spawn("router-hang", ["router", *engines, "--policy", "round_robin", "--first-byte-timeout-s",
-                                                 str(HANG_FIRST_BYTE_S), "--log-level", "WARNING"])
+        router = ctx.fleet.spawn("router-hang", ["router", *engines, "--policy", "round_robin",
+                                                 "--first-byte-timeout-s", str(HANG_FIRST_BYTE_S),
+                                                 "--log-level", "WARNING"])
         await _up(ctx, router, routable=len(ctx.fleet.engines))
         victim.freeze()
         t0 = time.monotonic()
@@ -180,7 +183,8 @@ class EngineHangWhole:
         out.require(len(ok) == len(results), "whole-answers-bounded", self.name,
                     f"{len(results) - len(ok)} of {len(results)} not answered 200 within {bound:g}s")
         ms = sorted(1000 * t for _, t in results)
-        out.rows.append(Row(self.name, "12 non-streamed -> router-hang, e0 stopped", len(results), len(ok),
+        out.rows.append(Row(scenario=self.name, traffic="12 non-streamed -> router-hang, e0 stopped",
+                            sent=len(results), ok=len(ok),
                             statuses={str(s): sum(1 for x, _ in results if x == s) for s, _ in results},
                             p50_ms=ms[len(ms) // 2], p99_ms=ms[-1], detail={"held_s": round(time.monotonic() - t0, 2)}))
         return out
@@ -214,6 +218,7 @@ class HandleReplay:
             decode.terminate(grace_s=5.0)
         out.require(status == 200 and mismatches >= 1 and pulled == 0, "handle-bound", self.name,
                     f"status {status}, handle mismatches {mismatches}, blocks pulled {pulled}")
-        out.rows.append(Row(self.name, "replayed handle -> e-decode", 1, int(status == 200 and not pulled),
+        out.rows.append(Row(scenario=self.name, traffic="replayed handle -> e-decode",
+                            sent=1, ok=int(status == 200 and not pulled),
                             detail={"handle_mismatches": mismatches, "blocks_pulled": pulled}))
         return out

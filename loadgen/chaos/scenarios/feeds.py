@@ -150,7 +150,8 @@ class FeedPoison:
             proc.terminate(grace_s=5.0)
             pub.close()
         ms = sorted(1000 * t for t in latencies) or [0.0]
-        out.rows.append(Row(self.name, "poison -> router-zmq", len(poisons), len(latencies), p50_ms=ms[len(ms) // 2],
+        out.rows.append(Row(scenario=self.name, traffic="poison -> router-zmq",
+                            sent=len(poisons), ok=len(latencies), p50_ms=ms[len(ms) // 2],
                             p99_ms=ms[-1], detail={"apply_s": apply_s, "restarts": feed.get("restarts"),
                                                    "sources": feed.get("sources")}))
         return out
@@ -187,6 +188,7 @@ class FeedFlood:
                     f"no valid event applied within {POISON_APPLY_S:g}s after the flood")
         out.require(0 <= indexed <= cap, "index-bounded", self.name, f"{indexed} blocks indexed, cap {cap}")
         out.require(growth < FLOOD_RSS_MB, "flood-memory", self.name, f"router RSS grew {growth:.0f} MB")
-        out.rows.append(Row(self.name, f"{total:,} stored blocks -> router-zmq", total, max(indexed, 0),
+        out.rows.append(Row(scenario=self.name, traffic=f"{total:,} stored blocks -> router-zmq",
+                            sent=total, ok=max(indexed, 0),
                             detail={"blocks_indexed": indexed, "cap": cap, "rss_growth_mb": round(growth, 1)}))
         return out

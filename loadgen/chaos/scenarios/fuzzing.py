@@ -28,7 +28,8 @@ def catalog(limits: Limits, canary: str, target: str) -> list[fc.FuzzCase]:
 def fuzz_row(report: FuzzReport, scenario: str, traffic: str) -> Row:
     times = sorted(report.elapsed)
     pick = lambda q: round(1000 * times[min(len(times) - 1, int(q * len(times)))], 1) if times else None  # noqa: E731
-    return Row(scenario, traffic, report.sent, report.as_expected, statuses=dict(report.statuses),
+    return Row(scenario=scenario, traffic=traffic,
+               sent=report.sent, ok=report.as_expected, statuses=dict(report.statuses),
                five_xx=report.five_xx, p50_ms=pick(0.5), p99_ms=pick(0.99),
                detail={"by_category": {k: dict(v) for k, v in report.by_category.items()},
                        "failures": report.failures, "slowest": [report.slowest_s, report.slowest_case],
