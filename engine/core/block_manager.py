@@ -88,6 +88,11 @@ class BlockManager:
     def cached_hashes(self) -> list[int]:
         return list(self.hash_to_block)
 
+    def cached_block(self, block_hash: int) -> Block | None:
+        """The block findable by `block_hash` (its tokens and parent), or None."""
+        block_id = self.hash_to_block.get(block_hash)
+        return None if block_id is None else self.blocks[block_id]
+
     def kv_load(self) -> tuple[int, tuple[tuple[int, float], ...]]:
         """(free blocks holding nothing, (blocks, idle seconds) of the evictable ones, next evicted first)."""
         return len(self.free_plain), self.idle.profile(self.clock())

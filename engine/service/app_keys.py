@@ -6,6 +6,7 @@ from aiohttp import web
 
 from engine.core.config import EngineConfig
 from engine.service.drain import Drain
+from engine.service.event_publisher import RedisEventPublisher
 from engine.service.llm_engine import LLMEngine
 from engine.service.metrics import EngineMetrics
 from engine.service.registration import Registration
@@ -21,3 +22,4 @@ SERVICE = web.AppKey("service", CompletionService)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 METRICS = web.AppKey("metrics", EngineMetrics)
 ZMQ_PUBLISHER = web.AppKey("zmq_publisher", ZmqEventPublisher)
+REDIS_PUBLISHER = web.AppKey("redis_publisher", RedisEventPublisher)

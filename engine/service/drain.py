@@ -14,20 +14,38 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping, Protocol
 
 log = logging.getLogger(__name__)
 
 FLUSH_S = 0.3  # long-polling routers pick up the last events in this time
 
 
+class Drainable(Protocol):
+    """The engine as a drain sees it: a flag it sets, the requests it waits for, a way to end one."""
+
+    draining: bool
+    requests: Mapping
+
+    def fail_request(self, seq, reason: str) -> None: ...
+
+
+async def _nothing() -> None:
+    return None
+
+
 class Drain:
-    def __init__(self, engine, timeout_s: float, shutdown: asyncio.Event) -> None:
+    """`deregister` (leave the fleet registry) and `flush` (the KV event publisher's) are the server's
+    steps 1 and 4; each does nothing where the engine has no registry or no publisher."""
+
+    def __init__(self, engine: Drainable, timeout_s: float, shutdown: asyncio.Event, *,
+                 deregister: Callable[[], Awaitable[None]] = _nothing,
+                 flush: Callable[[], Awaitable[None]] = _nothing) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
         self.shutdown = shutdown
-        self.deregister: Callable[[], Awaitable[None]] | None = None  # set by the server when registered
-        self.flush: Callable[[], Awaitable[None]] | None = None  # the Redis event publisher's, if any
+        self.deregister = deregister
+        self.flush = flush
         self.task: asyncio.Task | None = None
         self.started_at: float | None = None
         self.leftover = 0
@@ -46,8 +64,7 @@ class Drain:
         self.task = asyncio.create_task(self._run(), name="drain")
 
     async def _run(self) -> None:
-        if self.deregister is not None:  # first: routers stop sending
-            await self.deregister()
+        await self.deregister()  # first: routers stop sending
         deadline = time.monotonic() + self.timeout_s
         while self.engine.requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -56,8 +73,7 @@ class Drain:
             log.warning("drain timeout: ending %d requests still running", self.leftover)
             for handle in list(self.engine.requests.values()):
                 self.engine.fail_request(handle.seq, "engine shut down before the request finished")
-        if self.flush is not None:
-            await self.flush()
+        await self.flush()
         await asyncio.sleep(FLUSH_S)
         log.warning("drained in %.1fs; stopping", time.monotonic() - self.started_at)
         self.shutdown.set()

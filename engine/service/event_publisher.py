@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from router.contract.cancellation import raise_if_cancelled
-from router.contract.protocol import REDIS_EVENT_STREAM, KVEvent
-
-if TYPE_CHECKING:
-    from engine.service.llm_engine import LLMEngine
+from engine.core.kv_events import KVEventLog
+from router.contract.protocol import REDIS_EVENT_STREAM, KVEvent, LoadRecord
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +26,13 @@ MAX_QUEUED = 50_000
 
 
 class RedisEventPublisher:
-    def __init__(self, url: str, engine: "LLMEngine", stream: str = REDIS_EVENT_STREAM) -> None:
+    """Follows one engine's event log; each stream entry carries the engine's load at the time (`load`)."""
+
+    def __init__(self, url: str, *, events: KVEventLog, load: Callable[[], LoadRecord],
+                 stream: str = REDIS_EVENT_STREAM) -> None:
         self.client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        self.engine = engine
+        self.events = events
+        self.load = load
         self.stream = stream
         self.queue: list[KVEvent] = []
         self.dropped = 0
@@ -45,14 +47,14 @@ class RedisEventPublisher:
         self._ready.set()
 
     async def start(self) -> None:
-        self.engine.events.listeners.append(self._on_event)
+        self.events.listeners.append(self._on_event)
         # Anything stored before we subscribed (the startup "cleared") is re-sent from the log.
-        self.queue.extend(self.engine.events.read(0).events)
+        self.queue.extend(self.events.read(0).events)
         self._ready.set()
         self._task = asyncio.create_task(self._run(), name="redis-event-publisher")
 
     async def stop(self) -> None:
-        self.engine.events.listeners.remove(self._on_event)
+        self.events.listeners.remove(self._on_event)
         if self._task:
             self._task.cancel()
             try:
@@ -76,8 +78,8 @@ class RedisEventPublisher:
             batch, self.queue = self.queue, []
             if not batch:
                 continue
-            entry = {"instance": self.engine.config.instance, "events": [e.to_dict() for e in batch],
-                     "load": self.engine.load().to_dict()}
+            entry = {"instance": self.events.instance, "events": [e.to_dict() for e in batch],
+                     "load": self.load().to_dict()}
             try:
                 await self.client.xadd(self.stream, {"data": orjson.dumps(entry)}, maxlen=STREAM_MAXLEN,
                                        approximate=True)

@@ -11,7 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.core.config import EngineConfig
 from engine.service.admin import handle_drain, handle_role
-from engine.service.app_keys import CONFIG, DRAIN, ENGINE, METRICS, REGISTRATION, SERVICE, TOKENIZER, ZMQ_PUBLISHER
+from engine.service.app_keys import (CONFIG, DRAIN, ENGINE, METRICS, REDIS_PUBLISHER, REGISTRATION, SERVICE, TOKENIZER,
+                                     ZMQ_PUBLISHER)
 from engine.service.drain import Drain
 from engine.service.event_publisher import RedisEventPublisher
 from engine.service.llm_engine import LLMEngine
@@ -53,7 +54,8 @@ async def _engine_ctx(app: web.Application):
     app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
     app[SERVICE] = CompletionService(engine, tokenizer, name)
     await engine.start(kv_info(app))
-    app[DRAIN] = Drain(engine, config.drain_timeout_s, app[SHUTDOWN])
+    app[DRAIN] = Drain(engine, config.drain_timeout_s, app[SHUTDOWN], deregister=lambda: _leave_registry(app),
+                       flush=lambda: _flush_events(app))
     log.info("engine %s ready: backend=%s model=%s blocks=%d x %d", config.instance, config.backend, name,
              config.num_blocks, config.block_size)
     yield
@@ -63,8 +65,11 @@ async def _engine_ctx(app: web.Application):
 
 async def _zmq_ctx(app: web.Application):
     config = app[CONFIG]
-    publisher = ZmqEventPublisher(app[ENGINE], model_name(app), config.kv_events_zmq, config.kv_events_replay,
-                                  config.kv_events_encoding, config.kv_events_topic, config.kv_events_buffer_steps)
+    engine = app[ENGINE]
+    publisher = ZmqEventPublisher(events=engine.events, blocks=engine.block_manager, model=model_name(app),
+                                  endpoint=config.kv_events_zmq, replay_endpoint=config.kv_events_replay,
+                                  encoding=config.kv_events_encoding, topic=config.kv_events_topic,
+                                  buffer_steps=config.kv_events_buffer_steps)
     app[ZMQ_PUBLISHER] = publisher
     await publisher.start()
     yield
@@ -72,9 +77,10 @@ async def _zmq_ctx(app: web.Application):
 
 
 async def _redis_ctx(app: web.Application):
-    publisher = RedisEventPublisher(app[CONFIG].redis, app[ENGINE])
+    engine = app[ENGINE]
+    publisher = RedisEventPublisher(app[CONFIG].redis, events=engine.events, load=engine.load)
     await publisher.start()
-    app[DRAIN].flush = publisher.flush
+    app[REDIS_PUBLISHER] = publisher
     yield
     await publisher.stop()
 
@@ -85,10 +91,21 @@ async def _registry_ctx(app: web.Application):
                                 config.registry_ttl_s)
     await registration.start()
     app[REGISTRATION] = registration
-    app[DRAIN].deregister = registration.leave
     log.info("registered as %s at %s in %s", config.instance, registry_record(app).url, redact(config.registry))
     yield
     await registration.stop()
+
+
+async def _leave_registry(app: web.Application) -> None:
+    registration = app.get(REGISTRATION)
+    if registration is not None:
+        await registration.leave()
+
+
+async def _flush_events(app: web.Application) -> None:
+    publisher = app.get(REDIS_PUBLISHER)
+    if publisher is not None:
+        await publisher.flush()
 
 
 def registry_record(app: web.Application) -> EngineRecord:

@@ -26,16 +26,24 @@ import asyncio
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
 
+from engine.core.block_manager import Block
+from engine.core.kv_events import KVEventLog
 from router.contract.kv_encode import BatchEncoder
 from router.contract.protocol import KVEvent, hash_seed
 
-if TYPE_CHECKING:
-    from engine.service.llm_engine import LLMEngine
+
+class CachedBlocks(Protocol):
+    """What a BlockStored event needs of the block pool: a cached block's tokens and parent."""
+
+    block_size: int
+
+    def cached_block(self, block_hash: int) -> Block | None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +53,11 @@ SNDHWM = 100_000
 
 
 class ZmqEventPublisher:
-    def __init__(self, engine: "LLMEngine", model: str, endpoint: str, replay_endpoint: str | None = None,
-                 encoding: str = "map", topic: str = "", buffer_steps: int = 10_000) -> None:
-        self.engine = engine
+    def __init__(self, *, events: KVEventLog, blocks: CachedBlocks, model: str, endpoint: str,
+                 replay_endpoint: str | None = None, encoding: str = "map", topic: str = "",
+                 buffer_steps: int = 10_000) -> None:
+        self.events = events
+        self.blocks = blocks
         self.default_seed = hash_seed(model)
         self.encoder = BatchEncoder(encoding)
         self.topic = topic.encode()
@@ -78,14 +88,14 @@ class ZmqEventPublisher:
     async def start(self) -> None:
         self.pending.append(self.encoder.cleared())
         self._flush()
-        self.engine.events.listeners.append(self._on_event)
+        self.events.listeners.append(self._on_event)
         if self.replay is not None:
             self._task = asyncio.create_task(self._serve_replay(), name="zmq-kv-replay")
         log.info("publishing KV events in vLLM's format at %s (replay %s)", self.endpoint,
                  self.replay_endpoint or "none")
 
     async def stop(self) -> None:
-        self.engine.events.listeners.remove(self._on_event)
+        self.events.listeners.remove(self._on_event)
         self._flush()
         if self._task is not None:
             self._task.cancel()
@@ -108,19 +118,18 @@ class ZmqEventPublisher:
 
     def _stored_runs(self, event: KVEvent, medium: str) -> list:
         """BlockStored events, one per run of blocks that chain, with their tokens."""
-        bm = self.engine.block_manager
+        pool = self.blocks
         runs: list[list] = []  # [parent, hashes, tokens, extra_keys]
         last = None
         for i, h in enumerate(event.blocks):
-            block_id = bm.hash_to_block.get(h)
-            if block_id is None:
+            block = pool.cached_block(h)
+            if block is None:
                 self.dropped_blocks += 1
                 last = None  # what follows names a parent no consumer has seen: a new run
                 continue
-            block = bm.blocks[block_id]
             # A chain's first block has the chain seed as parent, never a block hash. (An event with
             # parent None may also list mid-chain blocks: the re-announcements after clear_cache.)
-            chain_start = i == 0 and event.parent is None and block.parent not in bm.hash_to_block
+            chain_start = i == 0 and event.parent is None and pool.cached_block(block.parent) is None
             parent = None if chain_start else block.parent
             if chain_start or last is None or parent != last:
                 salted = chain_start and block.parent != self.default_seed
@@ -131,7 +140,7 @@ class ZmqEventPublisher:
         for run in runs:
             if run[3] is not None:
                 run[3] += [None] * (len(run[1]) - 1)  # one entry per block; the seed is in the first
-        return [self.encoder.stored(hashes, parent, tokens, bm.block_size, medium, extra)
+        return [self.encoder.stored(hashes, parent, tokens, pool.block_size, medium, extra)
                 for parent, hashes, tokens, extra in runs]
 
     def _flush(self) -> None:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from engine.service.server import ENGINE, REGISTRATION
 from router.service.app import CLUSTER
+from router.contract.protocol import REDIS_EVENT_STREAM
 from router.contract.registry_record import IDS, engine_key
 from router.contract.serve import SHUTDOWN
 from tests.support.loopback import LoopbackServer
@@ -195,3 +196,34 @@ async def test_admin_api_takes_an_engines_kind_and_zmq_sources(start_engine, sta
     async with http.post(url + "/router/explain", json={"prompt": prompt(3)}, headers=AUTH) as r:
         explained = await r.json()
         assert explained.get("predicted_cached_tokens", 0) > 0, explained
+
+
+async def test_drain_leaves_the_registry_first_and_flushes_the_event_stream(start_engine, redis_url, http):
+    port = free_port()
+    url, server = await start_engine(port=port, registry=redis_url, redis=redis_url, admin_key=KEY,
+                                     advertise_url=f"http://127.0.0.1:{port}", time_scale=0.5,
+                                     instance_id="drainee", **FAST_REGISTRY)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.exists(engine_key("drainee"))
+        body = {"prompt": prompt(3), "max_tokens": 40, "ignore_eos": True}
+        long_request = asyncio.ensure_future(http.post(url + "/v1/completions", json=body))
+        await asyncio.sleep(0.2)
+        async with http.post(url + "/admin/drain", headers=AUTH) as r:
+            assert r.status == 202
+        # step 1: gone from the registry while the running request still holds the engine up
+        for _ in range(20):
+            if not await client.exists(engine_key("drainee")):
+                break
+            await asyncio.sleep(0.05)
+        assert not await client.exists(engine_key("drainee")) and not await client.sismember(IDS, "drainee")
+        assert not server.app[SHUTDOWN].is_set()
+        async with await long_request as r:
+            assert r.status == 200
+        assert await wait_for(lambda: server.app[SHUTDOWN].is_set(), timeout=10)
+        # step 4: the last events are in the stream before the engine stops
+        entries = await client.xrange(REDIS_EVENT_STREAM)
+        seqs = [e["seq"] for _, fields in entries for e in orjson.loads(fields[b"data"])["events"]]
+        assert seqs and seqs[-1] == server.app[ENGINE].events.seq
+    finally:
+        await client.aclose()
