@@ -34,7 +34,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def _percentiles(prefix: str, values: Sequence[float], qs: Iterable[int] = PERCENTILES) -> dict:
-    return {f"{prefix}_p{q}_s": percentile(values, q) for q in qs}
+    qs = tuple(qs)
+    at = np.percentile(np.asarray(values, dtype=np.float64), qs).tolist() if len(values) else [None] * len(qs)
+    return {f"{prefix}_p{q}_s": v for q, v in zip(qs, at)}
 
 
 def _per_second(count: float, duration_s: float) -> float | None:
@@ -54,9 +56,11 @@ def _cache(ok: list[RequestRecord]) -> dict:
     reported = [r for r in ok if r.cached_tokens is not None]
     prompt = sum(r.prompt_tokens for r in reported)
     cached = sum(r.cached_tokens for r in reported)
-    by_tier = collections.Counter()
+    by_tier: collections.Counter = collections.Counter()
     for r in ok:
-        by_tier.update(r.cached_tokens_by_tier or {})
+        if r.cached_tokens_by_tier:
+            for tier, n in r.cached_tokens_by_tier.items():
+                by_tier[tier] += n
     return {"prompt_tokens": sum(r.prompt_tokens for r in ok), "cached_tokens": cached if reported else None,
             "cached_token_ratio": cached / prompt if prompt else None,
             "cached_tokens_by_tier": dict(by_tier) if by_tier else None}

@@ -26,7 +26,11 @@ class Sequence:
         sampling: SamplingParams,
         hash_seed: int,
         arrival: float = 0.0,
+        *,
+        hash_chain: list[int] | None = None,
     ) -> None:
+        """`hash_chain`: the prompt's chained block hashes (router/contract/protocol.py `block_hashes` of
+        `prompt_ids` under `hash_seed`), when the caller has them already (the simulator's router)."""
         self.seq_id = next(_ids)
         self.request_id = request_id
         self.token_ids = list(prompt_ids)
@@ -37,7 +41,7 @@ class Sequence:
         self.status = SeqStatus.WAITING
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the full blocks hashed so far
-        self.hash_chain: list[int] = []  # chained hashes of token_ids' first full blocks (a cache: tokens only grow)
+        self.hash_chain: list[int] = list(hash_chain) if hash_chain else []  # chained hashes of token_ids' first full blocks (a cache: tokens only grow)
         self.num_computed = 0
         self.num_cached = 0  # prompt tokens found in the prefix cache (first admission), all tiers
         self.cached_by_tier: dict[str, int] = {}  # of num_cached: {"device", "host", "remote"}

@@ -86,8 +86,8 @@ class SimRouter:
         n = len(tokens)
         if self.window is not None:
             self.window.arrived(n, spec.max_tokens)
-        route = RouteRequest(n, tuple(block_hashes(tokens, self.block_size, self.hash_seed)), self.block_size,
-                             f"r{spec.index}")
+        hashes = block_hashes(tokens, self.block_size, self.hash_seed)
+        route = RouteRequest(n, tuple(hashes), self.block_size, f"r{spec.index}")
         routed, prefill, uncached = self.decide(route, now)
         decision = routed.decision
         i = routed.member
@@ -96,7 +96,8 @@ class SimRouter:
                                instance=decision.instance)
         flight = Flight(record, route, i, uncached)
         flight.prefill, flight.max_tokens = prefill, spec.max_tokens
-        seq = Sequence(route.request_id, list(tokens), self._sampling_for(spec.max_tokens), self.hash_seed, now)
+        seq = Sequence(route.request_id, tokens, self._sampling_for(spec.max_tokens), self.hash_seed, now,
+                       hash_chain=hashes)  # the engine would hash the same tokens alike
         if prefill and spec.max_tokens > 1:
             seq.sampling, seq.pin_kv = self._sampling_for(1), True
         self.flights[seq.seq_id] = flight
