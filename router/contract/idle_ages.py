@@ -39,35 +39,40 @@ class IdleAges:
         self._sums: list[float] = []
         self.total = 0
 
-    def add(self, t: float) -> None:
-        """One block became evictable at time `t` (never earlier than the previous add)."""
-        self.total += 1
+    def add(self, t: float, n: int = 1) -> None:
+        """`n` blocks became evictable at time `t` (never earlier than the previous add)."""
+        self.total += n
         counts = self._counts
-        if counts and (t <= self._starts[-1] or counts[-1] * self.max_buckets < self.total):
-            counts[-1] += 1
-            self._sums[-1] += t
+        if counts and (t <= self._starts[-1] or counts[-1] * self.max_buckets < self.total - n + 1):
+            counts[-1] += n
+            self._sums[-1] += t * n
             return
         self._starts.append(t)
-        counts.append(1)
-        self._sums.append(t)
+        counts.append(n)
+        self._sums.append(t * n)
         if len(counts) > self.max_buckets:
             self._merge_smallest_pair()
 
-    def remove(self, t: float) -> None:
-        """A block that became evictable at `t` was taken (a prefix hit) or evicted."""
-        i = bisect.bisect_right(self._starts, t) - 1
-        if i < 0:
-            raise ValueError(f"no evictable block was added at {t}")
-        self.total -= 1
-        self._counts[i] -= 1
-        self._sums[i] -= t
-        if not self._counts[i]:
-            if i:  # the range of an empty bucket joins the one before it
-                del self._starts[i], self._counts[i], self._sums[i]
-            elif len(self._counts) > 1:
-                del self._starts[1], self._counts[0], self._sums[0]
-            else:
-                self.clear()
+    def remove(self, t: float, n: int = 1) -> None:
+        """`n` blocks that became evictable at `t` were taken (prefix hits) or evicted. Blocks added at
+        `t` may have joined a bucket that starts earlier: what the bucket at `t` lacks comes from the
+        ones before it, as one removal at a time would take it."""
+        while n > 0:
+            i = bisect.bisect_right(self._starts, t) - 1
+            if i < 0:
+                raise ValueError(f"no evictable block was added at {t}")
+            k = min(n, self._counts[i])
+            n -= k
+            self.total -= k
+            self._counts[i] -= k
+            self._sums[i] -= t * k
+            if not self._counts[i]:
+                if i:  # the range of an empty bucket joins the one before it
+                    del self._starts[i], self._counts[i], self._sums[i]
+                elif len(self._counts) > 1:
+                    del self._starts[1], self._counts[0], self._sums[0]
+                else:
+                    self.clear()
 
     def clear(self) -> None:
         self._starts, self._counts, self._sums = [], [], []

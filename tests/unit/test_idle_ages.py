@@ -36,6 +36,27 @@ def test_profile_follows_adds_and_removes_at_bounded_size():
     assert idle[0] == pytest.approx(now - sum(sorted(live)[: profile[0][0]]) / profile[0][0])
 
 
+def test_many_at_once_is_many_one_at_a_time():
+    """add(t, n) and remove(t, n) (the router's reuse history: a chain's sampled blocks at once) keep the
+    same totals and sums as n single calls, also when blocks added at t sit in a bucket that starts
+    before t and a later bucket starts at t."""
+    batch, single = IdleAges(max_buckets=4), IdleAges(max_buckets=4)
+    for t, n in ((0.0, 100), (1.0, 10), (2.0, 5), (2.0, 40), (2.0, 1), (3.0, 4)):
+        batch.add(t, n)
+        for _ in range(n):
+            single.add(t)
+    assert batch._starts[-2:] == [1.0, 2.0] and batch._counts[-2] > 10  # some of t=2's blocks start at 1
+    for t, n in ((2.0, 46), (3.0, 4), (1.0, 10)):
+        batch.remove(t, n)
+        for _ in range(n):
+            single.remove(t)
+        assert batch.total == single.total
+        assert sum(batch._sums) == pytest.approx(sum(single._sums))
+    assert batch.total == 100
+    with pytest.raises(ValueError):
+        batch.remove(-1.0, 1)
+
+
 def test_remove_of_unknown_time_is_refused():
     ages = IdleAges()
     ages.add(5.0)

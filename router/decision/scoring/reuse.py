@@ -64,15 +64,21 @@ class ReuseHistory:
         """A request for this block chain was routed at `now`."""
         if self._t0 is None:
             self._t0 = now
-        sample, seen, opened, gaps = self.sample, self._seen, self._open, self._gaps
-        for h in [h for h in hashes if not h % sample]:
-            last = seen.pop(h, None)
-            if last is not None:
-                opened.remove(last)
-                gaps[bisect.bisect_right(EDGES, now - last)] += self._weight(last)
-            seen[h] = now
-            opened.add(now)
-            self._fresh += 1
+        sample, seen, gaps = self.sample, self._seen, self._gaps
+        sampled = list(dict.fromkeys(h for h in hashes if not h % sample))  # a hash twice counts once
+        if sampled:
+            ended: dict[float, int] = {}  # previous request time -> sampled blocks last requested then
+            pop = seen.pop
+            for h in sampled:
+                last = pop(h, None)
+                if last is not None:
+                    ended[last] = ended.get(last, 0) + 1
+                seen[h] = now
+            for last, n in ended.items():  # a chain's blocks were mostly requested together: few times
+                self._open.remove(last, n)
+                gaps[bisect.bisect_right(EDGES, now - last)] += n * self._weight(last)
+            self._open.add(now, len(sampled))
+            self._fresh += len(sampled)
         while seen:
             h, last = next(iter(seen.items()))
             if now - last <= self.window_s and len(seen) <= self.capacity:
