@@ -16,7 +16,9 @@ tokens, so a run is reproducible and matches `kvroute loadgen` at the same seed.
 instances (pd_sweep.py) and prints that table instead. `--suite` runs every
 workload and the KV pressure sweep on the suite's cluster (suite.py; cluster flags
 given override it, --requests caps every row) and prints each policy against the
-oracle. Bad arguments give one line on stderr and exit 2.
+oracle. Policies run side by side, one process each, up to `--jobs` at a time
+(parallel.py: the same results as one after the other). Bad arguments give one line
+on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from engine.runners.cost_model import COST_MODELS, get_cost_model
 from engine.runners.sim import LINKS
 from engine.kv.tiers import STORE_WRITE_MODES
 from loadgen.arrivals import ArrivalConfig
+from loadgen.sim.parallel import PolicyRun, default_jobs, run_policies
 from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.profile import profile
 from loadgen.sim.report import format_suite, format_table, relative_to_oracle
-from loadgen.sim.runner import SimConfig, arrivals, policy_names, simulate
+from loadgen.sim.runner import SimConfig, arrivals, policy_names
 from loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 
@@ -131,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the workload, arrivals and policies (default 0)")
     p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
     p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
+    p.add_argument("--jobs", type=int, default=default_jobs(),
+                   help="policies simulated at once, one process each (default: one per core); same results")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--out", help="also write the results as JSON to this file")
     p.add_argument("--records", help="write every request's record as JSON lines (with its policy) to this file")
@@ -202,6 +207,8 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         raise ValueError(f"give --workload ({workload_names()}) or --suite")
     if args.pd_sweep and (len(policies) != 1 or config.instances < 2 or args.records):
         raise ValueError("--pd-sweep takes one --policy, at least 2 --instances and no --records")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     for flag in ("slo_ttft", "slo_tpot"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
@@ -242,13 +249,10 @@ def run(args: argparse.Namespace) -> dict:
     results, records = {}, {}
     if args.pd_sweep:
         sweep = pd_sweep(config, policies[0], specs, arrival, args.slo_ttft, args.slo_tpot, progress=True)
-        policies = []
-    for name in policies:
-        print(f"{PROG}: {name} on {config.instances} instances, {len(specs)} requests ...", file=sys.stderr)
-        result = simulate(config, name, specs, arrival, planner)
-        results[name] = result.summary(args.slo_ttft, args.slo_tpot)
-        if args.records:
-            records[name] = result.records
+    else:
+        run_ = PolicyRun(config=config, specs=specs, arrival=arrival, planner=planner, slo_ttft_s=args.slo_ttft,
+                         slo_tpot_s=args.slo_tpot, keep_records=bool(args.records), prog=PROG)
+        results, records = run_policies(run_, policies, args.jobs)
     out = {
         "config": dataclasses.asdict(config),
         "workload": workload.info() if hasattr(workload, "info") else {"workload": workload.name},
