@@ -229,20 +229,21 @@ class BlockManager:
             return
         chain = self.chain(seq, end)
         new = chain[start:end]
-        stored, first = [], None
+        stored: list[tuple[int, Block]] = []
         blocks, table, known, tokens = self.blocks, seq.block_table, self.hash_to_block, seq.token_ids
         for i in range(start, end):
             h = chain[i]
             block = blocks[table[i]]
             if block.hash is None and h not in known:
                 self._set_hash(block, h, tuple(tokens[i * bs : (i + 1) * bs]), chain[i - 1] if i else seq.hash_seed)
-                stored.append((i, block.block_id, StoredBlock(h, block.token_ids, block.parent)))
-                first = i if first is None else first
+                stored.append((i, block))
         seq.block_hashes.extend(new)
         if stored:
-            self.emit("stored", [m.hash for _, _, m in stored], seq.block_hashes[first - 1] if first else None)
-            if self.tiers is not None:
-                self.tiers.on_commit(seq, stored)
+            first = stored[0][0]
+            self.emit("stored", [b.hash for _, b in stored], seq.block_hashes[first - 1] if first else None)
+            if self.tiers is not None:  # what the tiers keep of each block
+                self.tiers.on_commit(seq, [(i, b.block_id, StoredBlock(b.hash, b.token_ids, b.parent))
+                                           for i, b in stored])
 
     def register(self, block_id: int, meta: StoredBlock) -> None:
         """A load into `block_id` is done (its copy is planned): the block is findable by its hash."""
