@@ -239,7 +239,7 @@ def planner_config(args: argparse.Namespace, config: SimConfig) -> PlannerConfig
 def run(args: argparse.Namespace) -> dict:
     config, policies, arrival = _check(args)
     if args.suite:
-        return run_suite(config, policies, args.num_requests, args.suite_trace, progress=True)
+        return run_suite(config, policies, args.num_requests, args.suite_trace, progress=True, jobs=args.jobs)
     planner = planner_config(args, config)
     started = time.perf_counter()
     workload = _workload(args, config.seed)

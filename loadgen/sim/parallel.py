@@ -38,7 +38,8 @@ class PolicyRun:
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
     keep_records: bool = False
-    prog: str = "kvroute sim"
+    prog: str = "kvroute sim"  # progress lines on stderr start with this
+    progress: bool = True
 
 
 _RUN: PolicyRun | None = None  # the run a forked child reads (set before the fork, never after)
@@ -79,8 +80,9 @@ def _simulate_one(run: PolicyRun, name: str) -> tuple[dict, list[RequestRecord] 
     at 100k requests) to find no cycle. They are frozen instead (`gc.freeze`: kept out of every later
     collection; refcounting still frees them) -- a command's process, not a library call."""
     started = time.perf_counter()
-    print(f"{run.prog}: {name} on {run.config.instances} instances, {len(run.specs)} requests ...",
-          file=sys.stderr, flush=True)
+    if run.progress:
+        print(f"{run.prog}: {name} on {run.config.instances} instances, {len(run.specs)} requests ...",
+              file=sys.stderr, flush=True)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -90,5 +92,6 @@ def _simulate_one(run: PolicyRun, name: str) -> tuple[dict, list[RequestRecord] 
         gc.freeze()
         if was_enabled:
             gc.enable()
-    print(f"{run.prog}: {name} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    if run.progress:
+        print(f"{run.prog}: {name} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return summary, result.records if run.keep_records else None

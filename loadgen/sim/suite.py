@@ -36,7 +36,8 @@ from typing import Any, Mapping
 
 from loadgen.arrivals import ArrivalConfig
 from loadgen.sim.report import ORACLE, relative_to_oracle
-from loadgen.sim.runner import SimConfig, simulate
+from loadgen.sim.parallel import PolicyRun, run_policies
+from loadgen.sim.runner import SimConfig
 from loadgen.workloads import make_workload
 
 SUITE_CONFIG = SimConfig(instances=8, num_blocks=1024, request_overhead_s=0.005)
@@ -89,16 +90,15 @@ def _capped(case: Case, requests: int | None) -> Case:
                                                                               requests)})
 
 
-def run_case(config: SimConfig, policies: list[str], case: Case, progress: bool = False) -> dict:
+def run_case(config: SimConfig, policies: list[str], case: Case, progress: bool = False, jobs: int = 1) -> dict:
+    """One row: every policy over the case's workload, up to `jobs` policies at once (parallel.py)."""
     workload = make_workload(case.workload, seed=config.seed, **case.knobs)
     specs = workload.requests()
     arrival = ArrivalConfig(rate=case.rate)
-    results = {}
-    for name in policies:
-        if progress:
-            print(f"kvroute sim --suite: {case.name}: {name}, {len(specs)} requests ...", file=sys.stderr)
-        summary = simulate(config, name, specs, arrival).summary()
-        results[name] = {k: summary.get(k) for k in KEPT}
+    run = PolicyRun(config=config, specs=specs, arrival=arrival, prog=f"kvroute sim --suite: {case.name}",
+                    progress=progress)
+    summaries, _ = run_policies(run, policies, jobs)
+    results = {name: {k: summary.get(k) for k in KEPT} for name, summary in summaries.items()}
     return {"case": case.name, "workload": workload.info(), "arrival": arrival.describe(), "results": results,
             "relative_to_oracle": relative_to_oracle(results)}
 
@@ -129,10 +129,10 @@ def oracle_beaten(rows: list[dict], by: str = STRONGER, margin: float = 0.005) -
 
 def run_suite(config: SimConfig = SUITE_CONFIG, policies: list[str] | tuple[str, ...] = SUITE_POLICIES,
               requests: int | None = None, trace: str | pathlib.Path | None = DEFAULT_TRACE,
-              progress: bool = False) -> dict:
+              progress: bool = False, jobs: int = 1) -> dict:
     cases, skipped = suite_cases(trace)
     for line in skipped:
         print(f"kvroute sim --suite: {line}", file=sys.stderr)
-    rows = [run_case(config, list(policies), _capped(case, requests), progress) for case in cases]
+    rows = [run_case(config, list(policies), _capped(case, requests), progress, jobs) for case in cases]
     return {"config": dataclasses.asdict(config), "policies": list(policies), "cases": rows, "skipped": skipped,
             "targets": check_targets(rows), "oracle_beaten_by": {STRONGER: oracle_beaten(rows)}}
