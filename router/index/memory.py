@@ -1,7 +1,8 @@
 """The in-memory block index: plain dicts, one process.
 
 Layout:
-    _holders: block hash -> {instance: tier bitmask}   (bit i set: held in TIERS[i])
+    _holders: block hash -> HolderMap {instance: tier bitmask}   (bit i set: held in TIERS[i]),
+              one shared, immutable map per distinct set of holders (holder_maps.py)
     _held:    instance -> set of its block hashes        (so `clear` costs its own blocks)
 
 The `*_sync` methods do the work, unordered; the async `BlockIndex` methods add the
@@ -9,18 +10,22 @@ per-instance (epoch, seq) ordering and lifetime that router/index/base.py descri
 delegate to them, so the cluster simulator (synchronous, virtual clock, events in order)
 and the router share one code path.
 
-`lookup_sync` walks the chain in runs: consecutive blocks whose holder maps are equal
-(a C-level dict comparison) leave every surviving instance's tier unchanged, so the
-Python-level work is per run and per surviving instance, not per block. It stops as
-soon as no instance holds the next block.
+`lookup_sync` walks the chain in runs: consecutive blocks with the same holder map (one
+identity comparison each, in C) leave every surviving instance's tier unchanged, so the
+Python-level work is per run and per surviving instance, not per block. Every prefix
+ends at the first block that no instance holds. A change to a block's holders moves it to
+another shared map; consecutive blocks held alike share the move (`_set`).
 """
 
 from __future__ import annotations
 
 import time
+from itertools import compress, islice
+from operator import is_not
 from typing import Iterable, Mapping, Sequence
 
 from router.index.base import TIER_RANK, Applied, PrefixMatch, event_owner
+from router.index.holder_maps import HolderMap, HolderMaps
 from router.contract.protocol import TIERS, KVEvent
 
 # BEST_TIER[mask] = index into TIERS of the best (lowest) tier set in mask; mask 0 unused.
@@ -46,7 +51,8 @@ class MemoryIndex:
     name = "memory"
 
     def __init__(self) -> None:
-        self._holders: dict[int, dict[str, int]] = {}
+        self._holders: dict[int, HolderMap] = {}
+        self._maps = HolderMaps()
         self._held: dict[str, set[int]] = {}
         self._entries = 0
         self._position: dict[str, tuple[int, int]] = {}  # instance -> (epoch, seq) applied
@@ -62,82 +68,83 @@ class MemoryIndex:
             self.clear_sync(instance)
 
     def add_sync(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        bit = tier_bit(tier)
+        self._set(instance, tier_bit(tier), blocks, add=True)
+
+    def remove_sync(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
+        if self._held.get(instance):
+            self._set(instance, tier_bit(tier), blocks, add=False)
+
+    def _set(self, instance: str, bit: int, blocks: Iterable[int], add: bool) -> None:
+        """Set (or clear) `bit` in `instance`'s mask for each block; consecutive blocks held alike
+        share one transition (`moves`: old map -> new)."""
         held = self._held.setdefault(instance, set())
-        holders_of = self._holders
+        holders_of, maps, moves = self._holders, self._maps, {}
         for h in blocks:
-            holders = holders_of.get(h)
-            if holders is None:
-                holders_of[h] = {instance: bit}
-                held.add(h)
-                self._entries += 1
+            old = holders_of.get(h)
+            mask = old.masks.get(instance, 0) if old is not None else 0
+            new_mask = mask | bit if add else mask & ~bit
+            if new_mask == mask:
                 continue
-            mask = holders.get(instance, 0)
+            if old in moves:
+                new = moves[old]
+            else:
+                new = moves[old] = maps.changed(old, instance, new_mask)
+            new = maps.use(new, old)
+            if new is None:
+                del holders_of[h]
+            else:
+                holders_of[h] = new
             if not mask:
                 held.add(h)
                 self._entries += 1
-            holders[instance] = mask | bit
-
-    def remove_sync(self, instance: str, tier: str, blocks: Sequence[int]) -> None:
-        bit = tier_bit(tier)
-        held = self._held.get(instance)
-        if not held:
-            return
-        for h in blocks:
-            holders = self._holders.get(h)
-            mask = holders.get(instance, 0) if holders else 0
-            if not mask & bit:
-                continue
-            mask &= ~bit
-            if mask:
-                holders[instance] = mask
-                continue
-            del holders[instance]
-            held.discard(h)
-            self._entries -= 1
-            if not holders:
-                del self._holders[h]
+            elif not new_mask:
+                held.discard(h)
+                self._entries -= 1
         if not held:
             del self._held[instance]
 
     def clear_sync(self, instance: str) -> None:
         held = self._held.pop(instance, ())
+        holders_of, maps, moves = self._holders, self._maps, {}
         for h in held:
-            holders = self._holders[h]
-            del holders[instance]
-            if not holders:
-                del self._holders[h]
+            old = holders_of[h]
+            if old in moves:
+                new = moves[old]
+            else:
+                new = moves[old] = maps.changed(old, instance, 0)
+            new = maps.use(new, old)
+            if new is None:
+                del holders_of[h]
+            else:
+                holders_of[h] = new
         self._entries -= len(held)
 
     def lookup_sync(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         if not blocks:
             return {}
-        first = self._holders.get(blocks[0])
-        if not first:
+        found = list(map(self._holders.get, blocks))
+        first = found[0]
+        if first is None:
             return {}
-        counts = {inst: [0] * len(TIERS) for inst in first}
-        alive = dict(first)  # instance -> mask at the current block, for instances still matching
-        prev, run = first, 0
-        get = self._holders.get
-        for i in range(1, len(blocks)):
-            holders = get(blocks[i])
-            if holders is prev or holders == prev:
-                run += 1
-                continue
-            if holders is None:
-                break
-            survivors = {}
+        try:
+            end = found.index(None)  # no instance holds this block: every prefix ends before it
+        except ValueError:
+            end = len(found)
+        # where the holders change: one identity comparison per block, in C (holder_maps.py)
+        cuts = list(compress(range(1, end), map(is_not, islice(found, 1, end), found)))
+        cuts.append(end)
+        counts = {inst: [0] * len(TIERS) for inst in first.masks}
+        alive, start = first.masks, 0
+        for cut in cuts:
             for inst, mask in alive.items():
-                counts[inst][BEST_TIER[mask]] += run + 1
-                mask = holders.get(inst)
-                if mask:
-                    survivors[inst] = mask
-            alive = survivors
+                counts[inst][BEST_TIER[mask]] += cut - start
+            if cut == end:
+                break
+            masks = found[cut].masks
+            alive = {inst: mask for inst in alive if (mask := masks.get(inst))}
             if not alive:
                 break
-            prev, run = holders, 0
-        for inst, mask in alive.items():
-            counts[inst][BEST_TIER[mask]] += run + 1
+            start = cut
         return {inst: to_match(c) for inst, c in counts.items()}
 
     def size_sync(self) -> int:
