@@ -25,6 +25,8 @@ seconds, the next `blocks[1]` about `idle[1]`, and so on.
 from __future__ import annotations
 
 import bisect
+from itertools import islice
+from operator import add
 
 MAX_BUCKETS = 16
 
@@ -84,7 +86,8 @@ class IdleAges:
 
     def _merge_smallest_pair(self) -> None:
         counts = self._counts
-        i = min(range(len(counts) - 1), key=lambda j: counts[j] + counts[j + 1])
+        pairs = list(map(add, counts, islice(counts, 1, None)))
+        i = pairs.index(min(pairs))  # the first smallest pair, as min() with a key would pick
         counts[i] += counts[i + 1]
         self._sums[i] += self._sums[i + 1]
         del self._starts[i + 1], counts[i + 1], self._sums[i + 1]
