@@ -161,15 +161,18 @@ class BlockManager:
         """Give `seq` its prefix hits, fresh blocks for the loads, and fresh blocks for the rest."""
         assert not seq.block_table, "sequence already holds blocks"
         blocks, free_cached = self.blocks, self.free_cached
+        taken: dict[float, int] = {}  # free time -> hits taken off the free cached list (freed together)
         for block_id in hits.device:  # a hit nobody held leaves the free cached list
             block = blocks[block_id]
             if not block.ref_count:
                 freed_at = free_cached.pop(block_id, None)
                 if freed_at is not None:
-                    self.idle.remove(freed_at)
+                    taken[freed_at] = taken.get(freed_at, 0) + 1
                 if self.tiers is not None:
                     self.tiers.reused(block_id)
             block.ref_count += 1
+        for freed_at, n in taken.items():
+            self.idle.remove(freed_at, n)
         seq.block_table = list(hits.device)
         seq.block_hashes = [blocks[b].hash for b in hits.device]
         if hits.num_loads:
@@ -205,7 +208,8 @@ class BlockManager:
             self.tiers.cancel(seq)
         # Tail blocks first, so they are evicted before the (more shareable) head.
         now = self.clock()
-        blocks, free_cached, add_idle = self.blocks, self.free_cached, self.idle.add
+        blocks, free_cached = self.blocks, self.free_cached
+        cached = 0
         for block_id in reversed(seq.block_table):
             block = blocks[block_id]
             block.ref_count -= 1
@@ -214,7 +218,9 @@ class BlockManager:
                     self.free_plain.append(block_id)
                 else:
                     free_cached[block_id] = now
-                    add_idle(now)
+                    cached += 1
+        if cached:
+            self.idle.add(now, cached)
         seq.block_table = []
         seq.block_hashes = []
 
