@@ -15,12 +15,15 @@ len(blocks)) dict lookups, and `record` is O(len(blocks)).
 Entries sit in an OrderedDict in least-recently-recorded order; since every record
 uses the same TTL, the front entry always has the earliest expiry, so each call pops
 at most `purge_per_call` expired entries from the front (bounded work, amortized
-O(1)), and an insert beyond `capacity` evicts the least recently recorded entry
+O(1)), and none looks before the front entry's expiry (`withdraw` may make an entry
+expire sooner; `match` checks every expiry it reads, so such an entry only waits for
+its turn), and an insert beyond `capacity` evicts the least recently recorded entry
 whether or not it has expired.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Sequence
 
@@ -37,6 +40,7 @@ class RecentBlocks:
         self.capacity = capacity
         self.purge_per_call = purge_per_call
         self._table: OrderedDict[int, dict[str, float]] = OrderedDict()
+        self._purge_at = -math.inf  # no purge finds anything expired before this (entries touched later expire later)
 
     def __len__(self) -> int:
         return len(self._table)
@@ -97,11 +101,15 @@ class RecentBlocks:
                 del table[h]
 
     def _purge(self, now: float) -> None:
+        if now < self._purge_at:  # the front entry expires later, and every other one no sooner
+            return
         table = self._table
         for _ in range(self.purge_per_call):
             if not table:
                 return
             h, entry = next(iter(table.items()))
-            if max(entry.values()) > now:
+            latest = max(entry.values())
+            if latest > now:
+                self._purge_at = latest
                 return
             del table[h]
