@@ -71,6 +71,7 @@ class Dispatch:
         time includes the decode and must not teach the policy a prefill rate."""
         if not self._release_prefill():
             return
+        self.router.on_progress()
         if is_ttft:
             ttft = time.monotonic() - self.sent
             self.router.metrics.observe_first_token(self.prepared.model, self.inst.id, ttft)
@@ -86,6 +87,7 @@ class Dispatch:
         m.bound(m.inflight, self.inst.id).set(self.inst.inflight)
         m.bound(m.requests, self.inst.id, self.router.policy_name, status).inc()
         self.router.policy.on_finished(self.prepared.route, self.inst.id)
+        self.router.on_progress()
 
 
 class EngineStalled(Exception):
