@@ -12,7 +12,7 @@ priority and tenant, and refused while refusing is cheap:
 
     arrival   nothing queued ahead and predicted <= min(threshold, budget)      -> admit
               queue wait (ahead + 1) / drain rate, or the engines' excess
-              predicted - threshold, plus min(predicted, threshold) > budget   -> refuse
+              predicted - threshold, plus threshold > budget                    -> refuse
               the queue full and nobody to displace                             -> refuse
               otherwise                                                         -> queue
     head      predicted <= min(threshold, budget)                               -> admit
@@ -152,7 +152,7 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     drain = max(sum(admitted.values()), config.min_drain_rps)
     excess = max(0.0, predicted - threshold) if predicted is not None else 0.0
     wait = max((ahead + 1) / drain if ahead else 0.0, excess)
-    engine = min(predicted, threshold) if predicted is not None else 0.0
+    engine = threshold if predicted is not None else 0.0  # the engines' backlog when its turn comes
     over = over_share(ask.tenant, weights, admitted)
     if wait + engine > budget:
         return _refuse("over_share" if over else "saturated", over, wait + engine - budget, wait, common)
@@ -163,6 +163,23 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
             return _refuse("queue_full", over, (ahead + 1) / drain, wait, common)
     return Verdict(action=QUEUE, reason="queued_ahead" if ahead else "engines_busy", wait_s=wait,
                    displace=displace, **common)
+
+
+def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates,
+                      weights: Mapping[str, float], now: float) -> Verdict | None:
+    """A refusal the queue alone decides, before the request is tokenized and predicted (the
+    cheap path of a flood); None: go on to `on_arrival`."""
+    ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
+    if not ahead:
+        return None
+    threshold, budget = threshold_of(config, ask.slo_s), ask.slo_s - (now - ask.arrived)
+    admitted = rates.rates(now)
+    wait = (ahead + 1) / max(sum(admitted.values()), config.min_drain_rps)
+    if wait + threshold <= budget:
+        return None
+    over = over_share(ask.tenant, weights, admitted)
+    return _refuse("over_share" if over else "saturated", over, wait + threshold - budget, wait,
+                   dict(budget_s=budget, threshold_s=threshold))
 
 
 def on_head(config: AdmissionConfig, ask: Ask, now: float) -> Verdict:
@@ -177,9 +194,13 @@ def on_head(config: AdmissionConfig, ask: Ask, now: float) -> Verdict:
     return Verdict(action=WAIT, reason="engines_busy", **common)
 
 
-def expired(slo_s: float, arrived: float, now: float) -> bool:
-    """A queued entry whose budget is spent (refused without waiting to be the head)."""
-    return slo_s - (now - arrived) <= 0.0
+EXPIRE_SHARE = 0.1  # a queued request with less than this share of its SLO left is refused
+
+
+def expires_at(slo_s: float, arrived: float) -> float:
+    """When a queued request is refused without waiting to be the head: with under EXPIRE_SHARE
+    of its budget left, no engine could answer it in time."""
+    return arrived + slo_s * (1.0 - EXPIRE_SHARE)
 
 
 def _refuse(reason: str, too_many: bool, late_s: float, wait: float, common: dict) -> Verdict:

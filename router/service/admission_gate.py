@@ -62,14 +62,26 @@ class AdmissionGate:
     def weights(self) -> dict[str, float]:
         return {name: spec.weight for name, spec in self.book.tenants.items()}
 
-    async def enter(self, ticket: Ticket, predict: Predict) -> None:
-        """Return when `ticket` is admitted; Overloaded when it is refused."""
+    def precheck(self, ticket: Ticket) -> None:
+        """Refuse (Overloaded) what the tenant's limits or the queue alone refuse, before the request
+        is tokenized and predicted."""
         if not self.gated(ticket):
             return
         now = self.clock()
         limited = self.limits.check(ticket.spec, now)
         if limited is not None:
             raise self._refused(ticket, limited, 429, self.limits.retry_after(ticket.spec, now))
+        if ticket.slo_s is not None:
+            verdict = adm.before_prediction(self.config, self._ask(ticket, None), self.queue, self.rates,
+                                            self.weights(), now)
+            if verdict is not None:
+                raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
+
+    async def enter(self, ticket: Ticket, predict: Predict) -> None:
+        """Return when `ticket` is admitted; Overloaded when it is refused. `precheck` first."""
+        if not self.gated(ticket):
+            return
+        now = self.clock()
         predicted = await predict() if ticket.slo_s is not None else None
         now = self.clock()
         verdict = adm.on_arrival(self.config, self._ask(ticket, predicted), self.queue, self.rates,
@@ -111,7 +123,7 @@ class AdmissionGate:
                 if first and self.queue.head() is entry:
                     future.set_result(None)
                 first = False
-                left = ticket.slo_s - (self.clock() - ticket.arrived)
+                left = adm.expires_at(ticket.slo_s, ticket.arrived) - self.clock()
                 done, _ = await asyncio.wait((future,), timeout=max(0.0, left))
                 if not done:
                     raise self._leave(entry, self._refused(ticket, "deadline", 503, 1.0))
@@ -140,8 +152,8 @@ class AdmissionGate:
                                                            verdict.retry_after_s))
                 if verdict.action == adm.ADMIT:
                     self.queue.remove(entry, served=True)
-                    self._left(ticket)
                     self._admit(ticket, predicted, now)
+                    self._left(ticket)
                     return True
                 if not self._again:
                     return False

@@ -40,6 +40,7 @@ class Entry:
         raw = await read_body(request, self.cluster.max_body_bytes)
         body, raw = strip_engine_fields(parse_json(raw), raw)
         ticket = self.ticket(request, body)
+        self.gate.precheck(ticket)
         prepared = await self.router.prepare(body, kind)
         self.router.recent.arrived(prepared.trace)
         status = "error"

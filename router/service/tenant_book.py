@@ -15,11 +15,13 @@ import pathlib
 import tomllib
 from typing import Mapping
 
+from aiohttp import web
+
 from router.decision.tenants import DEFAULT_TENANT, NAME, TenantSpec
 
 log = logging.getLogger(__name__)
 
-TENANT_KEY = "kvroute_tenant"  # the request's tenant by API key, as the auth middleware found it
+TENANT_KEY = web.RequestKey("tenant", str)  # the request's tenant by API key, as the auth middleware found it
 FIELDS = {"weight", "slo_ttft_s", "rate", "burst", "max_concurrency", "keys"}
 
 
