@@ -41,7 +41,7 @@ ADMIT, QUEUE, WAIT, REFUSE = "admit", "queue", "wait", "refuse"
 @dataclasses.dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     slo_ttft_s: float | None = None  # default SLO; None: admission off unless a tenant or request sets one
-    margin: float = -0.5  # engines may hold predicted TTFT up to SLO x (1 + margin) before requests queue
+    margin: float = -0.4  # engines may hold predicted TTFT up to SLO x (1 + margin) before requests queue
     max_queue: int = 1024  # requests waiting in the router, all tenants and bands
     priority_edges: tuple[int, ...] = (0, 1)  # bands: priority < 0, == 0, >= 1 (lower is more urgent)
     drain_halflife_s: float = 2.0  # half-life of the admitted-rate estimate (the drain rate)
@@ -74,6 +74,7 @@ class Ask:
     slo_s: float
     arrived: float  # on the caller's clock
     predicted_s: float | None  # the best candidate's predicted TTFT now; None: no prediction (admit)
+    prefill_s: float = 0.0  # of which its own prefill: the threshold is never below it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,21 +129,32 @@ def over_share(tenant: str, weights: Mapping[str, float], rates: Mapping[str, fl
     return mine / total > fair + tolerance
 
 
-def predicted_ttft(decision: Decision) -> float | None:
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    ttft_s: float | None  # None: the policy predicts nothing (round_robin, least_load, ...): admit
+    prefill_s: float = 0.0  # the request's own prefill, of ttft_s
+
+
+NO_PREDICTION = Prediction(ttft_s=None)
+
+
+def predicted_ttft(decision: Decision) -> Prediction:
     """The decision's predicted TTFT on its choice: the wait there plus its own prefill (kv_cost's
-    first two terms); None for a policy that predicts nothing (round_robin, least_load, ...)."""
+    first two terms)."""
     terms = decision.terms.get(decision.instance)
-    return terms[0] + terms[1] if terms else None
+    return Prediction(ttft_s=terms[0] + terms[1], prefill_s=terms[1]) if terms else NO_PREDICTION
 
 
-def threshold_of(config: AdmissionConfig, slo_s: float) -> float:
-    return slo_s * (1.0 + config.margin)
+def threshold_of(config: AdmissionConfig, ask: Ask) -> float:
+    """What the engines may hold of predicted TTFT: SLO x (1 + margin), never below the request's
+    own prefill (which no wait can shorten)."""
+    return max(ask.slo_s * (1.0 + config.margin), ask.prefill_s)
 
 
 def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
                now: float) -> Verdict:
     """Admit now, queue (perhaps displacing a queued entry) or refuse a new request."""
-    threshold, budget = threshold_of(config, ask.slo_s), ask.slo_s - (now - ask.arrived)
+    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
     predicted = ask.predicted_s
     common = dict(budget_s=budget, threshold_s=threshold)
@@ -172,7 +184,7 @@ def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates
     ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
     if not ahead:
         return None
-    threshold, budget = threshold_of(config, ask.slo_s), ask.slo_s - (now - ask.arrived)
+    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     admitted = rates.rates(now)
     wait = (ahead + 1) / max(sum(admitted.values()), config.min_drain_rps)
     if wait + threshold <= budget:
@@ -184,7 +196,7 @@ def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates
 
 def on_head(config: AdmissionConfig, ask: Ask, now: float) -> Verdict:
     """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline)."""
-    threshold, budget = threshold_of(config, ask.slo_s), ask.slo_s - (now - ask.arrived)
+    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     predicted = ask.predicted_s
     common = dict(budget_s=budget, threshold_s=threshold)
     if predicted is None or predicted <= min(threshold, budget):

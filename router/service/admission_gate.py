@@ -22,7 +22,7 @@ from router.decision.tenants import Limits, TenantSpec, spec_of
 from router.service.admission_metrics import AdmissionMetrics
 from router.service.tenant_book import TenantBook
 
-Predict = Callable[[], Awaitable[float | None]]
+Predict = Callable[[], Awaitable[adm.Prediction]]
 
 
 @dataclasses.dataclass(eq=False, kw_only=True, slots=True)
@@ -55,9 +55,10 @@ class AdmissionGate:
         spec = ticket.spec
         return ticket.slo_s is not None or spec.rate is not None or spec.max_concurrency is not None
 
-    def _ask(self, ticket: Ticket, predicted: float | None) -> adm.Ask:
+    def _ask(self, ticket: Ticket, predicted: adm.Prediction) -> adm.Ask:
         return adm.Ask(tenant=ticket.spec.name, band=ticket.band, weight=ticket.spec.weight,
-                       slo_s=ticket.slo_s or float("inf"), arrived=ticket.arrived, predicted_s=predicted)
+                       slo_s=ticket.slo_s or float("inf"), arrived=ticket.arrived, predicted_s=predicted.ttft_s,
+                       prefill_s=predicted.prefill_s)
 
     def weights(self) -> dict[str, float]:
         return {name: spec.weight for name, spec in self.book.tenants.items()}
@@ -72,7 +73,7 @@ class AdmissionGate:
         if limited is not None:
             raise self._refused(ticket, limited, 429, self.limits.retry_after(ticket.spec, now))
         if ticket.slo_s is not None:
-            verdict = adm.before_prediction(self.config, self._ask(ticket, None), self.queue, self.rates,
+            verdict = adm.before_prediction(self.config, self._ask(ticket, adm.NO_PREDICTION), self.queue, self.rates,
                                             self.weights(), now)
             if verdict is not None:
                 raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
@@ -82,7 +83,7 @@ class AdmissionGate:
         if not self.gated(ticket):
             return
         now = self.clock()
-        predicted = await predict() if ticket.slo_s is not None else None
+        predicted = await predict() if ticket.slo_s is not None else adm.NO_PREDICTION
         now = self.clock()
         verdict = adm.on_arrival(self.config, self._ask(ticket, predicted), self.queue, self.rates,
                                  self.weights(), now)
@@ -94,9 +95,10 @@ class AdmissionGate:
             self._displace(verdict.displace)
         await self._wait(ticket, predict)
 
-    def explain(self, ticket: Ticket, predicted: float | None) -> dict:
+    def explain(self, ticket: Ticket, predicted: adm.Prediction) -> dict:
         """What `enter` would decide now, for POST /router/explain (nothing recorded)."""
-        out = {"tenant": ticket.spec.name, "band": ticket.band, "slo_ttft_s": ticket.slo_s, "predicted_ttft_s": predicted,
+        out = {"tenant": ticket.spec.name, "band": ticket.band, "slo_ttft_s": ticket.slo_s,
+               "predicted_ttft_s": predicted.ttft_s, "predicted_prefill_s": predicted.prefill_s,
                "queued": len(self.queue)}
         if not self.gated(ticket):
             return {**out, "action": adm.ADMIT, "reason": "no SLO and no limits for this tenant"}
@@ -192,13 +194,13 @@ class AdmissionGate:
             if future is not None and not future.done():
                 future.set_result(None)
 
-    def _admit(self, ticket: Ticket, predicted: float | None, now: float) -> None:
-        ticket.predicted_s, ticket.dispatched = predicted, time.perf_counter()
+    def _admit(self, ticket: Ticket, predicted: adm.Prediction, now: float) -> None:
+        ticket.predicted_s, ticket.dispatched = predicted.ttft_s, time.perf_counter()
         self.rates.add(ticket.spec.name, now)
         self.limits.admitted(ticket.spec, now)
         self.metrics.decided(ticket.spec.name, ticket.band, "admitted", "queued" if ticket.queued else "fits")
-        if predicted is not None:
-            self.metrics.predicted(ticket.spec.name, predicted)
+        if predicted.ttft_s is not None:
+            self.metrics.predicted(ticket.spec.name, predicted.ttft_s)
 
     def _refused(self, ticket: Ticket, reason: str, status: int, retry_after_s: float) -> Overloaded:
         self.metrics.decided(ticket.spec.name, ticket.band, "refused", reason)

@@ -83,7 +83,7 @@ class RouterConfig:
     tenants: str | None = None  # the tenant file (JSON or TOML), reloaded on SIGHUP
     tenant_header: str | None = None  # behind a trusted gateway: the header naming the tenant
     slo_ttft_s: float | None = None
-    admission_margin: float = -0.5
+    admission_margin: float = -0.4
     admission_queue: int = 1024
     priority_edges: tuple[int, ...] = (0, 1)
 

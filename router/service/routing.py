@@ -22,7 +22,7 @@ from router.contract.encoding import Encoding
 from router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
 from router.service.metrics import RouterMetrics
 from router.contract.openai_request import CompletionRequest, parse_request
-from router.decision.admission import predicted_ttft
+from router.decision.admission import NO_PREDICTION, Prediction, predicted_ttft
 from router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
 from router.decision.scoring.tier_credit import with_store
 from router.decision.prefix_hashes import PrefixHashes
@@ -161,15 +161,15 @@ class Router:
             self.decided(prepared)
         return self.choice(prepared, routed, matches)
 
-    async def predict(self, prepared: Prepared, roles: Sequence[str] | None = None) -> float | None:
+    async def predict(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Prediction:
         """The best candidate's predicted TTFT now, for admission (router/decision/admission.py): the
-        decision without its bookkeeping; None when the policy predicts nothing or nobody can take it."""
+        decision without its bookkeeping; none when the policy predicts nothing or nobody can take it."""
         group = self.group(prepared.model, roles)
         matches = await self.lookup(prepared)
         try:
             routed = self.decision.choose(prepared.route, group, matches, self.clock())
         except NoCandidates:
-            return None
+            return NO_PREDICTION
         return predicted_ttft(routed.decision)
 
     def group(self, model: str, roles: Sequence[str] | None) -> Group:

@@ -9,8 +9,9 @@ from router.decision.tenants import Limits, TenantSpec
 CFG = adm.AdmissionConfig(slo_ttft_s=0.5, margin=-0.5, max_queue=4)
 
 
-def ask(predicted, tenant="a", band=1, weight=1.0, arrived=0.0, slo=0.5):
-    return adm.Ask(tenant=tenant, band=band, weight=weight, slo_s=slo, arrived=arrived, predicted_s=predicted)
+def ask(predicted, tenant="a", band=1, weight=1.0, arrived=0.0, slo=0.5, prefill=0.0):
+    return adm.Ask(tenant=tenant, band=band, weight=weight, slo_s=slo, arrived=arrived, predicted_s=predicted,
+                   prefill_s=prefill)
 
 
 def busy_rates(now=10.0, **per_tenant):
@@ -119,6 +120,8 @@ def test_the_head_goes_waits_or_loses_its_deadline():
     late = adm.on_head(CFG, ask(0.3, arrived=0.0), now=0.3)  # budget 0.2 < 0.3
     assert late.action == adm.REFUSE and late.reason == "deadline"
     assert adm.on_head(CFG, ask(None), now=0.0).action == adm.ADMIT  # a policy that predicts nothing
+    # the threshold is never below the request's own prefill: a long prompt on an idle fleet goes
+    assert adm.on_arrival(CFG, ask(0.4, prefill=0.4), FairQueue(3), adm.Rates(2.0), {}, now=0.0).action == adm.ADMIT
     assert adm.expires_at(0.5, 1.0) == pytest.approx(1.45)
 
 
