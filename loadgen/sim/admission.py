@@ -106,7 +106,7 @@ class SimAdmission:
     def _expire(self, entry: QueueEntry) -> None:
         if self.queue.remove(entry):
             now = adm.expires_at(self.config.slo_ttft_s, entry.arrived)
-            self._refuse(entry.item, entry.arrived, now, adm.Verdict(action=adm.REFUSE, reason="expired",
+            self._refuse(entry.item, entry.arrived, now, adm.Verdict(action=adm.REFUSE, reason="deadline",
                                                                      status=503))
 
     def _admitted(self, tenant: str, now: float, how: str) -> None:
