@@ -12,6 +12,13 @@ from router.contract.serve import bind_socket, config_values, run_app, setup_log
 from router.service.tenant_book import TenantBook, split_keys
 
 
+def _edges(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"priorities are integers, comma-separated, got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from router.index import INDEXES
     from router.decision.policies import POLICIES
@@ -49,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "wait in the router's queue")
     p.add_argument("--admission-queue", type=int, default=d["admission_queue"].default,
                    help="admission: requests that may wait in the router's queue (all tenants)")
-    p.add_argument("--priority-edges", default="0,1", metavar="P,P",
+    p.add_argument("--priority-edges", type=_edges, default=d["priority_edges"].default, metavar="P,P",
                    help="admission: priority bands cut at these priorities (lower is more urgent)")
     p.add_argument("--admin-key", default=os.environ.get("KVROUTE_ADMIN_KEY"),
                    help="require 'Authorization: Bearer KEY' on /router/* and /workers; also the key the router "
@@ -136,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
         values[name] = tuple(values[name])
     values["api_key"], values["api_keys"] = split_keys(args.api_key)
     try:
-        values["priority_edges"] = tuple(int(v) for v in args.priority_edges.split(",") if v.strip())
         setup_logging(args.log_level)
         config = RouterConfig(**values)
         from router.contract.tokenizer import load_tokenizer

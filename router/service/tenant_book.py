@@ -71,8 +71,12 @@ class TenantBook:
         self.reload()
 
     def reload(self) -> dict[str, TenantSpec]:
-        """Reread the file (ValueError/OSError: the book is unchanged)."""
-        tenants = parse_tenants(self.path.read_text(), self.path.suffix) if self.path else {}
+        """Reread the file (ValueError: the book is unchanged)."""
+        try:
+            text = self.path.read_text() if self.path else None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the tenant file {self.path}: {getattr(e, 'strerror', None) or e}") from None
+        tenants = parse_tenants(text, self.path.suffix) if text is not None else {}
         keys = {f"Bearer {key}".encode(): name for name, key in self.cli_keys}
         for spec in tenants.values():
             keys.update({f"Bearer {key}".encode(): spec.name for key in spec.keys})
