@@ -117,6 +117,25 @@ class Rates:
         return out
 
 
+class Calibration:
+    """How far observed TTFT runs from predicted (an EWMA of observed - predicted, seconds), added to
+    predictions: what the router's own overhead and the engines' step times add to the cost model."""
+
+    def __init__(self, alpha: float = 0.05, limit_s: float = 1.0) -> None:
+        self.alpha, self.limit_s = alpha, limit_s
+        self.bias_s = 0.0
+
+    def observe(self, predicted_s: float, observed_s: float) -> None:
+        error = min(max(observed_s - predicted_s, -self.limit_s), self.limit_s)
+        self.bias_s += self.alpha * (error - self.bias_s)
+
+    def corrected(self, prediction: "Prediction") -> "Prediction":
+        if prediction.ttft_s is None:
+            return prediction
+        return Prediction(ttft_s=max(prediction.prefill_s, prediction.ttft_s + self.bias_s),
+                          prefill_s=prediction.prefill_s)
+
+
 def over_share(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float], tolerance: float = 0.05) -> bool:
     """`tenant` was admitted more than its weighted share of the recent admissions, among the
     tenants admitted lately (alone, a tenant is never over its share)."""

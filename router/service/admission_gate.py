@@ -43,6 +43,7 @@ class AdmissionGate:
         self.queue = FairQueue(config.bands)
         self.rates = adm.Rates(config.drain_halflife_s)
         self.limits = Limits()
+        self.calibration = adm.Calibration()
         self._waiters: dict[QueueEntry, asyncio.Future] = {}
         self._busy = self._again = False
 
@@ -56,6 +57,7 @@ class AdmissionGate:
         return ticket.slo_s is not None or spec.rate is not None or spec.max_concurrency is not None
 
     def _ask(self, ticket: Ticket, predicted: adm.Prediction) -> adm.Ask:
+        predicted = self.calibration.corrected(predicted)
         return adm.Ask(tenant=ticket.spec.name, band=ticket.band, weight=ticket.spec.weight,
                        slo_s=ticket.slo_s or float("inf"), arrived=ticket.arrived, predicted_s=predicted.ttft_s,
                        prefill_s=predicted.prefill_s)
@@ -99,7 +101,7 @@ class AdmissionGate:
         """What `enter` would decide now, for POST /router/explain (nothing recorded)."""
         out = {"tenant": ticket.spec.name, "band": ticket.band, "slo_ttft_s": ticket.slo_s,
                "predicted_ttft_s": predicted.ttft_s, "predicted_prefill_s": predicted.prefill_s,
-               "queued": len(self.queue)}
+               "calibration_bias_s": self.calibration.bias_s, "queued": len(self.queue)}
         if not self.gated(ticket):
             return {**out, "action": adm.ADMIT, "reason": "no SLO and no limits for this tenant"}
         limited = self.limits.check(ticket.spec, self.clock())
@@ -219,4 +221,5 @@ class AdmissionGate:
         self.limits.finished(ticket.spec.name)
         if first_token is not None and ticket.predicted_s is not None:
             self.metrics.observed(ticket.spec.name, first_token - ticket.dispatched)
+            self.calibration.observe(ticket.predicted_s, first_token - ticket.dispatched)
         self.poke()

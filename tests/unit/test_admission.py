@@ -155,3 +155,15 @@ def test_config_is_validated():
     with pytest.raises(ValueError):
         TenantSpec(name="a b")
     assert adm.AdmissionConfig().slo_ttft_s is None  # off by default
+
+
+def test_calibration_learns_how_far_observed_runs_from_predicted():
+    cal = adm.Calibration(alpha=0.5)
+    for _ in range(20):
+        cal.observe(predicted_s=0.1, observed_s=0.3)
+    assert cal.bias_s == pytest.approx(0.2, abs=1e-3)
+    assert cal.corrected(adm.Prediction(ttft_s=0.1, prefill_s=0.05)).ttft_s == pytest.approx(0.3, abs=1e-3)
+    for _ in range(40):
+        cal.observe(predicted_s=0.5, observed_s=0.0)
+    assert cal.corrected(adm.Prediction(ttft_s=0.1, prefill_s=0.05)).ttft_s == pytest.approx(0.05)  # own prefill
+    assert cal.corrected(adm.NO_PREDICTION).ttft_s is None
