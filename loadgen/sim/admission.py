@@ -65,7 +65,7 @@ class SimAdmission:
             ask = self._ask(spec, now, self.predict(spec, now))
             verdict = adm.on_arrival(self.config, ask, self.queue, self.rates, self.weights, now)
         if verdict.action == adm.ADMIT:
-            self._admitted(ask.tenant, now, "fits")
+            self._admitted(ask.tenant, now, verdict.reason)
             return True
         if verdict.action == adm.REFUSE:
             self._refuse(spec, now, now, verdict)
@@ -91,12 +91,12 @@ class SimAdmission:
         try:
             while (head := self.queue.head()) is not None:
                 verdict = adm.on_head(self.config, self._ask(head.item, head.arrived, self.predict(head.item, now)),
-                                      now)
+                                      now, self.rates.last)
                 if verdict.action == adm.WAIT:
                     return
                 self.queue.remove(head, served=verdict.action == adm.ADMIT)
                 if verdict.action == adm.ADMIT:
-                    self._admitted(head.tenant, now, "queued")
+                    self._admitted(head.tenant, now, "probe" if verdict.reason == "probe" else "queued")
                     self.dispatch(head.item, head.arrived)
                 else:
                     self._refuse(head.item, head.arrived, now, verdict)

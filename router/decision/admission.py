@@ -20,7 +20,9 @@ priority and tenant, and refused while refusing is cheap:
               fast as the budget does: it will not fit)                         -> refuse
               otherwise                                                         -> wait
 
-`budget` is the SLO less the time waited. A refusal is 429 when the tenant takes more than
+`budget` is the SLO less the time waited. When nothing was admitted for `probe_s`, the next request
+goes anyway: predictions learn from first tokens, and a fleet that admitted nothing would never
+see the first token that corrects a pessimistic one. A refusal is 429 when the tenant takes more than
 its weighted share of what the fleet admitted lately (it should slow down), else 503 (the
 fleet is saturated); Retry-After is the queue wait beyond what the budget allows, at least
 1 s. Nothing admitted is refused afterwards.
@@ -46,6 +48,7 @@ class AdmissionConfig:
     priority_edges: tuple[int, ...] = (0, 1)  # bands: priority < 0, == 0, >= 1 (lower is more urgent)
     drain_halflife_s: float = 2.0  # half-life of the admitted-rate estimate (the drain rate)
     min_drain_rps: float = 1.0  # the drain rate assumed before anything was admitted
+    probe_s: float = 1.0  # nothing admitted this long: the next request goes anyway, so predictions relearn
 
     def __post_init__(self) -> None:
         if self.slo_ttft_s is not None and not self.slo_ttft_s > 0:
@@ -56,8 +59,8 @@ class AdmissionConfig:
             raise ValueError(f"--admission-queue must be >= 0, got {self.max_queue}")
         if list(self.priority_edges) != sorted(set(self.priority_edges)) or len(self.priority_edges) > 7:
             raise ValueError(f"priority band edges must be increasing, at most 7, got {self.priority_edges}")
-        if self.drain_halflife_s <= 0 or self.min_drain_rps <= 0:
-            raise ValueError("drain_halflife_s and min_drain_rps must be positive")
+        if self.drain_halflife_s <= 0 or self.min_drain_rps <= 0 or self.probe_s <= 0:
+            raise ValueError("drain_halflife_s, min_drain_rps and probe_s must be positive")
 
     @property
     def bands(self) -> int:
@@ -100,6 +103,7 @@ class Rates:
     def __init__(self, halflife_s: float) -> None:
         self.halflife_s = halflife_s
         self._counts: dict[str, tuple[float, float]] = {}  # tenant -> (decayed count, as of)
+        self.last = -math.inf  # when anything was last admitted
 
     def _value(self, tenant: str, now: float) -> float:
         value, since = self._counts.get(tenant, (0.0, now))
@@ -107,6 +111,7 @@ class Rates:
 
     def add(self, tenant: str, now: float) -> None:
         self._counts[tenant] = (self._value(tenant, now) + 1.0, now)
+        self.last = max(self.last, now)
 
     def rate(self, tenant: str, now: float) -> float:
         return self._value(tenant, now) * math.log(2) / self.halflife_s
@@ -118,21 +123,27 @@ class Rates:
 
 
 class Calibration:
-    """How far observed TTFT runs from predicted (an EWMA of observed - predicted, seconds), added to
-    predictions: what the router's own overhead and the engines' step times add to the cost model."""
+    """How far observed TTFT runs from predicted, added to predictions: what the router's own work and
+    the engines' step overheads add to the cost model. An EWMA of observed - predicted (each sample
+    clamped to +-limit_s), decaying towards 0 with `halflife_s` when nothing is observed (a bias that
+    refused everything would otherwise never meet the observation that corrects it), at most limit_s."""
 
-    def __init__(self, alpha: float = 0.05, limit_s: float = 1.0) -> None:
-        self.alpha, self.limit_s = alpha, limit_s
-        self.bias_s = 0.0
+    def __init__(self, limit_s: float, alpha: float = 0.05, halflife_s: float = 5.0) -> None:
+        self.limit_s, self.alpha, self.halflife_s = limit_s, alpha, halflife_s
+        self._bias, self._at = 0.0, 0.0
 
-    def observe(self, predicted_s: float, observed_s: float) -> None:
+    def bias_s(self, now: float) -> float:
+        return self._bias * 0.5 ** (max(0.0, now - self._at) / self.halflife_s)
+
+    def observe(self, predicted_s: float, observed_s: float, now: float) -> None:
         error = min(max(observed_s - predicted_s, -self.limit_s), self.limit_s)
-        self.bias_s += self.alpha * (error - self.bias_s)
+        bias = self.bias_s(now)
+        self._bias, self._at = bias + self.alpha * (error - bias), now
 
-    def corrected(self, prediction: "Prediction") -> "Prediction":
+    def corrected(self, prediction: "Prediction", now: float) -> "Prediction":
         if prediction.ttft_s is None:
             return prediction
-        return Prediction(ttft_s=max(prediction.prefill_s, prediction.ttft_s + self.bias_s),
+        return Prediction(ttft_s=max(prediction.prefill_s, prediction.ttft_s + self.bias_s(now)),
                           prefill_s=prediction.prefill_s)
 
 
@@ -179,6 +190,8 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     common = dict(budget_s=budget, threshold_s=threshold)
     if ahead == 0 and (predicted is None or predicted <= min(threshold, budget)):
         return Verdict(action=ADMIT, reason="fits", **common)
+    if ahead == 0 and now - rates.last >= config.probe_s:
+        return Verdict(action=ADMIT, reason="probe", **common)
     admitted = rates.rates(now)
     drain = max(sum(admitted.values()), config.min_drain_rps)
     excess = max(0.0, predicted - threshold) if predicted is not None else 0.0
@@ -213,13 +226,15 @@ def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates
                    dict(budget_s=budget, threshold_s=threshold))
 
 
-def on_head(config: AdmissionConfig, ask: Ask, now: float) -> Verdict:
+def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf) -> Verdict:
     """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline)."""
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     predicted = ask.predicted_s
     common = dict(budget_s=budget, threshold_s=threshold)
     if predicted is None or predicted <= min(threshold, budget):
         return Verdict(action=ADMIT, reason="fits", **common)
+    if now - last_admitted >= config.probe_s:
+        return Verdict(action=ADMIT, reason="probe", **common)
     if predicted > budget:
         return _refuse("deadline", False, predicted - budget, 0.0, common)
     return Verdict(action=WAIT, reason="engines_busy", **common)

@@ -43,7 +43,8 @@ class AdmissionGate:
         self.queue = FairQueue(config.bands)
         self.rates = adm.Rates(config.drain_halflife_s)
         self.limits = Limits()
-        self.calibration = adm.Calibration()
+        # at most a tenth of the default SLO (or 50 ms): a correction, never a lock-out
+        self.calibration = adm.Calibration(limit_s=0.1 * (config.slo_ttft_s or 0.5))
         self._waiters: dict[QueueEntry, asyncio.Future] = {}
         self._busy = self._again = False
 
@@ -57,7 +58,7 @@ class AdmissionGate:
         return ticket.slo_s is not None or spec.rate is not None or spec.max_concurrency is not None
 
     def _ask(self, ticket: Ticket, predicted: adm.Prediction) -> adm.Ask:
-        predicted = self.calibration.corrected(predicted)
+        predicted = self.calibration.corrected(predicted, self.clock())
         return adm.Ask(tenant=ticket.spec.name, band=ticket.band, weight=ticket.spec.weight,
                        slo_s=ticket.slo_s or float("inf"), arrived=ticket.arrived, predicted_s=predicted.ttft_s,
                        prefill_s=predicted.prefill_s)
@@ -90,7 +91,7 @@ class AdmissionGate:
         verdict = adm.on_arrival(self.config, self._ask(ticket, predicted), self.queue, self.rates,
                                  self.weights(), now)
         if verdict.action == adm.ADMIT:
-            return self._admit(ticket, predicted, now)
+            return self._admit(ticket, predicted, now, verdict.reason)
         if verdict.action == adm.REFUSE:
             raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
         if verdict.displace is not None:
@@ -101,7 +102,7 @@ class AdmissionGate:
         """What `enter` would decide now, for POST /router/explain (nothing recorded)."""
         out = {"tenant": ticket.spec.name, "band": ticket.band, "slo_ttft_s": ticket.slo_s,
                "predicted_ttft_s": predicted.ttft_s, "predicted_prefill_s": predicted.prefill_s,
-               "calibration_bias_s": self.calibration.bias_s, "queued": len(self.queue)}
+               "calibration_bias_s": self.calibration.bias_s(self.clock()), "queued": len(self.queue)}
         if not self.gated(ticket):
             return {**out, "action": adm.ADMIT, "reason": "no SLO and no limits for this tenant"}
         limited = self.limits.check(ticket.spec, self.clock())
@@ -150,13 +151,13 @@ class AdmissionGate:
                 self._again = False
                 predicted = await predict()
                 now = self.clock()
-                verdict = adm.on_head(self.config, self._ask(ticket, predicted), now)
+                verdict = adm.on_head(self.config, self._ask(ticket, predicted), now, self.rates.last)
                 if verdict.action == adm.REFUSE:
                     raise self._leave(entry, self._refused(ticket, verdict.reason, verdict.status,
                                                            verdict.retry_after_s))
                 if verdict.action == adm.ADMIT:
                     self.queue.remove(entry, served=True)
-                    self._admit(ticket, predicted, now)
+                    self._admit(ticket, predicted, now, verdict.reason)
                     self._left(ticket)
                     return True
                 if not self._again:
@@ -196,11 +197,12 @@ class AdmissionGate:
             if future is not None and not future.done():
                 future.set_result(None)
 
-    def _admit(self, ticket: Ticket, predicted: adm.Prediction, now: float) -> None:
+    def _admit(self, ticket: Ticket, predicted: adm.Prediction, now: float, reason: str = "fits") -> None:
         ticket.predicted_s, ticket.dispatched = predicted.ttft_s, time.perf_counter()
         self.rates.add(ticket.spec.name, now)
         self.limits.admitted(ticket.spec, now)
-        self.metrics.decided(ticket.spec.name, ticket.band, "admitted", "queued" if ticket.queued else "fits")
+        how = "probe" if reason == "probe" else "queued" if ticket.queued else "fits"
+        self.metrics.decided(ticket.spec.name, ticket.band, "admitted", how)
         if predicted.ttft_s is not None:
             self.metrics.predicted(ticket.spec.name, predicted.ttft_s)
 
@@ -221,5 +223,5 @@ class AdmissionGate:
         self.limits.finished(ticket.spec.name)
         if first_token is not None and ticket.predicted_s is not None:
             self.metrics.observed(ticket.spec.name, first_token - ticket.dispatched)
-            self.calibration.observe(ticket.predicted_s, first_token - ticket.dispatched)
+            self.calibration.observe(ticket.predicted_s, first_token - ticket.dispatched, self.clock())
         self.poke()

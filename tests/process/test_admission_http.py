@@ -25,6 +25,8 @@ async def post(http, url, body, headers=None):
 async def test_a_request_that_cannot_meet_its_slo_is_refused_at_once_with_retry_after(start_engine, start_router,
                                                                                        http):
     url, _, _ = await cluster(start_engine, start_router, n=1, slo_ttft_s=0.0001)
+    probe = await post(http, url, {"prompt": prompt(1), "max_tokens": 2})
+    assert probe[0] == 200  # nothing admitted yet: a probe goes, so the predictions can learn
     status, headers, body = await post(http, url, {"prompt": prompt(1), "max_tokens": 2})
     assert status == 503 and int(headers["Retry-After"]) >= 1
     error = orjson.loads(body)["error"]

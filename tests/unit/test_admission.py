@@ -22,6 +22,13 @@ def busy_rates(now=10.0, **per_tenant):
     return rates
 
 
+def recent(now=0.0):
+    """Rates with an admission just now (no probe due)."""
+    rates = adm.Rates(2.0)
+    rates.add("x", now)
+    return rates
+
+
 def drain_order(queue):
     out = []
     while (head := queue.head()) is not None:
@@ -69,14 +76,14 @@ def test_displacement_takes_the_newest_least_urgent_then_the_tenant_over_its_sha
 
 
 def test_admits_when_the_prediction_fits_and_nothing_is_queued():
-    v = adm.on_arrival(CFG, ask(0.2), FairQueue(3), adm.Rates(2.0), {}, now=0.0)
-    assert v.action == adm.ADMIT and v.threshold_s == pytest.approx(0.25)
+    v = adm.on_arrival(CFG, ask(0.2), FairQueue(3), recent(), {}, now=0.0)
+    assert v.action == adm.ADMIT and v.reason == "fits" and v.threshold_s == pytest.approx(0.25)
 
 
 def test_queues_a_request_the_engines_cannot_take_yet_and_refuses_one_they_never_will():
-    v = adm.on_arrival(CFG, ask(0.3), FairQueue(3), adm.Rates(2.0), {}, now=0.0)
+    v = adm.on_arrival(CFG, ask(0.3), FairQueue(3), recent(), {}, now=0.0)
     assert v.action == adm.QUEUE and v.reason == "engines_busy" and v.wait_s == pytest.approx(0.05)
-    v = adm.on_arrival(CFG, ask(0.9), FairQueue(3), adm.Rates(2.0), {}, now=0.0)
+    v = adm.on_arrival(CFG, ask(0.9), FairQueue(3), recent(), {}, now=0.0)
     assert v.action == adm.REFUSE and v.status == 503 and v.reason == "saturated"
     assert v.retry_after_s >= 1.0
 
@@ -108,20 +115,21 @@ def test_a_full_queue_displaces_lower_priority_or_refuses():
     q = FairQueue(3)
     for i in range(4):
         q.push(tenant="b", band=2, weight=1.0, arrived=0.0, item=i)
-    urgent = adm.on_arrival(CFG, ask(0.3, band=0), q, adm.Rates(2.0), {}, now=0.0)
+    urgent = adm.on_arrival(CFG, ask(0.3, band=0), q, recent(), {}, now=0.0)
     assert urgent.action == adm.QUEUE and urgent.displace is not None and urgent.displace.band == 2
-    same = adm.on_arrival(CFG, ask(0.3, tenant="b", band=2), q, adm.Rates(2.0), {}, now=0.0)
+    same = adm.on_arrival(CFG, ask(0.3, tenant="b", band=2), q, recent(), {}, now=0.0)
     assert same.action == adm.REFUSE and same.reason in ("queue_full", "saturated")
 
 
 def test_the_head_goes_waits_or_loses_its_deadline():
     assert adm.on_head(CFG, ask(0.2, arrived=0.0), now=0.1).action == adm.ADMIT
-    assert adm.on_head(CFG, ask(0.3, arrived=0.0), now=0.1).action == adm.WAIT  # 0.25 < 0.3 <= 0.4
-    late = adm.on_head(CFG, ask(0.3, arrived=0.0), now=0.3)  # budget 0.2 < 0.3
+    assert adm.on_head(CFG, ask(0.3, arrived=0.0), now=0.1, last_admitted=0.0).action == adm.WAIT  # 0.25 < 0.3 <= 0.4
+    late = adm.on_head(CFG, ask(0.3, arrived=0.0), now=0.3, last_admitted=0.0)  # budget 0.2 < 0.3
     assert late.action == adm.REFUSE and late.reason == "deadline"
     assert adm.on_head(CFG, ask(None), now=0.0).action == adm.ADMIT  # a policy that predicts nothing
     # the threshold is never below the request's own prefill: a long prompt on an idle fleet goes
-    assert adm.on_arrival(CFG, ask(0.4, prefill=0.4), FairQueue(3), adm.Rates(2.0), {}, now=0.0).action == adm.ADMIT
+    fits = adm.on_arrival(CFG, ask(0.4, prefill=0.4), FairQueue(3), recent(), {}, now=0.0)
+    assert fits.action == adm.ADMIT and fits.reason == "fits"
     assert adm.expires_at(0.5, 1.0) == pytest.approx(1.45)
 
 
@@ -157,13 +165,27 @@ def test_config_is_validated():
     assert adm.AdmissionConfig().slo_ttft_s is None  # off by default
 
 
-def test_calibration_learns_how_far_observed_runs_from_predicted():
-    cal = adm.Calibration(alpha=0.5)
+def test_calibration_learns_how_far_observed_runs_from_predicted_and_forgets():
+    cal = adm.Calibration(limit_s=0.5, alpha=0.5, halflife_s=5.0)
     for _ in range(20):
-        cal.observe(predicted_s=0.1, observed_s=0.3)
-    assert cal.bias_s == pytest.approx(0.2, abs=1e-3)
-    assert cal.corrected(adm.Prediction(ttft_s=0.1, prefill_s=0.05)).ttft_s == pytest.approx(0.3, abs=1e-3)
+        cal.observe(0.1, 0.3, now=0.0)
+    assert cal.bias_s(0.0) == pytest.approx(0.2, abs=1e-3)
+    assert cal.corrected(adm.Prediction(ttft_s=0.1, prefill_s=0.05), 0.0).ttft_s == pytest.approx(0.3, abs=1e-3)
+    assert cal.bias_s(5.0) == pytest.approx(0.1, abs=1e-3)  # nothing observed: it decays
     for _ in range(40):
-        cal.observe(predicted_s=0.5, observed_s=0.0)
-    assert cal.corrected(adm.Prediction(ttft_s=0.1, prefill_s=0.05)).ttft_s == pytest.approx(0.05)  # own prefill
-    assert cal.corrected(adm.NO_PREDICTION).ttft_s is None
+        cal.observe(0.1, 60.0, now=10.0)  # a stall: each sample clamped, the bias at most the limit
+    assert cal.bias_s(10.0) <= 0.5
+    for _ in range(40):
+        cal.observe(0.5, 0.0, now=10.0)
+    assert cal.corrected(adm.Prediction(ttft_s=0.1, prefill_s=0.05), 10.0).ttft_s == pytest.approx(0.05)
+    assert cal.corrected(adm.NO_PREDICTION, 10.0).ttft_s is None
+
+
+def test_a_fleet_that_admitted_nothing_lately_lets_a_probe_through():
+    rates = adm.Rates(2.0)
+    never = adm.on_arrival(CFG, ask(0.9), FairQueue(3), rates, {}, now=0.0)
+    assert never.action == adm.ADMIT and never.reason == "probe"  # nothing admitted ever: learn
+    rates.add("a", 0.0)
+    assert adm.on_arrival(CFG, ask(0.9), FairQueue(3), rates, {}, now=0.5).action == adm.REFUSE
+    assert adm.on_arrival(CFG, ask(0.9), FairQueue(3), rates, {}, now=1.5).reason == "probe"
+    assert adm.on_head(CFG, ask(0.9, arrived=1.4), now=1.5, last_admitted=0.0).reason == "probe"
