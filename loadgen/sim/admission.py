@@ -91,7 +91,7 @@ class SimAdmission:
         try:
             while (head := self.queue.head()) is not None:
                 verdict = adm.on_head(self.config, self._ask(head.item, head.arrived, self.predict(head.item, now)),
-                                      now, self.rates.last)
+                                      now, self.rates.last(head.tenant))
                 if verdict.action == adm.WAIT:
                     return
                 self.queue.remove(head, served=verdict.action == adm.ADMIT)

@@ -20,9 +20,9 @@ priority and tenant, and refused while refusing is cheap:
               fast as the budget does: it will not fit)                         -> refuse
               otherwise                                                         -> wait
 
-`budget` is the SLO less the time waited. When nothing was admitted for `probe_s`, the next request
-goes anyway: predictions learn from first tokens, and a fleet that admitted nothing would never
-see the first token that corrects a pessimistic one. A refusal is 429 when the tenant takes more than
+`budget` is the SLO less the time waited. When nothing of a tenant was admitted for `probe_s`, its
+next request goes anyway: predictions learn from first tokens (the prefill rate from long prompts),
+and requests that are all refused would never bring the first token that corrects a pessimistic one. A refusal is 429 when the tenant takes more than
 its weighted share of what the fleet admitted lately (it should slow down), else 503 (the
 fleet is saturated); Retry-After is the queue wait beyond what the budget allows, at least
 1 s. Nothing admitted is refused afterwards.
@@ -103,7 +103,7 @@ class Rates:
     def __init__(self, halflife_s: float) -> None:
         self.halflife_s = halflife_s
         self._counts: dict[str, tuple[float, float]] = {}  # tenant -> (decayed count, as of)
-        self.last = -math.inf  # when anything was last admitted
+        self._last: dict[str, float] = {}  # tenant -> when it was last admitted
 
     def _value(self, tenant: str, now: float) -> float:
         value, since = self._counts.get(tenant, (0.0, now))
@@ -111,7 +111,11 @@ class Rates:
 
     def add(self, tenant: str, now: float) -> None:
         self._counts[tenant] = (self._value(tenant, now) + 1.0, now)
-        self.last = max(self.last, now)
+        self._last[tenant] = now
+
+    def last(self, tenant: str) -> float:
+        """When `tenant` was last admitted (-inf: never, or long enough ago to be forgotten)."""
+        return self._last.get(tenant, -math.inf)
 
     def rate(self, tenant: str, now: float) -> float:
         return self._value(tenant, now) * math.log(2) / self.halflife_s
@@ -119,6 +123,7 @@ class Rates:
     def rates(self, now: float) -> dict[str, float]:
         out = {t: self.rate(t, now) for t in self._counts}
         self._counts = {t: v for t, v in self._counts.items() if out[t] > 1e-3}  # forget the long idle
+        self._last = {t: v for t, v in self._last.items() if t in self._counts}
         return out
 
 
@@ -190,7 +195,7 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     common = dict(budget_s=budget, threshold_s=threshold)
     if ahead == 0 and (predicted is None or predicted <= min(threshold, budget)):
         return Verdict(action=ADMIT, reason="fits", **common)
-    if ahead == 0 and now - rates.last >= config.probe_s:
+    if ahead == 0 and now - rates.last(ask.tenant) >= config.probe_s:
         return Verdict(action=ADMIT, reason="probe", **common)
     admitted = rates.rates(now)
     drain = max(sum(admitted.values()), config.min_drain_rps)

@@ -151,7 +151,8 @@ class AdmissionGate:
                 self._again = False
                 predicted = await predict()
                 now = self.clock()
-                verdict = adm.on_head(self.config, self._ask(ticket, predicted), now, self.rates.last)
+                last = self.rates.last(ticket.spec.name)
+                verdict = adm.on_head(self.config, self._ask(ticket, predicted), now, last)
                 if verdict.action == adm.REFUSE:
                     raise self._leave(entry, self._refused(ticket, verdict.reason, verdict.status,
                                                            verdict.retry_after_s))

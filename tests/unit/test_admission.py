@@ -25,7 +25,8 @@ def busy_rates(now=10.0, **per_tenant):
 def recent(now=0.0):
     """Rates with an admission just now (no probe due)."""
     rates = adm.Rates(2.0)
-    rates.add("x", now)
+    for tenant in ("a", "b"):
+        rates.add(tenant, now)
     return rates
 
 
@@ -181,11 +182,12 @@ def test_calibration_learns_how_far_observed_runs_from_predicted_and_forgets():
     assert cal.corrected(adm.NO_PREDICTION, 10.0).ttft_s is None
 
 
-def test_a_fleet_that_admitted_nothing_lately_lets_a_probe_through():
+def test_a_tenant_with_nothing_admitted_lately_gets_a_probe_through():
     rates = adm.Rates(2.0)
     never = adm.on_arrival(CFG, ask(0.9), FairQueue(3), rates, {}, now=0.0)
     assert never.action == adm.ADMIT and never.reason == "probe"  # nothing admitted ever: learn
     rates.add("a", 0.0)
     assert adm.on_arrival(CFG, ask(0.9), FairQueue(3), rates, {}, now=0.5).action == adm.REFUSE
+    assert adm.on_arrival(CFG, ask(0.9, tenant="b"), FairQueue(3), rates, {}, now=0.5).reason == "probe"
     assert adm.on_arrival(CFG, ask(0.9), FairQueue(3), rates, {}, now=1.5).reason == "probe"
     assert adm.on_head(CFG, ask(0.9, arrived=1.4), now=1.5, last_admitted=0.0).reason == "probe"

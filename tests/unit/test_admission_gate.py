@@ -28,7 +28,8 @@ def gate(slo=10.0, max_queue=8, clock=None) -> AdmissionGate:
     config = AdmissionConfig(slo_ttft_s=slo, margin=-0.5, max_queue=max_queue)
     kw = {"clock": clock} if clock else {}
     g = AdmissionGate(config, TenantBook(None), AdmissionMetrics(CollectorRegistry()), **kw)
-    g.rates.add("x", g.clock())  # something admitted just now: no probe is due
+    for tenant in ("a", "b"):
+        g.rates.add(tenant, g.clock())  # admitted just now: no probe is due
     return g
 
 
