@@ -22,10 +22,11 @@ priority and tenant, and refused while refusing is cheap:
 
 `budget` is the SLO less the time waited. When nothing of a tenant was admitted for `probe_s`, its
 next request goes anyway: predictions learn from first tokens (the prefill rate from long prompts),
-and requests that are all refused would never bring the first token that corrects a pessimistic one. A refusal is 429 when the tenant takes more than
-its weighted share of what the fleet admitted lately (it should slow down), else 503 (the
-fleet is saturated); Retry-After is the queue wait beyond what the budget allows, at least
-1 s. Nothing admitted is refused afterwards.
+and requests that are all refused would never bring the first token that corrects a pessimistic one.
+
+A refusal is 429 when the tenant takes more than its weighted share of what the fleet admitted
+lately (it should slow down), else 503 (the fleet is saturated); Retry-After is the queue wait
+beyond what the budget allows, at least 1 s. Nothing admitted is refused afterwards.
 """
 
 from __future__ import annotations
