@@ -10,6 +10,7 @@ router's: the decision on the simulator's groups, not recorded.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Mapping
 
 from loadgen.record import RequestRecord
@@ -22,21 +23,36 @@ from router.decision.route import NoCandidates, RouteDecision
 from router.decision.tenants import DEFAULT_TENANT
 from router.index.memory import MemoryIndex
 
-TenantOf = Callable[[RequestSpec], tuple[str, int]]  # (tenant, priority)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdmissionSetup:
+    """The admission config and the tenants: a request's tenant is its group up to the first ':'
+    (loadgen/sim/tenant_mix.py names them so), with that tenant's (priority, weight)."""
+
+    config: adm.AdmissionConfig
+    tenants: tuple[tuple[str, int, float], ...] = ()  # (name, priority, weight)
+
+    def tenant_of(self, spec: RequestSpec) -> tuple[str, int]:
+        name = spec.group.partition(":")[0] if ":" in spec.group else DEFAULT_TENANT
+        for tenant, priority, _ in self.tenants:
+            if tenant == name:
+                return name, priority
+        return name, 0
+
+    def weights(self) -> dict[str, float]:
+        return {name: weight for name, _, weight in self.tenants}
 
 
 class SimAdmission:
-    def __init__(self, config: adm.AdmissionConfig, *, index: MemoryIndex, decision: RouteDecision,
+    def __init__(self, setup: AdmissionSetup, *, index: MemoryIndex, decision: RouteDecision,
                  members: Callable[[], object], block_size: int, hash_seed: int,
                  dispatch: Callable[[RequestSpec, float], None], record: Callable[[RequestSpec, RequestRecord], None],
-                 call_at: Callable[[float, Callable[[], None]], None],
-                 tenant_of: TenantOf = lambda spec: (DEFAULT_TENANT, 0), weights: Mapping[str, float] = {}) -> None:
-        self.config, self.index, self.decision, self.members = config, index, decision, members
+                 call_at: Callable[[float, Callable[[], None]], None]) -> None:
+        self.config, self.index, self.decision, self.members = setup.config, index, decision, members
         self.block_size, self.hash_seed = block_size, hash_seed
-        self.dispatch, self.record, self.call_at, self.tenant_of = dispatch, record, call_at, tenant_of
-        self.weights = dict(weights)
-        self.queue = FairQueue(config.bands)
-        self.rates = adm.Rates(config.drain_halflife_s)
+        self.dispatch, self.record, self.call_at, self.tenant_of = dispatch, record, call_at, setup.tenant_of
+        self.weights: Mapping[str, float] = setup.weights()
+        self.queue = FairQueue(setup.config.bands)
+        self.rates = adm.Rates(setup.config.drain_halflife_s)
         self.outcomes: dict[str, int] = {}
         self._busy = False
 

@@ -23,7 +23,7 @@ from array import array
 from engine.core.sequence import Sequence
 from engine.core.work import SamplingParams
 from loadgen.record import RequestRecord
-from loadgen.sim.admission import SimAdmission
+from loadgen.sim.admission import AdmissionSetup, SimAdmission
 from loadgen.sim.cluster import ARRIVE, CALL, Cluster, KVEvents
 from loadgen.sim.disagg import Disagg, DisaggConfig
 from loadgen.sim.planning import SimWindow
@@ -32,7 +32,6 @@ from loadgen.sim.load_view import LoadView
 from loadgen.workload_base import RequestSpec
 from router.index.base import event_owner
 from router.index.memory import MemoryIndex
-from router.decision.admission import AdmissionConfig
 from router.decision.base import Policy, RouteRequest
 from router.decision.route import RouteDecision, Routed, RouteSettings, uncached_tokens
 from router.contract.protocol import block_hashes, hash_seed
@@ -58,7 +57,7 @@ class Flight:
 class SimRouter:
     def __init__(self, cluster: Cluster, policy: Policy, followers: dict[int, list[RequestSpec]] | None = None,
                  fast_k: int = 0, recent_ttl_s: float = 2.0, disagg: DisaggConfig | None = None,
-                 window: bool = False, admission: AdmissionConfig | None = None) -> None:
+                 window: bool = False, admission: AdmissionSetup | None = None) -> None:
         self.cluster = cluster
         self.policy = policy
         first = cluster.instances[0]
@@ -79,7 +78,7 @@ class SimRouter:
         self._sampling: dict[int, SamplingParams] = {}
         self.disagg = Disagg(cluster, self.view, self.decision, disagg) if disagg is not None else None
         self.window = SimWindow(cluster) if window else None  # what the planner reads
-        self.admission = None if admission is None or admission.slo_ttft_s is None else SimAdmission(
+        self.admission = None if admission is None or admission.config.slo_ttft_s is None else SimAdmission(
             admission, index=self.index, decision=self.decision, members=self.view.all, block_size=self.block_size,
             hash_seed=self.hash_seed, dispatch=self.on_arrival, record=self._refused,
             call_at=lambda at, fn: cluster.push(at, CALL, fn))

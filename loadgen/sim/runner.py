@@ -24,6 +24,7 @@ from engine.runners.cost_model import get_cost_model
 from engine.runners.sim import LINKS
 from loadgen.arrivals import ArrivalConfig, arrival_times
 from loadgen.record import RequestRecord
+from loadgen.sim.admission import AdmissionSetup
 from loadgen.sim.cluster import Cluster
 from loadgen.sim.disagg import DisaggConfig
 from loadgen.sim.oracle import make_oracle
@@ -75,6 +76,7 @@ class SimConfig:
     # Admission by predicted TTFT (router/decision/admission.py, loadgen/sim/admission.py); None: off.
     admission_slo_s: float | None = None
     admission_margin: float = -0.4
+    admission_tenants: tuple[tuple[str, int, float], ...] = ()  # (name, priority, weight): loadgen/sim/tenant_mix.py
 
     def __post_init__(self) -> None:
         if self.request_overhead_s < 0:
@@ -96,8 +98,9 @@ class SimConfig:
         self.engine_config()
         self.admission()
 
-    def admission(self) -> AdmissionConfig:
-        return AdmissionConfig(slo_ttft_s=self.admission_slo_s, margin=self.admission_margin)
+    def admission(self) -> AdmissionSetup:
+        return AdmissionSetup(config=AdmissionConfig(slo_ttft_s=self.admission_slo_s, margin=self.admission_margin),
+                              tenants=self.admission_tenants)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(backend="sim", cost_model=self.cost_model, block_size=self.block_size,
