@@ -25,6 +25,11 @@ from router.service.tenant_book import TenantBook
 Predict = Callable[[], Awaitable[adm.Prediction]]
 
 
+async def no_prediction() -> adm.Prediction:
+    """For requests admission cannot predict (disaggregated serving): the limits alone apply."""
+    return adm.NO_PREDICTION
+
+
 @dataclasses.dataclass(eq=False, kw_only=True, slots=True)
 class Ticket:
     spec: TenantSpec
@@ -85,8 +90,9 @@ class AdmissionGate:
         """Return when `ticket` is admitted; Overloaded when it is refused. `precheck` first."""
         if not self.gated(ticket):
             return
-        now = self.clock()
-        predicted = await predict() if ticket.slo_s is not None else adm.NO_PREDICTION
+        if ticket.slo_s is None:  # limits only: checked by precheck, counted here
+            return self._admit(ticket, adm.NO_PREDICTION, self.clock())
+        predicted = await predict()
         now = self.clock()
         verdict = adm.on_arrival(self.config, self._ask(ticket, predicted), self.queue, self.rates,
                                  self.weights(), now)

@@ -11,7 +11,7 @@ from aiohttp import web
 from router.contract.errors import KVRouteError
 from router.contract.http import ClientGone, parse_json, read_body, status_of
 from router.fleet.cluster import Cluster
-from router.service.admission_gate import AdmissionGate, Ticket
+from router.service.admission_gate import AdmissionGate, Ticket, no_prediction
 from router.service.proxy import Proxy
 from router.service.request_class import priority_of, slo_of
 from router.service.routing import Prepared, Router
@@ -46,6 +46,7 @@ class Entry:
         status = "error"
         try:
             if self.split.active(prepared.model):
+                await self.gate.enter(ticket, no_prediction)
                 resp = await self.split.handle(request, body, prepared)
             else:
                 roles = self.cluster.colocated_roles(prepared.model)

@@ -94,3 +94,19 @@ async def test_without_an_slo_or_limits_the_gate_does_nothing():
         raise AssertionError("no prediction without an SLO")
     await g.enter(ticket, never)
     assert not ticket.dispatched and len(g.queue) == 0
+
+
+async def test_a_tenant_with_limits_and_no_slo_is_counted_not_queued():
+    from router.decision.tenants import TenantSpec
+
+    g = gate(slo=None)
+    g.book.tenants = {"a": TenantSpec(name="a", max_concurrency=1)}
+    first = g.ticket("a", 0, None)
+    g.precheck(first)
+    await g.enter(first, Fleet(wait=99.0).predict())
+    assert first.dispatched and len(g.queue) == 0
+    with pytest.raises(Overloaded) as refused:
+        g.precheck(g.ticket("a", 0, None))
+    assert refused.value.too_many and refused.value.code == "concurrency"
+    g.done(first, None)
+    g.precheck(g.ticket("a", 0, None))  # room again
