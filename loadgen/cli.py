@@ -23,6 +23,7 @@ from loadgen.progress import Progress
 from loadgen.report import write_run
 from loadgen.runner import LoadConfig, LoadResult, run_load
 from loadgen.summary import format_summary
+from loadgen.tenants import parse_tenant, run_tenants, tenant_summary, workload_of
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 from router.contract.cli_help import HelpFormatter
 
@@ -107,7 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, formatter_class=HelpFormatter, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
     p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
-    add_load_args(p)
+    p.add_argument("--tenant", action="append", default=[], metavar="SPEC",
+                   help="run several tenants at once instead of --workload: name=A,workload=W,rate=R,duration=S"
+                        "[,priority=P][,key=KEY][,header=VALUE][,start=S][,KNOB=VALUE...] (loadgen/tenants.py)")
+    p.add_argument("--tenant-header", default=None, metavar="NAME",
+                   help="with --tenant: send each tenant's name (or its header=) in this header")
+    add_load_args(p, workload_required=False)
     return p
 
 
@@ -165,7 +171,38 @@ def check_load_args(args: argparse.Namespace, target: str = "") -> tuple[LoadCon
 def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
     if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} exists and is not a directory")
+    if args.tenant:
+        if args.workload:
+            raise ValueError("give --workload or --tenant specs, not both")
+        loads = [parse_tenant(spec) for spec in args.tenant]
+        if len({load.name for load in loads}) != len(loads):
+            raise ValueError("two --tenant specs have the same name")
+        config = LoadConfig(target=normalize_target(args.target), model=args.model, api=args.api,
+                            prompt_format=args.prompt_format, request_timeout_s=args.request_timeout,
+                            temperature=args.temperature)
+        return config, loads, sum(len(workload_of(load).requests()) for load in loads)
+    if not args.workload:
+        raise ValueError("give --workload (or one --tenant spec per tenant)")
     return check_load_args(args, args.target)
+
+
+async def _run_tenants(args: argparse.Namespace, config: LoadConfig, loads) -> int:
+    async with aiohttp.ClientSession() as session:
+        await probe_target(session, config.target)
+    print(f"{PROG}: {len(loads)} tenants ({', '.join(load.name for load in loads)}) -> {config.target}",
+          file=sys.stderr)
+    results = await run_tenants(config, loads, args.tenant_header)
+    summary, records = tenant_summary(results, args.slo_ttft, args.slo_tpot)
+    summary = {"target": config.target, **summary}
+    try:
+        write_run(args.out, summary, records)
+    except OSError as e:
+        print(f"{PROG}: cannot write to {args.out}: {e}", file=sys.stderr)
+        return 1
+    for name, s in summary["tenants"].items():
+        print(f"== {name}: refused {s['refused']} (p90 {s['refused_p90_s'] or 0:.3f} s)")
+        print(format_summary(s))
+    return 0
 
 
 async def _run(config: LoadConfig, workload, header: str, show_progress: bool) -> LoadResult:
@@ -211,6 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
+    if args.tenant:
+        try:
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                return runner.run(_run_tenants(args, config, workload))
+        except (TargetError, ValueError) as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 1
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            return 130
     limit = f"up to {n} requests in {args.duration:g} s" if args.duration else f"{n} requests"
     header = f"{PROG}: {args.workload}, {limit}, {config.arrival.describe()} -> {config.target}"
     try:

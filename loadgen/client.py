@@ -63,12 +63,14 @@ async def probe_target(session: aiohttp.ClientSession, target: str, timeout_s: f
 
 
 def request_body(spec: RequestSpec, model: str | None, api: str = "completions", prompt_format: str = "tokens",
-                 tokenizer=None, temperature: float | None = None) -> bytes:
+                 tokenizer=None, temperature: float | None = None, priority: int | None = None) -> bytes:
     """The JSON body for one spec; `tokenizer` (router.contract.tokenizer) is needed for text prompts and chat."""
     body: dict = {"max_tokens": spec.max_tokens, "ignore_eos": True, "stream": True,
                   "stream_options": {"include_usage": True}}
     if temperature is not None:
         body["temperature"] = temperature
+    if priority is not None:
+        body["priority"] = priority
     if model:
         body["model"] = model
     if api == "chat":
@@ -144,12 +146,12 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, star
 
 
 async def send_request(session: aiohttp.ClientSession, url: str, body: bytes, record: RequestRecord, t0: float,
-                       timeout_s: float = 300.0) -> RequestRecord:
+                       timeout_s: float = 300.0, headers: tuple[tuple[str, str], ...] = ()) -> RequestRecord:
     """POST one streaming request and fill `record` (times relative to perf_counter() value t0)."""
     start = time.perf_counter()
     record.send_s = start - t0
     try:
-        async with session.post(url, data=body, headers={"Content-Type": "application/json"},
+        async with session.post(url, data=body, headers={"Content-Type": "application/json", **dict(headers)},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             record.status = resp.status
             record.instance = resp.headers.get(INSTANCE_HEADER, "")

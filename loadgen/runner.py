@@ -38,6 +38,8 @@ class LoadConfig:
     request_timeout_s: float = 300.0
     seed: int = 0  # arrival process seed
     temperature: float | None = None  # sent with every request when set (0: greedy)
+    priority: int | None = None  # sent as the body's `priority` (vLLM's field) when set
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every request (an API key, a tenant header)
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -103,7 +105,7 @@ class _Run:
             record = RequestRecord(index=spec.index, group=spec.group, planned_s=planned,
                                    prompt_tokens=len(spec.prompt_ids))
             await send_request(self.session, self.url, self.make_body(spec), record, self.t0,
-                               self.config.request_timeout_s)
+                               self.config.request_timeout_s, self.config.headers)
         finally:
             if slot_held:
                 self.slots.release()
@@ -170,7 +172,8 @@ def _body_maker(config: LoadConfig, model: str | None):
         from router.contract.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer()
-    return lambda spec: request_body(spec, model, config.api, config.prompt_format, tokenizer, config.temperature)
+    return lambda spec: request_body(spec, model, config.api, config.prompt_format, tokenizer, config.temperature,
+                                     config.priority)
 
 
 async def run_load(config: LoadConfig, workload: Workload, progress=None, stop: asyncio.Event | None = None,

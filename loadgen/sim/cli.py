@@ -74,7 +74,7 @@ _CONFIG_FLAGS = {  # flag dest -> SimConfig field; a flag not given keeps the ba
     "max_waiting": "max_waiting", "prefill_instances": "prefill_instances", "kv_link": "kv_link",
     "pd_min_uncached": "pd_min_uncached", "seed": "seed", "host_blocks": "host_blocks", "kv_store": "kv_store",
     "kv_store_write": "kv_store_write", "kv_load_budget_bytes": "kv_load_budget_bytes", "kv_host_link": "kv_host_link",
-    "kv_store_link": "kv_store_link",
+    "kv_store_link": "kv_store_link", "admission_slo": "admission_slo_s", "admission_margin": "admission_margin",
 }
 
 
@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-store-link", help="modelled store link (as --kv-host-link)")
     p.add_argument("--policy-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="policy parameter (e.g. tier_credit=fixed), given to every policy that takes it")
+    p.add_argument("--admission-slo", type=float,
+                   help="admission by predicted TTFT at this SLO, as the router's --slo-ttft-s (docs/admission.md)")
+    p.add_argument("--admission-margin", type=float, help="as the router's --admission-margin (default -0.4)")
     p.add_argument("--suite", action="store_true",
                    help="every workload and a KV pressure sweep, each policy against the oracle (see suite.py)")
     p.add_argument("--suite-trace", default=str(DEFAULT_TRACE), help="--suite: the Mooncake trace file")

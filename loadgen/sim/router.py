@@ -23,7 +23,8 @@ from array import array
 from engine.core.sequence import Sequence
 from engine.core.work import SamplingParams
 from loadgen.record import RequestRecord
-from loadgen.sim.cluster import ARRIVE, Cluster, KVEvents
+from loadgen.sim.admission import AdmissionSetup, SimAdmission
+from loadgen.sim.cluster import ARRIVE, CALL, Cluster, KVEvents
 from loadgen.sim.disagg import Disagg, DisaggConfig
 from loadgen.sim.planning import SimWindow
 from loadgen.sim.instance import QUEUE_FULL, SimInstance
@@ -56,7 +57,7 @@ class Flight:
 class SimRouter:
     def __init__(self, cluster: Cluster, policy: Policy, followers: dict[int, list[RequestSpec]] | None = None,
                  fast_k: int = 0, recent_ttl_s: float = 2.0, disagg: DisaggConfig | None = None,
-                 window: bool = False) -> None:
+                 window: bool = False, admission: AdmissionSetup | None = None) -> None:
         self.cluster = cluster
         self.policy = policy
         first = cluster.instances[0]
@@ -77,11 +78,18 @@ class SimRouter:
         self._sampling: dict[int, SamplingParams] = {}
         self.disagg = Disagg(cluster, self.view, self.decision, disagg) if disagg is not None else None
         self.window = SimWindow(cluster) if window else None  # what the planner reads
+        self.admission = None if admission is None or admission.config.slo_ttft_s is None else SimAdmission(
+            admission, index=self.index, decision=self.decision, members=self.view.all, block_size=self.block_size,
+            hash_seed=self.hash_seed, dispatch=self.on_arrival, record=self._refused,
+            call_at=lambda at, fn: cluster.push(at, CALL, fn))
 
     # -- arrivals -------------------------------------------------------------------
 
-    def on_arrival(self, spec: RequestSpec) -> None:
+    def on_arrival(self, spec: RequestSpec, arrived: float | None = None) -> None:
+        """`arrived`: a request the admission queue held since then (loadgen/sim/admission.py)."""
         now = self.cluster.now
+        if arrived is None and self.admission is not None and not self.admission.arrive(spec, now):
+            return
         tokens = spec.prompt_ids
         n = len(tokens)
         if self.window is not None:
@@ -92,7 +100,8 @@ class SimRouter:
         decision = routed.decision
         i = routed.member
         self.view.dispatched(i, uncached)
-        record = RequestRecord(index=spec.index, group=spec.group, send_s=now, planned_s=now, prompt_tokens=n,
+        sent = now if arrived is None else arrived
+        record = RequestRecord(index=spec.index, group=spec.group, send_s=sent, planned_s=sent, prompt_tokens=n,
                                instance=decision.instance)
         flight = Flight(record, route, i, uncached)
         flight.prefill, flight.max_tokens = prefill, spec.max_tokens
@@ -151,6 +160,8 @@ class SimRouter:
                     self._to_decode(flight, seq, inst)
                 else:
                     self._end(flight, seq, "", 200)
+        if self.admission is not None:
+            self.admission.poke(now)
 
     def _to_decode(self, flight: Flight, prefilled: Sequence, prefill: SimInstance) -> None:
         """The prefill's dispatch ends at its first token; the decode's starts (nothing to prefill)."""
@@ -193,3 +204,11 @@ class SimRouter:
 
     def on_load(self, inst: SimInstance) -> None:
         self.view.polled(inst.index, inst.load(), inst.tier_costs())
+        if self.admission is not None:
+            self.admission.poke(self.cluster.now)
+
+    def _refused(self, spec: RequestSpec, record: RequestRecord) -> None:
+        """Admission refused `spec`: its record, and its follow-ups as after any end."""
+        self.records.append(record)
+        for follower in self.followers.get(spec.index, ()):
+            self.cluster.push(record.send_s + record.e2e_s + follower.think_s, ARRIVE, follower)

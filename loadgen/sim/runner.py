@@ -24,6 +24,7 @@ from engine.runners.cost_model import get_cost_model
 from engine.runners.sim import LINKS
 from loadgen.arrivals import ArrivalConfig, arrival_times
 from loadgen.record import RequestRecord
+from loadgen.sim.admission import AdmissionSetup
 from loadgen.sim.cluster import Cluster
 from loadgen.sim.disagg import DisaggConfig
 from loadgen.sim.oracle import make_oracle
@@ -32,6 +33,7 @@ from loadgen.sim.oracle_future import make_future_oracle
 from loadgen.sim.router import SimRouter
 from loadgen.summary import summarize
 from loadgen.workload_base import RequestSpec
+from router.decision.admission import AdmissionConfig
 from router.planner.decide import PlannerConfig
 from router.decision.policies import POLICIES, make_policy, policy_params
 from router.decision.base import Policy
@@ -71,6 +73,10 @@ class SimConfig:
     kv_host_link: str = ""  # engine/runners/sim.py LINKS; "" = by device (cpu-memcpy)
     kv_store_link: str = ""  # "" = by the store URL's scheme
     policy_args: tuple[tuple[str, object], ...] = ()  # (name, value) parameters for every policy that takes them
+    # Admission by predicted TTFT (router/decision/admission.py, loadgen/sim/admission.py); None: off.
+    admission_slo_s: float | None = None
+    admission_margin: float = -0.4
+    admission_tenants: tuple[tuple[str, int, float], ...] = ()  # (name, priority, weight): loadgen/sim/tenant_mix.py
 
     def __post_init__(self) -> None:
         if self.request_overhead_s < 0:
@@ -90,6 +96,11 @@ class SimConfig:
         if self.pd_min_uncached < 0:
             raise ValueError("--pd-min-uncached cannot be negative")
         self.engine_config()
+        self.admission()
+
+    def admission(self) -> AdmissionSetup:
+        return AdmissionSetup(config=AdmissionConfig(slo_ttft_s=self.admission_slo_s, margin=self.admission_margin),
+                              tenants=self.admission_tenants)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(backend="sim", cost_model=self.cost_model, block_size=self.block_size,
@@ -204,7 +215,7 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
                           seed=config.seed) \
         if config.prefill_instances or planner is not None else None
     router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
-                       window=planner is not None)
+                       window=planner is not None, admission=config.admission())
     planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
     cluster.run(router, iter(starts))
     if router.flights:

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import aiohttp
 
@@ -35,10 +35,12 @@ def answered_late(exc: BaseException) -> bool:
 
 class Cluster:
     def __init__(self, config: RouterConfig, index: BlockIndex, tokenizer_fingerprint: str,
-                 metrics: RouterMetrics, session: aiohttp.ClientSession | None = None) -> None:
+                 metrics: RouterMetrics, session: aiohttp.ClientSession | None = None,
+                 on_load: Callable[[], None] = lambda: None) -> None:
         """`session`: the engines' HTTP client (None: nothing is probed or polled, as in tests
-        that drive the cluster by hand)."""
+        that drive the cluster by hand); `on_load`: called after each load report is applied."""
         self.config = config
+        self.on_load = on_load
         self.index = index
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.metrics = metrics
@@ -295,6 +297,7 @@ class Cluster:
             log.warning("instance %s is now %s: regrouped", inst.id, role)
         if inst.draining and not was_draining:
             log.warning("instance %s is draining: no new requests go there", inst.id)
+        self.on_load()
 
     async def _get_json(self, inst: Instance, path: str, **params) -> dict:
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + params.pop("extra_s", 0.0))

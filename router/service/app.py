@@ -13,9 +13,13 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from router.service import admin
+from router.service import admin, tenant_admin
 from router.fleet.cluster import Cluster
-from router.service.app_keys import CLUSTER, CONFIG, DISAGG, ENTRY, METRICS, PROXY, ROUTER, ZMQ
+from router.decision.tenants import DEFAULT_TENANT
+from router.service.admission_gate import AdmissionGate
+from router.service.admission_metrics import AdmissionMetrics
+from router.service.app_keys import CLUSTER, CONFIG, DISAGG, ENTRY, GATE, METRICS, PROXY, ROUTER, TENANTS, ZMQ
+from router.service.tenant_book import TENANT_KEY, TenantBook
 from router.service.config import RouterConfig
 from router.service.disagg import Disaggregation
 from router.service.entry import Entry
@@ -55,15 +59,18 @@ def _authorized(request: web.Request, *keys: str | None) -> bool:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
-    config, path = request.app[CONFIG], request.path
+    config, path, book = request.app[CONFIG], request.path, request.app[TENANTS]
     if path.startswith(OPENAI_PATHS):
-        if config.api_key and not _authorized(request, config.api_key):
-            raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
-    elif path.startswith(ADMIN_PATHS) and (config.admin_key or config.api_key):
-        keys = (config.admin_key,) if config.admin_key else (config.api_key,)
-        if path == EXPLAIN_PATH:
-            keys = (config.admin_key, config.api_key)
-        if not _authorized(request, *keys):
+        if book.has_keys:
+            tenant = book.tenant_of_key(request.headers.get("Authorization", ""))
+            if tenant is None:
+                raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
+            request[TENANT_KEY] = tenant  # the request's tenant (router/service/tenant_book.py)
+    elif path.startswith(ADMIN_PATHS) and (config.admin_key or book.has_keys):
+        ok = bool(config.admin_key) and _authorized(request, config.admin_key)
+        if not ok and (not config.admin_key or path == EXPLAIN_PATH):
+            ok = book.tenant_of_key(request.headers.get("Authorization", "")) is not None
+        if not ok:
             which = "admin key" if config.admin_key else "API key"
             raise Unauthorized(f"missing or invalid {which} (Authorization: Bearer <key>): "
                                f"{path} shows the fleet and its caches")
@@ -81,13 +88,15 @@ async def _router_ctx(app: web.Application):
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-    cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session)
+    app[GATE] = gate = AdmissionGate(config.admission(), app[TENANTS], AdmissionMetrics(metrics.registry))
+    cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke)
     pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
-    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool)
+    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke)
     app[CLUSTER], app[ROUTER] = cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
     app[DISAGG] = disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
-    app[ENTRY] = Entry(router, cluster, proxy, disagg)
+    app[ENTRY] = Entry(router, cluster, proxy, disagg, gate)
+    on_sighup = tenant_admin.reload_on_signal(app[TENANTS])
     zmq_sources = config.foreign_engines()[1]
     app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
                                           config.kv_event_replay_timeout_s, metrics.registry,
@@ -108,6 +117,7 @@ async def _router_ctx(app: web.Application):
     log.info("router ready: policy=%s index=%s events=%s engines=%d (%d routable)", config.policy, config.index,
              config.events, len(cluster.instances), sum(i.routable for i in cluster.instances))
     yield
+    on_sighup()
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -191,8 +201,12 @@ async def handle_explain(request: web.Request) -> web.Response:
     disagg = request.app[DISAGG]
     if disagg.active(prepared.model):
         return json_response(await disagg.explain(prepared))
-    choice = await router.decide(prepared, record=False, roles=request.app[CLUSTER].colocated_roles(prepared.model))
-    return json_response(router.explain(prepared, choice))
+    roles = request.app[CLUSTER].colocated_roles(prepared.model)
+    choice = await router.decide(prepared, record=False, roles=roles)
+    out = router.explain(prepared, choice)
+    ticket = request.app[ENTRY].ticket(request, body)
+    out["admission"] = request.app[GATE].explain(ticket, await router.predict(prepared, roles))
+    return json_response(out)
 
 
 def create_app(config: RouterConfig) -> web.Application:
@@ -202,6 +216,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app = web.Application(middlewares=[make_error_middleware(metrics.observe_rejected), auth_middleware],
                           client_max_size=1 << 40)
     app[CONFIG], app[METRICS] = config, metrics
+    keys = config.api_keys or (((DEFAULT_TENANT, config.api_key),) if config.api_key else ())
+    app[TENANTS] = TenantBook(config.tenants, keys, config.tenant_header)
     app[CONNECTION_LIMITS] = config.connection_limits()
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
@@ -215,4 +231,5 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_post("/router/explain", handle_explain)
     app.router.add_get("/router/stats", handle_stats)
     admin.add_routes(app)
+    tenant_admin.add_routes(app)
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from router.fleet.cluster import Cluster
+from router.service.admission_gate import AdmissionGate
 from router.kvevents.follower import ZmqFollower
 from router.service.config import RouterConfig
 from router.service.disagg import Disaggregation
@@ -12,6 +13,7 @@ from router.service.entry import Entry
 from router.service.metrics import RouterMetrics
 from router.service.proxy import Proxy
 from router.service.routing import Router
+from router.service.tenant_book import TenantBook
 
 CONFIG = web.AppKey("config", RouterConfig)
 CLUSTER = web.AppKey("cluster", Cluster)
@@ -21,3 +23,5 @@ DISAGG = web.AppKey("disagg", Disaggregation)
 ENTRY = web.AppKey("entry", Entry)
 METRICS = web.AppKey("metrics", RouterMetrics)
 ZMQ = web.AppKey("zmq", ZmqFollower)
+GATE = web.AppKey("gate", AdmissionGate)
+TENANTS = web.AppKey("tenants", TenantBook)

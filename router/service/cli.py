@@ -9,6 +9,14 @@ import sys
 from router.service.config import EVENT_SOURCES, RouterConfig
 from router.contract.cli_help import HelpFormatter
 from router.contract.serve import bind_socket, config_values, run_app, setup_logging
+from router.service.tenant_book import TenantBook, split_keys
+
+
+def _edges(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"priorities are integers, comma-separated, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +40,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="poll each engine's /kv/events, or read the engines' Redis stream")
     p.add_argument("--tokenizer", default=None,
                    help="local HF model dir, for --model DIR engines (default: the built-in tokenizer)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--api-key", action="append", default=[], metavar="[NAME=]KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/*; NAME=KEY makes the key tenant NAME's "
+                        "(repeat for each key)")
+    p.add_argument("--tenants", default=None, metavar="FILE",
+                   help="tenant file (JSON or TOML: weight, slo_ttft_s, rate, burst, max_concurrency, keys); "
+                        "reloaded on SIGHUP and POST /admin/tenants/reload (docs/admission.md)")
+    p.add_argument("--tenant-header", default=None, metavar="NAME",
+                   help="behind a trusted gateway: the request header that names the tenant")
+    p.add_argument("--slo-ttft-s", type=float, default=None,
+                   help="admission: the default TTFT SLO; requests predicted to miss it wait or are refused "
+                        "with 429/503 + Retry-After (default: off)")
+    p.add_argument("--admission-margin", type=float, default=d["admission_margin"].default,
+                   help="admission: engines may hold predicted TTFT up to SLO x (1 + margin) before requests "
+                        "wait in the router's queue")
+    p.add_argument("--admission-queue", type=int, default=d["admission_queue"].default,
+                   help="admission: requests that may wait in the router's queue (all tenants)")
+    p.add_argument("--priority-edges", type=_edges, default=d["priority_edges"].default, metavar="P,P",
+                   help="admission: priority bands cut at these priorities (lower is more urgent)")
     p.add_argument("--admin-key", default=os.environ.get("KVROUTE_ADMIN_KEY"),
                    help="require 'Authorization: Bearer KEY' on /router/* and /workers; also the key the router "
                         "and `kvroute planner` use for engines' /admin/* (default: $KVROUTE_ADMIN_KEY)")
@@ -116,13 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     values = config_values(RouterConfig, args)
     for name in ("engines", "engine_kinds", "kv_event_sources", "kv_event_replay_sources"):
         values[name] = tuple(values[name])
+    values["api_key"], values["api_keys"] = split_keys(args.api_key)
     try:
         setup_logging(args.log_level)
         config = RouterConfig(**values)
         from router.contract.tokenizer import load_tokenizer
 
         load_tokenizer(config.tokenizer)
-    except ValueError as e:
+        if config.tenants:
+            TenantBook(config.tenants)
+    except (ValueError, OSError) as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 2
     from router.service.workers import bind_reuseport, supervise, worker_socket

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from router.contract.connections import ConnectionLimits
+from router.decision.admission import AdmissionConfig
 
 EVENT_SOURCES = ("poll", "redis")
 
@@ -77,6 +78,14 @@ class RouterConfig:
     max_connections: int = 0
     max_connections_per_peer: int = 1024
     workers: int = 1  # router processes sharing the port (router/service/workers.py)
+    # Admission and tenants (docs/admission.md): off while no SLO is set (here, per tenant or per request).
+    api_keys: tuple[tuple[str, str], ...] = ()  # (tenant, key) from --api-key [NAME=]KEY
+    tenants: str | None = None  # the tenant file (JSON or TOML), reloaded on SIGHUP
+    tenant_header: str | None = None  # behind a trusted gateway: the header naming the tenant
+    slo_ttft_s: float | None = None
+    admission_margin: float = -0.4
+    admission_queue: int = 1024
+    priority_edges: tuple[int, ...] = (0, 1)
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:
@@ -116,6 +125,7 @@ class RouterConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
         self.connection_limits()  # validates the connection flags
+        self.admission()  # validates the admission flags
         self.foreign_engines()  # validates --engine-kind and --kv-event-*
 
     def foreign_engines(self):
@@ -131,6 +141,10 @@ class RouterConfig:
             raise ValueError("--kv-event-replay-timeout-s must be positive")
         return (parse_kinds(self.engine_kinds, self.engines),
                 parse_sources(self.kv_event_sources, self.kv_event_replay_sources, self.engines))
+
+    def admission(self) -> AdmissionConfig:
+        return AdmissionConfig(slo_ttft_s=self.slo_ttft_s, margin=self.admission_margin,
+                               max_queue=self.admission_queue, priority_edges=self.priority_edges)
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(header_timeout_s=self.header_timeout_s, idle_timeout_s=self.idle_timeout_s,

@@ -11,9 +11,12 @@ from aiohttp import web
 from router.contract.errors import KVRouteError
 from router.contract.http import ClientGone, parse_json, read_body, status_of
 from router.fleet.cluster import Cluster
+from router.service.admission_gate import AdmissionGate, Ticket, no_prediction
 from router.service.proxy import Proxy
+from router.service.request_class import priority_of, slo_of
 from router.service.routing import Prepared, Router
 from router.service.steering import strip_engine_fields
+from router.service.tenant_book import TENANT_KEY
 
 
 class SplitServing(Protocol):
@@ -25,20 +28,30 @@ class SplitServing(Protocol):
 
 
 class Entry:
-    def __init__(self, router: Router, cluster: Cluster, proxy: Proxy, split: SplitServing) -> None:
-        self.router, self.cluster, self.proxy, self.split = router, cluster, proxy, split
+    def __init__(self, router: Router, cluster: Cluster, proxy: Proxy, split: SplitServing,
+                 gate: AdmissionGate) -> None:
+        self.router, self.cluster, self.proxy, self.split, self.gate = router, cluster, proxy, split, gate
+
+    def ticket(self, request: web.Request, body: dict) -> Ticket:
+        tenant = self.gate.book.tenant_of(request.headers, request.get(TENANT_KEY))
+        return self.gate.ticket(tenant, priority_of(body, request.headers), slo_of(request.headers))
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         raw = await read_body(request, self.cluster.max_body_bytes)
         body, raw = strip_engine_fields(parse_json(raw), raw)
+        ticket = self.ticket(request, body)
+        self.gate.precheck(ticket)
         prepared = await self.router.prepare(body, kind)
         self.router.recent.arrived(prepared.trace)
         status = "error"
         try:
             if self.split.active(prepared.model):
+                await self.gate.enter(ticket, no_prediction)
                 resp = await self.split.handle(request, body, prepared)
             else:
-                resp = await self.proxy.forward(request, raw, prepared, self.cluster.colocated_roles(prepared.model))
+                roles = self.cluster.colocated_roles(prepared.model)
+                await self.gate.enter(ticket, lambda: self.router.predict(prepared, roles))
+                resp = await self.proxy.forward(request, raw, prepared, roles)
             status = str(resp.status)
             return resp
         except (asyncio.CancelledError, ClientGone):
@@ -48,4 +61,5 @@ class Entry:
             status = str(status_of(e))
             raise
         finally:
+            self.gate.done(ticket, prepared.trace.first_token)
             self.router.finish(prepared.trace, status)

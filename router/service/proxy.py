@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 import urllib.parse
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
@@ -42,10 +43,13 @@ RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 class Dispatch:
     """Router-side load of one request on one instance, from dispatch to the end."""
 
-    def __init__(self, router: Router, prepared: Prepared, choice: Choice, whole_body: bool = False) -> None:
+    def __init__(self, router: Router, prepared: Prepared, choice: Choice, whole_body: bool = False,
+                 on_progress: Callable[[], None] = lambda: None) -> None:
         """`whole_body`: a non-streamed answer; where the engine reports its prefill queue, the
-        prefill is released by its load reports (router/fleet/queued_prefill.py), not by the body."""
+        prefill is released by its load reports (router/fleet/queued_prefill.py), not by the body.
+        `on_progress`: its prefill was seen done, or it ended (the admission gate's news)."""
         self.router, self.prepared, self.choice = router, prepared, choice
+        self.on_progress = on_progress
         self.inst = choice.instance
         self.uncached = choice.uncached_tokens
         self.sent = time.monotonic()
@@ -71,6 +75,7 @@ class Dispatch:
         time includes the decode and must not teach the policy a prefill rate."""
         if not self._release_prefill():
             return
+        self.on_progress()
         if is_ttft:
             ttft = time.monotonic() - self.sent
             self.router.metrics.observe_first_token(self.prepared.model, self.inst.id, ttft)
@@ -86,6 +91,7 @@ class Dispatch:
         m.bound(m.inflight, self.inst.id).set(self.inst.inflight)
         m.bound(m.requests, self.inst.id, self.router.policy_name, status).inc()
         self.router.policy.on_finished(self.prepared.route, self.inst.id)
+        self.on_progress()
 
 
 class EngineStalled(Exception):
@@ -119,7 +125,8 @@ class Proxy:
                 last_error = e if not attempt else last_error
                 break
             self._observe_choice(prepared, choice)
-            dispatch = Dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream)
+            dispatch = Dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream,
+                                on_progress=self.router.on_progress)
             ids = forward_ids and self._tokenizes_like_us(choice.instance, prepared)
             if ids not in bodies:
                 bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)

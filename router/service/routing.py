@@ -22,6 +22,7 @@ from router.contract.encoding import Encoding
 from router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
 from router.service.metrics import RouterMetrics
 from router.contract.openai_request import CompletionRequest, parse_request
+from router.decision.admission import NO_PREDICTION, Prediction, predicted_ttft
 from router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
 from router.decision.scoring.tier_credit import with_store
 from router.decision.prefix_hashes import PrefixHashes
@@ -69,8 +70,12 @@ class Choice:
 class Router:
     def __init__(self, cluster: Cluster, policy: Policy, tokenizer: Tokenizer, metrics: RouterMetrics,
                  policy_name: str, pool: TokenizePool | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_progress: Callable[[], None] = lambda: None) -> None:
+        """`on_progress`: called when a dispatched request's prefill is seen done and when it ends
+        (the admission gate's news, router/service/admission_gate.py)."""
         self.cluster = cluster
+        self.on_progress = on_progress
         self.policy = policy
         self.policy_name = policy_name
         self.tokenizer = tokenizer
@@ -155,6 +160,17 @@ class Router:
             self.decision.routed(prepared.route, routed.member.id, self.clock())
             self.decided(prepared)
         return self.choice(prepared, routed, matches)
+
+    async def predict(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Prediction:
+        """The best candidate's predicted TTFT now, for admission (router/decision/admission.py): the
+        decision without its bookkeeping; none when the policy predicts nothing or nobody can take it."""
+        group = self.group(prepared.model, roles)
+        matches = await self.lookup(prepared)
+        try:
+            routed = self.decision.choose(prepared.route, group, matches, self.clock())
+        except NoCandidates:
+            return NO_PREDICTION
+        return predicted_ttft(routed.decision)
 
     def group(self, model: str, roles: Sequence[str] | None) -> Group:
         group = self.cluster.group(model, roles)

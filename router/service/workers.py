@@ -101,8 +101,14 @@ def supervise(argv: list[str], socks: list[socket.socket]) -> int:
             if p is not None and p.poll() is None:
                 p.send_signal(signum)
 
+    def hangup(signum, _frame) -> None:  # reload the tenant file: every worker's
+        for p in procs:
+            if p is not None and p.poll() is None:
+                p.send_signal(signum)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, hangup)
     host, port = socks[0].getsockname()[:2]
     started = [time.monotonic()] * len(socks)
     quick_failures = 0

@@ -1,0 +1,37 @@
+"""Several tenants' workloads as one simulator workload: `kvroute loadgen --tenant` on the virtual clock.
+
+`mixed_specs(loads)` draws each tenant's open-loop send times (loadgen/arrivals.py, from the
+tenant's own seed, shifted by its `start`, cut at its duration), names every request's group
+`TENANT:group`, and returns them re-indexed in send order with fixed send times, for
+`simulate(..., ArrivalConfig())` (trace-replay mode). With `SimConfig.admission_tenants`, the
+simulator's admission (loadgen/sim/admission.py) reads the tenant from the group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from loadgen.arrivals import arrival_times
+from loadgen.summary import summarize
+from loadgen.tenants import TenantLoad, refusals, workload_of
+from loadgen.workload_base import RequestSpec
+
+
+def mixed_specs(loads: Sequence[TenantLoad]) -> list[RequestSpec]:
+    timed = []
+    for load in loads:
+        specs = [s for s in workload_of(load).requests() if s.after is None]
+        times = arrival_times(load.rate, 1.0, len(specs), load.seed)
+        timed += [(load.start_s + t, load.name, s) for t, s in zip(times, specs) if t < load.duration_s]
+    timed.sort(key=lambda x: x[0])
+    return [dataclasses.replace(s, index=i, group=f"{name}:{s.group}", arrival_s=at, after=None)
+            for i, (at, name, s) in enumerate(timed)]
+
+
+def per_tenant(records, slo_ttft_s: float | None) -> dict:
+    """Each tenant's summary (with refusals) from the simulator's records."""
+    by: dict[str, list] = {}
+    for r in records:
+        by.setdefault(r.group.partition(":")[0], []).append(r)
+    return {name: {**summarize(recs, slo_ttft_s=slo_ttft_s), **refusals(recs)} for name, recs in sorted(by.items())}

@@ -1,0 +1,260 @@
+"""Admission by predicted TTFT: admit now, wait in the router's queue, or refuse at once.
+
+Pure and synchronous, the clock an argument: the router service (router/service/admission_gate.py)
+and the simulator (loadgen/sim/admission.py) call the same functions (docs/architecture.md#one-decision-two-drivers).
+
+A request carries its SLO on time to first token; `predicted_s` is the best candidate's
+predicted TTFT now (the policy's wait + own prefill terms, router/decision/policies/kv_aware.py).
+The engines may hold work up to `threshold` = SLO x (1 + margin) of predicted TTFT; beyond
+it a request waits in the router's fair queue (router/decision/fair_queue.py), so the engines
+keep a backlog that keeps them busy and the excess waits where it can be ordered by
+priority and tenant, and refused while refusing is cheap:
+
+    arrival   nothing queued ahead and predicted <= min(threshold, budget)      -> admit
+              queue wait (ahead + 1) / drain rate, or the engines' excess
+              predicted - threshold, plus threshold > budget                    -> refuse
+              the queue full and nobody to displace                             -> refuse
+              otherwise                                                         -> queue
+    head      predicted <= min(threshold, budget)                               -> admit
+              predicted > budget (an engine's backlog drains in real time, as
+              fast as the budget does: it will not fit)                         -> refuse
+              otherwise                                                         -> wait
+
+`budget` is the SLO less the time waited. When nothing of a tenant was admitted for `probe_s`, its
+next request goes anyway: predictions learn from first tokens (the prefill rate from long prompts),
+and requests that are all refused would never bring the first token that corrects a pessimistic one.
+
+A refusal is 429 when the tenant takes more than its weighted share of what the fleet admitted
+lately (it should slow down), else 503 (the fleet is saturated); Retry-After is the queue wait
+beyond what the budget allows, at least 1 s. Nothing admitted is refused afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+from router.decision.base import Decision
+from router.decision.fair_queue import FairQueue, QueueEntry
+
+ADMIT, QUEUE, WAIT, REFUSE = "admit", "queue", "wait", "refuse"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    slo_ttft_s: float | None = None  # default SLO; None: admission off unless a tenant or request sets one
+    margin: float = -0.4  # engines may hold predicted TTFT up to SLO x (1 + margin) before requests queue
+    max_queue: int = 1024  # requests waiting in the router, all tenants and bands
+    priority_edges: tuple[int, ...] = (0, 1)  # bands: priority < 0, == 0, >= 1 (lower is more urgent)
+    drain_halflife_s: float = 2.0  # half-life of the admitted-rate estimate (the drain rate)
+    min_drain_rps: float = 1.0  # the drain rate assumed before anything was admitted
+    probe_s: float = 1.0  # nothing admitted this long: the next request goes anyway, so predictions relearn
+
+    def __post_init__(self) -> None:
+        if self.slo_ttft_s is not None and not self.slo_ttft_s > 0:
+            raise ValueError(f"--slo-ttft-s must be positive, got {self.slo_ttft_s}")
+        if not -1.0 < self.margin <= 1.0:
+            raise ValueError(f"--admission-margin must be in (-1, 1], got {self.margin}")
+        if self.max_queue < 0:
+            raise ValueError(f"--admission-queue must be >= 0, got {self.max_queue}")
+        if list(self.priority_edges) != sorted(set(self.priority_edges)) or len(self.priority_edges) > 7:
+            raise ValueError(f"priority band edges must be increasing, at most 7, got {self.priority_edges}")
+        if self.drain_halflife_s <= 0 or self.min_drain_rps <= 0 or self.probe_s <= 0:
+            raise ValueError("drain_halflife_s, min_drain_rps and probe_s must be positive")
+
+    @property
+    def bands(self) -> int:
+        return len(self.priority_edges) + 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Ask:
+    """One request asking to be admitted, as the decision sees it."""
+
+    tenant: str
+    band: int
+    weight: float
+    slo_s: float
+    arrived: float  # on the caller's clock
+    predicted_s: float | None  # the best candidate's predicted TTFT now; None: no prediction (admit)
+    prefill_s: float = 0.0  # of which its own prefill: the threshold is never below it
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    action: str  # ADMIT, QUEUE (arrival), WAIT (queued head), REFUSE
+    reason: str  # fits, engines_busy, queued_ahead, over_share, saturated, queue_full, deadline, displaced, ...
+    status: int = 0  # refusals: 429 or 503
+    retry_after_s: float = 0.0
+    wait_s: float = 0.0  # the estimated queue wait
+    budget_s: float = 0.0
+    threshold_s: float = 0.0
+    displace: QueueEntry | None = None  # QUEUE into a full queue: the entry to refuse for room
+
+    def explained(self) -> str:
+        what = {ADMIT: "admitted", QUEUE: "queued", WAIT: "waiting", REFUSE: f"refused ({self.status})"}[self.action]
+        return (f"{what}: {self.reason} (budget {self.budget_s:.3f} s, engines' threshold {self.threshold_s:.3f} s, "
+                f"estimated queue wait {self.wait_s:.3f} s)")
+
+
+class Rates:
+    """Requests admitted per second, in total and per tenant: counts decaying with a half-life."""
+
+    def __init__(self, halflife_s: float) -> None:
+        self.halflife_s = halflife_s
+        self._counts: dict[str, tuple[float, float]] = {}  # tenant -> (decayed count, as of)
+        self._last: dict[str, float] = {}  # tenant -> when it was last admitted
+
+    def _value(self, tenant: str, now: float) -> float:
+        value, since = self._counts.get(tenant, (0.0, now))
+        return value * 0.5 ** (max(0.0, now - since) / self.halflife_s)
+
+    def add(self, tenant: str, now: float) -> None:
+        self._counts[tenant] = (self._value(tenant, now) + 1.0, now)
+        self._last[tenant] = now
+
+    def last(self, tenant: str) -> float:
+        """When `tenant` was last admitted (-inf: never, or long enough ago to be forgotten)."""
+        return self._last.get(tenant, -math.inf)
+
+    def rate(self, tenant: str, now: float) -> float:
+        return self._value(tenant, now) * math.log(2) / self.halflife_s
+
+    def rates(self, now: float) -> dict[str, float]:
+        out = {t: self.rate(t, now) for t in self._counts}
+        self._counts = {t: v for t, v in self._counts.items() if out[t] > 1e-3}  # forget the long idle
+        self._last = {t: v for t, v in self._last.items() if t in self._counts}
+        return out
+
+
+class Calibration:
+    """How far observed TTFT runs from predicted, added to predictions: what the router's own work and
+    the engines' step overheads add to the cost model. An EWMA of observed - predicted (each sample
+    clamped to +-limit_s), decaying towards 0 with `halflife_s` when nothing is observed (a bias that
+    refused everything would otherwise never meet the observation that corrects it), at most limit_s."""
+
+    def __init__(self, limit_s: float, alpha: float = 0.05, halflife_s: float = 5.0) -> None:
+        self.limit_s, self.alpha, self.halflife_s = limit_s, alpha, halflife_s
+        self._bias, self._at = 0.0, 0.0
+
+    def bias_s(self, now: float) -> float:
+        return self._bias * 0.5 ** (max(0.0, now - self._at) / self.halflife_s)
+
+    def observe(self, predicted_s: float, observed_s: float, now: float) -> None:
+        error = min(max(observed_s - predicted_s, -self.limit_s), self.limit_s)
+        bias = self.bias_s(now)
+        self._bias, self._at = bias + self.alpha * (error - bias), now
+
+    def corrected(self, prediction: "Prediction", now: float) -> "Prediction":
+        if prediction.ttft_s is None:
+            return prediction
+        return Prediction(ttft_s=max(prediction.prefill_s, prediction.ttft_s + self.bias_s(now)),
+                          prefill_s=prediction.prefill_s)
+
+
+def over_share(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float], tolerance: float = 0.05) -> bool:
+    """`tenant` was admitted more than its weighted share of the recent admissions, among the
+    tenants admitted lately (alone, a tenant is never over its share)."""
+    total = sum(rates.values())
+    mine = rates.get(tenant, 0.0)
+    active = {t for t, r in rates.items() if r > 0.02 * total} | {tenant}
+    if total <= 0 or len(active) < 2:
+        return False
+    fair = weights.get(tenant, 1.0) / sum(weights.get(t, 1.0) for t in active)
+    return mine / total > fair + tolerance
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    ttft_s: float | None  # None: the policy predicts nothing (round_robin, least_load, ...): admit
+    prefill_s: float = 0.0  # the request's own prefill, of ttft_s
+
+
+NO_PREDICTION = Prediction(ttft_s=None)
+
+
+def predicted_ttft(decision: Decision) -> Prediction:
+    """The decision's predicted TTFT on its choice: the wait there plus its own prefill (kv_cost's
+    first two terms)."""
+    terms = decision.terms.get(decision.instance)
+    return Prediction(ttft_s=terms[0] + terms[1], prefill_s=terms[1]) if terms else NO_PREDICTION
+
+
+def threshold_of(config: AdmissionConfig, ask: Ask) -> float:
+    """What the engines may hold of predicted TTFT: SLO x (1 + margin), never below the request's
+    own prefill (which no wait can shorten)."""
+    return max(ask.slo_s * (1.0 + config.margin), ask.prefill_s)
+
+
+def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
+               now: float) -> Verdict:
+    """Admit now, queue (perhaps displacing a queued entry) or refuse a new request."""
+    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
+    ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
+    predicted = ask.predicted_s
+    common = dict(budget_s=budget, threshold_s=threshold)
+    if ahead == 0 and (predicted is None or predicted <= min(threshold, budget)):
+        return Verdict(action=ADMIT, reason="fits", **common)
+    if ahead == 0 and now - rates.last(ask.tenant) >= config.probe_s:
+        return Verdict(action=ADMIT, reason="probe", **common)
+    admitted = rates.rates(now)
+    drain = max(sum(admitted.values()), config.min_drain_rps)
+    excess = max(0.0, predicted - threshold) if predicted is not None else 0.0
+    wait = max((ahead + 1) / drain if ahead else 0.0, excess)
+    engine = threshold if predicted is not None else 0.0  # the engines' backlog when its turn comes
+    over = over_share(ask.tenant, weights, admitted)
+    if wait + engine > budget:
+        return _refuse("over_share" if over else "saturated", over, wait + engine - budget, wait, common)
+    displace = None
+    if len(queue) >= config.max_queue:
+        displace = queue.victim(ask.tenant, ask.band, weights)
+        if displace is None:
+            return _refuse("queue_full", over, (ahead + 1) / drain, wait, common)
+    return Verdict(action=QUEUE, reason="queued_ahead" if ahead else "engines_busy", wait_s=wait,
+                   displace=displace, **common)
+
+
+def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates,
+                      weights: Mapping[str, float], now: float) -> Verdict | None:
+    """A refusal the queue alone decides, before the request is tokenized and predicted (the
+    cheap path of a flood); None: go on to `on_arrival`."""
+    ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
+    if not ahead:
+        return None
+    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
+    admitted = rates.rates(now)
+    wait = (ahead + 1) / max(sum(admitted.values()), config.min_drain_rps)
+    if wait + threshold <= budget:
+        return None
+    over = over_share(ask.tenant, weights, admitted)
+    return _refuse("over_share" if over else "saturated", over, wait + threshold - budget, wait,
+                   dict(budget_s=budget, threshold_s=threshold))
+
+
+def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf) -> Verdict:
+    """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline)."""
+    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
+    predicted = ask.predicted_s
+    common = dict(budget_s=budget, threshold_s=threshold)
+    if predicted is None or predicted <= min(threshold, budget):
+        return Verdict(action=ADMIT, reason="fits", **common)
+    if now - last_admitted >= config.probe_s:
+        return Verdict(action=ADMIT, reason="probe", **common)
+    if predicted > budget:
+        return _refuse("deadline", False, predicted - budget, 0.0, common)
+    return Verdict(action=WAIT, reason="engines_busy", **common)
+
+
+EXPIRE_SHARE = 0.1  # a queued request with less than this share of its SLO left is refused
+
+
+def expires_at(slo_s: float, arrived: float) -> float:
+    """When a queued request is refused without waiting to be the head: with under EXPIRE_SHARE
+    of its budget left, no engine could answer it in time."""
+    return arrived + slo_s * (1.0 - EXPIRE_SHARE)
+
+
+def _refuse(reason: str, too_many: bool, late_s: float, wait: float, common: dict) -> Verdict:
+    return Verdict(action=REFUSE, reason=reason, status=429 if too_many else 503,
+                   retry_after_s=max(1.0, math.ceil(late_s)), wait_s=wait, **common)

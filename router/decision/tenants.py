@@ -1,0 +1,84 @@
+"""Tenants: weight, optional SLO, rate and concurrency limits; the limits as pure bookkeeping.
+
+`TenantSpec` is what the tenant file says of one tenant (docs/admission.md); `Limits` keeps
+each tenant's token bucket (rate, burst) and requests in flight, on the caller's clock, for
+the router service and the simulator alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Mapping
+
+DEFAULT_TENANT = "default"
+NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TenantSpec:
+    name: str
+    weight: float = 1.0  # share of the queue's service among tenants with a backlog
+    slo_ttft_s: float | None = None  # overrides --slo-ttft-s
+    rate: float | None = None  # requests/s admitted at most (token bucket); None: no limit
+    burst: float | None = None  # bucket size; None: max(1, rate)
+    max_concurrency: int | None = None  # admitted requests in flight at most; None: no limit
+    keys: tuple[str, ...] = ()  # API keys that name this tenant
+
+    def __post_init__(self) -> None:
+        if not NAME.match(self.name):
+            raise ValueError(f"tenant names are 1-64 letters, digits or _.:-, got {self.name!r}")
+        if not self.weight > 0:
+            raise ValueError(f"tenant {self.name}: weight must be positive, got {self.weight}")
+        for field in ("slo_ttft_s", "rate", "burst"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise ValueError(f"tenant {self.name}: {field} must be positive, got {value}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"tenant {self.name}: max_concurrency must be at least 1, got {self.max_concurrency}")
+        if any(not isinstance(k, str) or not k for k in self.keys):
+            raise ValueError(f"tenant {self.name}: keys must be non-empty strings")
+
+
+class Limits:
+    """Per tenant: a token bucket of admissions and the admitted requests in flight."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, as of)
+        self.inflight: dict[str, int] = {}
+
+    def check(self, spec: TenantSpec, now: float) -> str | None:
+        """Why `spec`'s tenant may not be admitted now ("rate_limit", "concurrency"), or None."""
+        if spec.max_concurrency is not None and self.inflight.get(spec.name, 0) >= spec.max_concurrency:
+            return "concurrency"
+        if spec.rate is not None and self._tokens(spec, now) < 1.0:
+            return "rate_limit"
+        return None
+
+    def _tokens(self, spec: TenantSpec, now: float) -> float:
+        size = spec.burst or max(1.0, spec.rate)
+        tokens, since = self._buckets.get(spec.name, (size, now))
+        return min(size, tokens + (now - since) * spec.rate)
+
+    def retry_after(self, spec: TenantSpec, now: float) -> float:
+        if spec.rate is None:
+            return 1.0
+        return max(1.0, (1.0 - self._tokens(spec, now)) / spec.rate)
+
+    def admitted(self, spec: TenantSpec, now: float) -> None:
+        if spec.rate is not None:
+            self._buckets[spec.name] = (self._tokens(spec, now) - 1.0, now)
+        self.inflight[spec.name] = self.inflight.get(spec.name, 0) + 1
+
+    def finished(self, tenant: str) -> None:
+        left = self.inflight.get(tenant, 0) - 1
+        if left > 0:
+            self.inflight[tenant] = left
+        else:
+            self.inflight.pop(tenant, None)
+
+
+def spec_of(tenants: Mapping[str, TenantSpec], name: str) -> TenantSpec:
+    """The tenant's spec; one not in the file has the defaults."""
+    spec = tenants.get(name)
+    return spec if spec is not None else TenantSpec(name=name if NAME.match(name) else DEFAULT_TENANT)
