@@ -7,6 +7,7 @@ import dataclasses
 from router.contract.connections import ConnectionLimits
 
 EVENT_SOURCES = ("poll", "redis")
+HTTP_SERVERS = ("lean", "aiohttp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,7 @@ class RouterConfig:
     max_connections: int = 0
     max_connections_per_peer: int = 1024
     workers: int = 1  # router processes sharing the port (router/service/workers.py)
+    http_server: str = "lean"  # lean: the proxy path on router/service/lean_server.py (needs httptools)
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:
@@ -105,6 +107,8 @@ class RouterConfig:
             raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+        if self.http_server not in HTTP_SERVERS:
+            raise ValueError(f"--http-server must be one of {', '.join(HTTP_SERVERS)}, got {self.http_server!r}")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"--workers must be between 1 and 64, got {self.workers}")
         if self.index_breaker_failures < 1:
