@@ -25,6 +25,8 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_writer import StreamWriter
 
 from router.contract.connections import ConnectionGuard
@@ -56,6 +58,36 @@ def with_middlewares(app: web.Application, handler) -> Handler:
     return handler
 
 
+def whole_response(resp: web.StreamResponse, keep_alive: bool) -> bytes | None:
+    """A plain `web.Response` with a bytes body, as aiohttp writes it to an HTTP/1.1 client (status
+    line, its headers, Content-Length, Date, Server, `Connection: close` when not kept alive), in
+    one buffer; None for anything else (a stream, a payload, cookies, compression), which aiohttp's
+    own classes write."""
+    if type(resp) is not web.Response or resp.prepared or resp.cookies or resp.compression:
+        return None
+    body = resp.body
+    if not isinstance(body, bytes) or resp.keep_alive is False:
+        return None
+    headers = resp.headers
+    lines = [f"HTTP/1.1 {resp.status} {resp.reason}"]
+    for name, value in headers.items():
+        if name.lower() != "content-length":
+            lines.append(f"{name}: {value}")
+    lines.append(f"Content-Length: {len(body)}")
+    if body and "Content-Type" not in headers:
+        lines.append("Content-Type: application/octet-stream")
+    if "Date" not in headers:
+        lines.append(f"Date: {rfc822_formatted_time()}")
+    if "Server" not in headers:
+        lines.append(f"Server: {SERVER_SOFTWARE}")
+    if not keep_alive:
+        lines.append("Connection: close")
+    head = "\r\n".join(lines)
+    if "\n" in head.replace("\r\n", "") or "\r" in head.replace("\r\n", ""):
+        return None  # a header value with a line break: aiohttp's writer refuses it
+    return (head + "\r\n\r\n").encode("utf-8") + body
+
+
 class _Head:
     """httptools' callbacks for one request head."""
 
@@ -82,6 +114,7 @@ class LeanFront:
         self.handlers = {path: with_middlewares(app, h) for path, h in handlers.items()}
         self.idle_timeout_s = idle_timeout_s
         self.connections: set[LeanConnection] = set()
+        self.served = 0  # requests answered here (the rest were aiohttp's)
 
     async def shutdown(self, timeout_s: float) -> None:
         """Close idle connections now; give those with a request in flight `timeout_s` to end."""
@@ -195,9 +228,18 @@ class LeanConnection(BaseProtocol):
     async def _serve(self, handler: Handler, request: LeanRequest) -> None:
         try:
             resp = await handler(request)
-            if not resp.prepared:
-                await resp.prepare(request)
-            await resp.write_eof()
+            keep_alive = request.keep_alive
+            whole = whole_response(resp, keep_alive)
+            if whole is not None:
+                if self.transport is None or self.transport.is_closing():
+                    return
+                self.transport.write(whole)
+            else:
+                if not resp.prepared:
+                    await resp.prepare(request)
+                await resp.write_eof()
+                keep_alive = resp.keep_alive
+            self.front.served += 1
         except asyncio.CancelledError:
             return
         except (ConnectionResetError, RuntimeError):  # the client left while the answer was written
@@ -207,7 +249,7 @@ class LeanConnection(BaseProtocol):
             log.exception("unexpected error serving %s", request.path)
             self.close()
             return
-        self._done(resp.keep_alive)
+        self._done(keep_alive)
 
     def _done(self, keep_alive: bool) -> None:
         self.task = None

@@ -24,6 +24,7 @@ class LoopbackServer:
         else:
             site = self.site(self.runner, host="127.0.0.1", port=port)
         await site.start()
+        self.listening = site
         port = site._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self
