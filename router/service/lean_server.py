@@ -68,24 +68,26 @@ def whole_response(resp: web.StreamResponse, keep_alive: bool) -> bytes | None:
     body = resp.body
     if not isinstance(body, bytes) or resp.keep_alive is False:
         return None
-    headers = resp.headers
     lines = [f"HTTP/1.1 {resp.status} {resp.reason}"]
-    for name, value in headers.items():
-        if name.lower() != "content-length":
+    seen = set()
+    for name, value in resp.headers.items():
+        if "\n" in value or "\r" in value:
+            return None  # a header value with a line break: aiohttp's writer refuses it
+        lower = name.lower()
+        seen.add(lower)
+        if lower != "content-length":
             lines.append(f"{name}: {value}")
     lines.append(f"Content-Length: {len(body)}")
-    if body and "Content-Type" not in headers:
+    if body and "content-type" not in seen:
         lines.append("Content-Type: application/octet-stream")
-    if "Date" not in headers:
+    if "date" not in seen:
         lines.append(f"Date: {rfc822_formatted_time()}")
-    if "Server" not in headers:
+    if "server" not in seen:
         lines.append(f"Server: {SERVER_SOFTWARE}")
     if not keep_alive:
         lines.append("Connection: close")
-    head = "\r\n".join(lines)
-    if "\n" in head.replace("\r\n", "") or "\r" in head.replace("\r\n", ""):
-        return None  # a header value with a line break: aiohttp's writer refuses it
-    return (head + "\r\n\r\n").encode("utf-8") + body
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode("utf-8") + body
 
 
 class _Head:
@@ -220,9 +222,9 @@ class LeanConnection(BaseProtocol):
         handler = self.front.handlers.get(path)
         headers = callbacks.headers
         if (handler is None or parser.get_method() != b"POST" or parser.get_http_version() != "1.1"
-                or any(name in headers for name in REFUSED_HEADERS)):
+                or not headers.keys().isdisjoint(REFUSED_HEADERS)):
             return None
-        length = headers.get("content-length")
+        length = dict.get(headers, "content-length")  # names are lower-cased already
         return handler, path, headers, int(length) if length is not None else None, parser.should_keep_alive()
 
     async def _serve(self, handler: Handler, request: LeanRequest) -> None:
