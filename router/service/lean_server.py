@@ -10,8 +10,8 @@ or malformed), goes with its connection to aiohttp's server, which reads its byt
 The connection rules of router/contract/connections.py hold on both: one ConnectionGuard (caps at
 accept, the request-head deadline), the idle keep-alive timeout; a client that hangs up cancels
 its handler, as aiohttp's `handler_cancellation` does, so it ends `cancelled`, never the
-engine's fault. Differences: an answer sent before the whole body was read (413) closes the
-connection (aiohttp reads the rest first), and pipelined requests wait for the one in flight.
+engine's fault. One difference: an answer sent before the whole body was read (413) closes the
+connection (aiohttp reads the rest first). Pipelined requests wait for the one in flight, as on aiohttp.
 Without httptools the router serves everything with aiohttp (`available()`).
 """
 
