@@ -201,8 +201,8 @@ PROXY_ROUTES = {"/v1/completions": handle_completions, "/v1/chat/completions": h
 
 
 def site_for(config: RouterConfig) -> Callable[..., web.BaseSite] | None:
-    """How the app is served (run_app's `site`): the proxy path on the lean front, or None
-    (aiohttp alone) with --http-server aiohttp or without httptools."""
+    """How the app is served (run_app's `site`): the proxy path on the lean front with
+    --http-server lean and httptools, else None (aiohttp alone)."""
     if config.http_server == "lean" and lean_server.available():
         return functools.partial(lean_server.LeanSite, handlers=PROXY_ROUTES)
     return None

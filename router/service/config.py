@@ -78,7 +78,9 @@ class RouterConfig:
     max_connections: int = 0
     max_connections_per_peer: int = 1024
     workers: int = 1  # router processes sharing the port (router/service/workers.py)
-    http_server: str = "lean"  # lean: the proxy path on router/service/lean_server.py (needs httptools)
+    # lean: the proxy path on router/service/lean_server.py (needs httptools); not the default, since a
+    # 413 sent before the body closes the connection there (aiohttp reads the body first)
+    http_server: str = "aiohttp"
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:

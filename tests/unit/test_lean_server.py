@@ -157,7 +157,7 @@ def test_without_httptools_aiohttp_serves_everything(monkeypatch):
     from router.service.app import site_for
     from router.service.config import RouterConfig
 
-    config = RouterConfig(engines=("http://127.0.0.1:1",))
-    assert site_for(config) is not None and site_for(RouterConfig(engines=config.engines, http_server="aiohttp")) is None
+    config = RouterConfig(engines=("http://127.0.0.1:1",), http_server="lean")
+    assert site_for(config) is not None and site_for(RouterConfig(engines=config.engines)) is None  # default aiohttp
     monkeypatch.setattr(lean_server, "httptools", None)
     assert site_for(config) is None
