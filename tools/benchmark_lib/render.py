@@ -140,6 +140,12 @@ def latency(out: Mapping[str, Any]) -> str:
     return table(head, rows)
 
 
+def instructions(out: Mapping[str, Any]) -> str:
+    """tools/bench_router.py instructions: user-space instructions per request by router variant."""
+    rows = [[r.get("router"), num(r.get("instructions_per_request"), 1e-6, 3)] for r in out.get("instructions", [])]
+    return table(["router", "million instructions per request"], rows)
+
+
 def chaos(out: Mapping[str, Any]) -> str:
     """`kvroute chaos --out`'s results.json: a row per scenario and traffic, then the invariants."""
     rows = [[r.get("scenario"), r.get("traffic"), num(r.get("sent")), num(r.get("ok")), num(r.get("lost")),
