@@ -70,7 +70,7 @@ async def http():
 @pytest.fixture
 async def start_router():
     """Start router apps on loopback over given engine URLs; yields (base URL, server)."""
-    from router.service.app import create_app
+    from router.service.app import create_app, site_for
     from router.service.config import RouterConfig
 
     servers = []
@@ -80,7 +80,10 @@ async def start_router():
         overrides.setdefault("load_interval_s", 0.05)
         overrides.setdefault("events_timeout_s", 0.5)
         overrides.setdefault("seed", 0)
-        server = await LoopbackServer(create_app(RouterConfig(engines=tuple(engines), port=0, **overrides))).start()
+        if os.environ.get("KVROUTE_TEST_HTTP_SERVER"):  # lean: every router test on the lean front
+            overrides.setdefault("http_server", os.environ["KVROUTE_TEST_HTTP_SERVER"])
+        config = RouterConfig(engines=tuple(engines), port=0, **overrides)
+        server = await LoopbackServer(create_app(config), site=site_for(config)).start()
         servers.append(server)
         return server.url, server
 

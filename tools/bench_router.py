@@ -2,6 +2,7 @@
 
     python tools/bench_router.py decision --out decision.json
     python tools/bench_router.py latency --out latency.json [--requests 2000] [--concurrency 32] [--only kvroute]
+    python tools/bench_router.py instructions --out instructions.json [--requests 300]
 
 decision: the router's own prepare (limits, tokenize, hash) and decide (index lookup, candidates,
 kv_aware scoring, on_routed), in process: 8k- and 32k-token chats whose system prompt was seen
@@ -9,20 +10,26 @@ before, never-seen 8k-token completions (against the tokenizer alone), memory an
 64 instances; token-id prompts at 64 and 1,024 instances.
 latency: 4 sim engines (near-zero model time); 1 KB non-streamed completions from a lean
 closed-loop client (tools/http_load.py, its own process); per router (kvroute kv_aware,
-round_robin, --workers 2; sglang-router and vllm-router from their own venvs when
+round_robin, --workers 2, --http-server lean; sglang-router and vllm-router from their own venvs when
 installed): c=1 latency against one engine direct, measured right before in the same
 run (added = difference of the p50s and of the p99s), and requests/s at --concurrency.
+instructions: one sim engine; each kvroute router variant under valgrind's callgrind, counting
+the user-space instructions of --requests requests (300) at concurrency 8 after a warm-up, startup
+and load/health polls excluded: a figure that other load on the machine does not move. Needs valgrind.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, ".")
@@ -207,6 +214,7 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
     out["kvroute kv_aware"] = ([*kv], {})
     out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
     out["kvroute kv_aware --workers 2"] = ([*kv, "--workers", "2"], {})
+    out["kvroute kv_aware --http-server lean"] = ([*kv, "--http-server", "lean"], {})
     for server in ("aiohttp", "raw"):  # no routing at all: what the HTTP server and upstream client cost
         out[f"floor: {server} server + upstream.py"] = (
             [sys.executable, "tools/proxy_floor.py", "--server", server, "--port", str(port), "--engine", engines[0]], {})
@@ -280,17 +288,78 @@ async def latency(args) -> dict:
             "duration_s": args.duration, "prompt_bytes": len(PROMPT)}
 
 
+INSTRUCTION_VARIANTS = {"kv_aware": (), "round_robin": ("--policy", "round_robin"),
+                        "kv_aware --http-server lean": ("--http-server", "lean")}
+
+
+def callgrind_totals(pattern: str) -> int:
+    total = 0
+    for path in glob.glob(pattern):
+        with open(path, errors="replace") as f:
+            total += max((int(line.split()[1]) for line in f if line.startswith("totals:")), default=0)
+    return total
+
+
+def under_callgrind(out: str, engine_port: int, port: int, extra: tuple[str, ...]) -> subprocess.Popen:
+    return subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+                             sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port),
+                             "--log-level", "WARNING", "--engine", f"http://127.0.0.1:{engine_port}",
+                             "--load-interval-s", "30", "--health-interval-s", "60", *extra],  # requests, not polls
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def instructions(args) -> dict:
+    """User-space instructions per request of each kvroute variant, counted by callgrind."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("bench_router instructions: needs valgrind (apt-get install valgrind)")
+    port = free_port()
+    engine = spawn(["engine", "--backend", "sim", "--port", str(port), "--instance-id", "e0", "--time-scale", "0.001",
+                    "--log-level", "WARNING"])
+    work, rows = tempfile.mkdtemp(prefix="kvroute-callgrind-"), []
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_ready(session, f"http://127.0.0.1:{port}")
+            for name, extra in INSTRUCTION_VARIANTS.items():
+                rport, out = free_port(), os.path.join(work, name.replace(" ", "_"))
+                proc = under_callgrind(out, port, rport, extra)
+                try:
+                    url = f"http://127.0.0.1:{rport}"
+                    await wait_ready(session, url, "/health", tries=3000)
+                    load(url, 8, requests=100)
+                    for command in (("-i", "on"), None, ("-i", "off"), ("-d",)):
+                        if command is None:
+                            load(url, 8, requests=args.requests)
+                        else:
+                            subprocess.run(["callgrind_control", *command, str(proc.pid)], capture_output=True,
+                                           check=True)
+                finally:
+                    proc.terminate()
+                    proc.wait(60)
+                per = callgrind_totals(out + ".*") / args.requests
+                rows.append({"router": f"kvroute {name}", "instructions_per_request": per})
+                print(f"kvroute {name:<30} {per / 1e6:.3f} M user-space instructions per request", flush=True)
+    finally:
+        engine.terminate()
+        engine.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"instructions": rows, "requests": args.requests, "concurrency": 8}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("decision", "latency"))
+    p.add_argument("what", choices=("decision", "latency", "instructions"))
     p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--requests", type=int, default=2000, help="latency: requests at concurrency 1")
+    p.add_argument("--requests", type=int, default=None,
+                   help="latency: requests at concurrency 1 (2000); instructions: requests counted (300)")
     p.add_argument("--concurrency", type=int, default=32, help="latency: connections for the throughput run")
     p.add_argument("--duration", type=float, default=10.0, help="latency: seconds of the throughput run")
     p.add_argument("--only", action="append", help="latency: only routers whose name contains this (repeatable)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    result = asyncio.run(decision(args) if args.what == "decision" else latency(args))
+    if args.requests is None:
+        args.requests = 300 if args.what == "instructions" else 2000
+    run = {"decision": decision, "latency": latency, "instructions": instructions}[args.what]
+    result = asyncio.run(run(args))
     write_json(args.out, result)
     return 0
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import os
 import random
 import time
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from router.service import admin, tenant_admin
+from router.service import admin, lean_server, tenant_admin
 from router.fleet.cluster import Cluster
 from router.decision.tenants import DEFAULT_TENANT
 from router.service.admission_gate import AdmissionGate
@@ -209,6 +211,17 @@ async def handle_explain(request: web.Request) -> web.Response:
     return json_response(out)
 
 
+PROXY_ROUTES = {"/v1/completions": handle_completions, "/v1/chat/completions": handle_chat}
+
+
+def site_for(config: RouterConfig) -> Callable[..., web.BaseSite] | None:
+    """How the app is served (run_app's `site`): the proxy path on the lean front with
+    --http-server lean and httptools, else None (aiohttp alone)."""
+    if config.http_server == "lean" and lean_server.available():
+        return functools.partial(lean_server.LeanSite, handlers=PROXY_ROUTES)
+    return None
+
+
 def create_app(config: RouterConfig) -> web.Application:
     # Request bodies are read through read_body, bounded by the limit derived from the engines'
     # context (router/contract/limits.py), which is only known once they are discovered.
@@ -221,8 +234,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app[CONNECTION_LIMITS] = config.connection_limits()
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
-    app.router.add_post("/v1/completions", handle_completions)
-    app.router.add_post("/v1/chat/completions", handle_chat)
+    for path, handler in PROXY_ROUTES.items():
+        app.router.add_post(path, handler)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model:.+}", handle_model)
     app.router.add_get("/health", handle_health)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from router.service.config import EVENT_SOURCES, RouterConfig
+from router.service.config import EVENT_SOURCES, HTTP_SERVERS, RouterConfig
 from router.contract.cli_help import HelpFormatter
 from router.contract.serve import bind_socket, config_values, run_app, setup_logging
 from router.service.tenant_book import TenantBook, split_keys
@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=d["workers"].default,
                    help="router processes on one port (SO_REUSEPORT), for more than one core; each keeps its own "
                         "index (or shares --index redis) fed by the same events")
+    p.add_argument("--http-server", choices=HTTP_SERVERS, default=d["http_server"].default,
+                   help="lean: POST /v1/completions and /v1/chat/completions on a lean httptools protocol, the "
+                        "rest on aiohttp (same port; aiohttp for all when httptools is missing); aiohttp: all "
+                        "(the default)")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks (default: random)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
@@ -164,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 1
-    from router.service.app import create_app
+    from router.service.app import create_app, site_for
 
-    return run_app(create_app(config), sock, "router")
+    return run_app(create_app(config), sock, "router", site=site_for(config))
 
 
 if __name__ == "__main__":

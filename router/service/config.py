@@ -8,6 +8,7 @@ from router.contract.connections import ConnectionLimits
 from router.decision.admission import AdmissionConfig
 
 EVENT_SOURCES = ("poll", "redis")
+HTTP_SERVERS = ("lean", "aiohttp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,9 @@ class RouterConfig:
     admission_margin: float = -0.4
     admission_queue: int = 1024
     priority_edges: tuple[int, ...] = (0, 1)
+    # lean: the proxy path on router/service/lean_server.py (needs httptools); not the default, since a
+    # 413 sent before the body closes the connection there (aiohttp reads the body first)
+    http_server: str = "aiohttp"
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:
@@ -114,6 +118,8 @@ class RouterConfig:
             raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
+        if self.http_server not in HTTP_SERVERS:
+            raise ValueError(f"--http-server must be one of {', '.join(HTTP_SERVERS)}, got {self.http_server!r}")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"--workers must be between 1 and 64, got {self.workers}")
         if self.index_breaker_failures < 1:

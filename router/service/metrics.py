@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.contract.metric_buckets import DURATION_BUCKETS, FINE_TPOT_BUCKETS, TTFT_BUCKETS
+from router.service.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
 from router.service.usage import Usage
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
@@ -34,18 +35,18 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
         self._children: dict[tuple, object] = {}
-        self.requests = Counter("kvroute_router_requests", "Requests routed, by instance, policy and outcome.",
+        self.requests = PlainCounter("kvroute_router_requests", "Requests routed, by instance, policy and outcome.",
                                 ["instance", "policy", "status"], registry=r)
-        self.decision_seconds = Histogram("kvroute_router_decision_seconds",
+        self.decision_seconds = PlainHistogram("kvroute_router_decision_seconds",
                                           "Routing decision time: tokenize + hash + lookup + score.",
                                           buckets=DECISION_BUCKETS, registry=r)
-        self.lookup_seconds = Histogram("kvroute_router_index_lookup_seconds", "Index lookup time.",
+        self.lookup_seconds = PlainHistogram("kvroute_router_index_lookup_seconds", "Index lookup time.",
                                         buckets=DECISION_BUCKETS, registry=r)
-        self.cached_ratio = Histogram("kvroute_router_cached_token_ratio",
+        self.cached_ratio = PlainHistogram("kvroute_router_cached_token_ratio",
                                       "Share of a routed prompt's tokens cached on the chosen instance (predicted).",
                                       buckets=RATIO_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("kvroute_router_prompt_tokens", "Prompt tokens routed.", registry=r)
-        self.cached_tokens = Counter("kvroute_router_predicted_cached_tokens",
+        self.prompt_tokens = PlainCounter("kvroute_router_prompt_tokens", "Prompt tokens routed.", registry=r)
+        self.cached_tokens = PlainCounter("kvroute_router_predicted_cached_tokens",
                                      "Prompt tokens predicted cached on the chosen instance.", registry=r)
         self.index_size = Gauge("kvroute_router_index_entries", "(block, instance) entries in the index.",
                                 registry=r)
@@ -56,7 +57,7 @@ class RouterMetrics:
                               ["type"],
                               registry=r)
         self.resyncs = Counter("kvroute_router_resyncs", "Instances reloaded from their snapshot.", registry=r)
-        self.retries = Counter("kvroute_router_retries", "Requests retried on another instance.", registry=r)
+        self.retries = PlainCounter("kvroute_router_retries", "Requests retried on another instance.", registry=r)
         self.errors = Counter("kvroute_router_errors", "Errors, by kind.", ["kind"], registry=r)
         self.ejections = Counter("kvroute_router_ejections", "Instances ejected by health checks.", registry=r)
         self.registry_refused = Counter("kvroute_router_registry_refused",
@@ -67,27 +68,27 @@ class RouterMetrics:
         self.mismatch = Gauge("kvroute_router_instance_mismatch",
                               "1 when the instance's block size, hash seed or tokenizer differ (load-only routing).",
                               ["instance"], registry=r)
-        self.inflight = Gauge("kvroute_router_inflight", "Requests in flight, by instance.", ["instance"],
+        self.inflight = PlainGauge("kvroute_router_inflight", "Requests in flight, by instance.", ["instance"],
                               registry=r)
         per_request = ["model", "instance"]
-        self.request_duration = Histogram("kvroute_router_request_duration_seconds",
+        self.request_duration = PlainHistogram("kvroute_router_request_duration_seconds",
                                           "Request arrival at the router to the last byte relayed.", per_request,
                                           buckets=DURATION_BUCKETS, registry=r)
-        self.time_to_first_token = Histogram("kvroute_router_time_to_first_token_seconds",
+        self.time_to_first_token = PlainHistogram("kvroute_router_time_to_first_token_seconds",
                                              "Forwarded to the first byte from the engine (streamed requests).",
                                              per_request, buckets=TTFT_BUCKETS, registry=r)
-        self.time_per_output_token = Histogram("kvroute_router_time_per_output_token_seconds",
+        self.time_per_output_token = PlainHistogram("kvroute_router_time_per_output_token_seconds",
                                                "Per request: (last byte - first byte) / (completion tokens - 1).",
                                                per_request, buckets=FINE_TPOT_BUCKETS, registry=r)
-        self.output_tokens = Counter("kvroute_router_output_tokens", "Completion tokens, as the engines reported.",
+        self.output_tokens = PlainCounter("kvroute_router_output_tokens", "Completion tokens, as the engines reported.",
                                      per_request, registry=r)
-        self.usage_prompt_tokens = Counter("kvroute_router_usage_prompt_tokens",
+        self.usage_prompt_tokens = PlainCounter("kvroute_router_usage_prompt_tokens",
                                            "Prompt tokens of requests whose engine reported cached tokens.",
                                            per_request, registry=r)
-        self.actual_cached_tokens = Counter("kvroute_router_cached_tokens",
+        self.actual_cached_tokens = PlainCounter("kvroute_router_cached_tokens",
                                             "Prompt tokens the engines reported cached (actual prefix-cache hits).",
                                             per_request, registry=r)
-        self.rejected = Counter("kvroute_router_rejected_requests",
+        self.rejected = PlainCounter("kvroute_router_rejected_requests",
                                 "Requests the router answered itself with an error, by HTTP status.", ["status"],
                                 registry=r)
 
@@ -128,7 +129,7 @@ class RouterMetrics:
             self.bound(self.time_per_output_token, model, instance).observe(max(0.0, tpot))
 
     def observe_rejected(self, status: int) -> None:
-        self.rejected.labels(str(status)).inc()
+        self.bound(self.rejected, str(status)).inc()
 
 
 class ConnectionCollector:

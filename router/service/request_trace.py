@@ -35,7 +35,7 @@ class RequestTrace:
     events: int = 0  # SSE data events relayed after the first token
     usage: Usage | None = None
     status: str = ""
-    scanner: StreamUsage = dataclasses.field(default_factory=StreamUsage)
+    scanner: StreamUsage | None = None  # made by the first relayed chunk: whole bodies need none
 
     def first(self, instance: str) -> None:
         if self.first_token is None:
@@ -44,6 +44,8 @@ class RequestTrace:
 
     def relayed(self, chunk: bytes) -> None:
         self.events += chunk.count(b"data: ")
+        if self.scanner is None:
+            self.scanner = StreamUsage()
         self.scanner.feed(chunk)
         self.last_byte = time.perf_counter()
 
@@ -55,7 +57,7 @@ class RequestTrace:
 
     def end(self, status: str) -> None:
         self.status = status
-        if self.stream and self.usage is None:
+        if self.stream and self.usage is None and self.scanner is not None:
             self.usage = self.scanner.usage
 
     @property

@@ -7,8 +7,9 @@
                                   `stream_options.include_usage`; vLLM and kvroute engines do)
 
 The router relays the engine's bytes unchanged; these only look. A line is parsed only
-when it holds a non-null `"usage": {`, so the per-chunk cost is one regex search, and a
-partial line is buffered up to `MAX_LINE_BYTES` (longer lines are skipped, not grown).
+when it holds a non-null `"usage": {`, so the per-chunk cost is one regex search (a chunk of
+whole lines without one is not even split), and a partial line is buffered up to
+`MAX_LINE_BYTES` (longer lines are skipped, not grown).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class StreamUsage:
         self._skipping = False  # inside an over-long line: drop bytes until its end
 
     def feed(self, chunk: bytes) -> None:
+        if not self._partial and not self._skipping and chunk.endswith(b"\n") and not _USAGE.search(chunk):
+            return  # whole lines only, none with a usage object: nothing to keep
         lines = chunk.split(b"\n")
         lines[0] = self._partial + lines[0]
         self._partial = lines.pop()

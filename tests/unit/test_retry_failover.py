@@ -64,6 +64,7 @@ async def test_refused_connection_is_retried_on_the_next_instance(start_router, 
                                          **NEVER)
         cluster = server.app[CLUSTER]
         assert await wait_for(lambda: all(i.routable for i in cluster.instances))
+        assert await wait_for(lambda: all(i.load is not None for i in cluster.instances))  # the one load poll is done
         await dead.close()  # the port is closed now; the router has not been told
         dead_inst = next(i for i in cluster.instances if i.url == dead.url)
         assert dead_inst.routable

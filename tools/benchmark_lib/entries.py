@@ -130,7 +130,12 @@ ENTRIES = (
           result="accuracy.json"),
     Entry(name="router-latency", title="Added latency and throughput of the router", full_only=True,
           about="4 sim engines with near-zero model time; each router measured right after the engine direct.",
-          args=("tools/bench_router.py", "latency", "--out", "{out}"), out="latency.json"),
+          args=("tools/bench_router.py", "latency", "--out", "{out}"), out="latency.json", render=render.latency),
+    Entry(name="router-instructions", title="The router's user-space instructions per request", full_only=True,
+          about="One sim engine; each kvroute variant under valgrind's callgrind, 300 requests at concurrency 8 after "
+                "a warm-up: a count that other load on the machine does not move (wall-clock CPU does).",
+          args=("tools/bench_router.py", "instructions", "--out", "{out}"), out="instructions.json",
+          render=render.instructions),
     Entry(name="decision-scale", title="Decision time against fleet size (simulator)", full_only=True,
           about="Index lookup + candidates + kv_aware score with every pool full, all candidates and fast path.",
           args=("tools/sim_scale.py", "--out", "{out}"), out="sim-scale-decisions.json"),

@@ -130,6 +130,22 @@ def decision(out: Mapping[str, Any]) -> str:
     return table(head, rows)
 
 
+def latency(out: Mapping[str, Any]) -> str:
+    """tools/bench_router.py latency: per router, added latency at c=1 and throughput and CPU at c=N."""
+    rows = [[r.get("target"), num(r.get("added_p50_us"), digits=0), num(r.get("added_p99_us"), digits=0),
+             num(r.get("rps_c32"), digits=0), num(r.get("cpu_us_per_request_c32"), digits=0)]
+            for r in out.get("latency", [])]
+    c = out.get("concurrency", 32)
+    head = ["router", "added p50 at c=1, us", "added p99 at c=1, us", f"req/s at c={c}", f"CPU per request at c={c}, us"]
+    return table(head, rows)
+
+
+def instructions(out: Mapping[str, Any]) -> str:
+    """tools/bench_router.py instructions: user-space instructions per request by router variant."""
+    rows = [[r.get("router"), num(r.get("instructions_per_request"), 1e-6, 3)] for r in out.get("instructions", [])]
+    return table(["router", "million instructions per request"], rows)
+
+
 def chaos(out: Mapping[str, Any]) -> str:
     """`kvroute chaos --out`'s results.json: a row per scenario and traffic, then the invariants."""
     rows = [[r.get("scenario"), r.get("traffic"), num(r.get("sent")), num(r.get("ok")), num(r.get("lost")),

@@ -1,0 +1,163 @@
+"""The lean front for the proxy path (router/service/lean_server.py): what it serves itself, what it
+hands to aiohttp on the same connection, and the connection rules it keeps."""
+
+import asyncio
+import time
+
+import orjson
+import pytest
+
+from router.service.app import CLUSTER
+from router.service.lean_server import available
+
+pytestmark = pytest.mark.skipif(not available(), reason="httptools is not installed")
+
+FAST = 0.01
+BODY = orjson.dumps({"prompt": "hello there", "max_tokens": 2})
+
+
+async def _router(start_engine, start_router, **kw):
+    engine_url, _ = await start_engine(time_scale=FAST)
+    url, server = await start_router([engine_url], http_server="lean", **kw)
+    deadline = time.monotonic() + 5
+    while not server.app[CLUSTER].instances[0].routable:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    return int(url.rsplit(":", 1)[1]), server
+
+
+def _post(path: str = "/v1/completions", body: bytes = BODY, extra: bytes = b"") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+            % (path.encode(), len(body), extra)) + body
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
+    """One HTTP/1.1 answer: status, headers (lower-case names), body (Content-Length or chunked)."""
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in head[1:] if line))
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            body += await reader.readexactly(size + 2)
+            body = body[:-2]
+        await reader.readuntil(b"\r\n")
+    else:
+        body = await reader.readexactly(int(headers.get("content-length", 0)))
+    return int(head[0].split()[1]), headers, body
+
+
+async def test_proxy_requests_pipelined_then_admin_on_one_connection(start_engine, start_router):
+    port, server = await _router(start_engine, start_router)
+    front = server.listening.front
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post() + _post("/v1/chat/completions", orjson.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                                         "max_tokens": 2})))
+    answers = [await _answer(reader), await _answer(reader)]
+    assert [a[0] for a in answers] == [200, 200]
+    assert all(a[1]["x-kvroute-instance"] == "e0" for a in answers)
+    assert orjson.loads(answers[1][2])["object"] == "chat.completion"
+    assert front.served == 2
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # aiohttp's from here on, same connection
+    status, _, body = await _answer(reader)
+    assert status == 200 and orjson.loads(body)["routable"] == 1
+    writer.write(_post())
+    assert (await _answer(reader))[0] == 200
+    assert front.served == 2 and not front.connections  # handed over whole
+    writer.close()
+
+
+async def test_a_stream_is_relayed_chunked_and_errors_are_openai_shaped(start_engine, start_router):
+    port, server = await _router(start_engine, start_router, api_key="k")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post())
+    status, _, body = await _answer(reader)
+    assert status == 401 and orjson.loads(body)["error"]["code"]
+    stream = orjson.dumps({"prompt": "hello", "max_tokens": 3, "stream": True})
+    writer.write(_post(body=stream, extra=b"Authorization: Bearer k\r\n"))
+    status, headers, body = await _answer(reader)
+    assert status == 200 and headers["transfer-encoding"] == "chunked"
+    assert body.endswith(b"data: [DONE]\n\n") and body.count(b"data: ") == 4
+    writer.write(_post(body=b"{not json", extra=b"Authorization: Bearer k\r\n"))
+    status, _, body = await _answer(reader)
+    assert status == 400 and orjson.loads(body)["error"]["type"]
+    text = (await _metrics(port)).decode()
+    assert 'kvroute_router_rejected_requests_total{status="401"} 1.0' in text
+    assert server.listening.front.served == 3
+    writer.close()
+
+
+async def _metrics(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    _, _, body = await _answer(reader)
+    writer.close()
+    return body
+
+
+async def test_an_answer_before_the_body_closes_and_http10_goes_to_aiohttp(start_engine, start_router):
+    port, server = await _router(start_engine, start_router, max_body_bytes=1 << 20)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{" % (2 << 20))
+    status, headers, body = await _answer(reader)
+    assert status == 413 and headers["connection"] == "close" and b"--max-body-bytes" in body
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post().replace(b"HTTP/1.1", b"HTTP/1.0"))
+    head = await asyncio.wait_for(reader.read(), 10)
+    assert head.startswith(b"HTTP/1.0 200") and b"x-kvroute-instance: e0" in head.lower()
+    assert server.listening.front.served == 1
+    writer.close()
+
+
+async def test_idle_and_silent_lean_connections_are_closed(start_engine, start_router):
+    port, server = await _router(start_engine, start_router, idle_timeout_s=0.3, header_timeout_s=0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post())
+    assert (await _answer(reader))[0] == 200
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # idle past --idle-timeout-s
+    silent_reader, silent = await asyncio.open_connection("127.0.0.1", port)
+    silent.write(b"POST /v1/completions HTTP/1.1\r\n")
+    try:
+        assert await asyncio.wait_for(silent_reader.read(), 5) == b""
+    except ConnectionResetError:
+        pass
+    assert server.runner.guard.closed["header_timeout"] == 1
+    assert server.runner.guard.open == 0
+    writer.close()
+    silent.close()
+
+
+async def test_answers_match_aiohttps_byte_for_byte_but_the_date(start_engine, start_router):
+    engine_url, _ = await start_engine(time_scale=FAST)
+    answers = {}
+    for server_kind in ("lean", "aiohttp"):
+        url, server = await start_router([engine_url], http_server=server_kind, seed=1)
+        deadline = time.monotonic() + 5
+        while not server.app[CLUSTER].instances[0].routable:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        got = []
+        for request in (_post(body=orjson.dumps({"prompt": "hello there", "max_tokens": 2, "seed": 3})),
+                        _post(body=b"[1]"), _post(body=orjson.dumps({"prompt": "x", "max_tokens": 2}),
+                                                 extra=b"Connection: close\r\n")):
+            writer.write(request)
+            status, headers, body = await _answer(reader)
+            headers.pop("date")
+            got.append((status, headers, orjson.loads(body).get("error") or orjson.loads(body)["choices"][0]["text"]))
+        answers[server_kind] = got
+        writer.close()
+    assert answers["lean"] == answers["aiohttp"]
+    assert [a[0] for a in answers["lean"]] == [200, 400, 200] and answers["lean"][2][1]["connection"] == "close"
+
+
+def test_without_httptools_aiohttp_serves_everything(monkeypatch):
+    from router.service import lean_server
+    from router.service.app import site_for
+    from router.service.config import RouterConfig
+
+    config = RouterConfig(engines=("http://127.0.0.1:1",), http_server="lean")
+    assert site_for(config) is not None and site_for(RouterConfig(engines=config.engines)) is None  # default aiohttp
+    monkeypatch.setattr(lean_server, "httptools", None)
+    assert site_for(config) is None
