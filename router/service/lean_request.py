@@ -63,6 +63,19 @@ class LeanRequest:
         self._keep_alive = keep_alive
         self._payload_writer = writer
         self.task: asyncio.Task | None = None
+        self._state: dict = {}  # what middlewares store on the request (`request[key]`), as aiohttp's
+
+    def __getitem__(self, key):
+        return self._state[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._state[key] = value
+
+    def __contains__(self, key) -> bool:
+        return key in self._state
+
+    def get(self, key, default=None):
+        return self._state.get(key, default)
 
     @property
     def keep_alive(self) -> bool:

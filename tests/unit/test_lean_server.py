@@ -161,3 +161,15 @@ def test_without_httptools_aiohttp_serves_everything(monkeypatch):
     assert site_for(config) is not None and site_for(RouterConfig(engines=config.engines)) is None  # default aiohttp
     monkeypatch.setattr(lean_server, "httptools", None)
     assert site_for(config) is None
+
+
+async def test_tenant_keys_and_admission_through_the_lean_front(start_engine, start_router):
+    """The auth middleware stores the tenant on the request (`request[key]`) and the entry reads it back:
+    the lean front's request keeps that state as aiohttp's does."""
+    port, server = await _router(start_engine, start_router, api_keys=(("team-a", "ka"),), slo_ttft_s=5.0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post(extra=b"Authorization: Bearer ka\r\n") + _post(extra=b"Authorization: Bearer nope\r\n"))
+    (ok, _, _), (refused, _, body) = await _answer(reader), await _answer(reader)
+    writer.close()
+    assert ok == 200 and refused == 401 and orjson.loads(body)["error"]["type"]
+    assert server.listening.front.served == 2
