@@ -24,15 +24,22 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KILLED, SURVIVED, TIMEOUT = {1, 3}, {0}, {24, -24, 36, 152, 255}
+WALL = "kvroute-mutation-wall-s"  # seconds the module's whole mutmut run took
 
 
-def modules_config(pyproject: pathlib.Path) -> dict[str, list[str]]:
+def modules_config(pyproject: pathlib.Path) -> dict[str, dict[str, list[str]]]:
+    """module -> {"tests": test files or node ids, "args": extra pytest arguments (e.g. -k EXPR)}."""
     data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    return dict(data["tool"]["kvroute"]["mutation"]["modules"])
+    out = {}
+    for module, value in data["tool"]["kvroute"]["mutation"]["modules"].items():
+        spec = {"tests": value} if isinstance(value, list) else dict(value)
+        out[module] = {"tests": list(spec["tests"]), "args": list(spec.get("args", []))}
+    return out
 
 
 def scratch_copy(dest: pathlib.Path) -> None:
@@ -95,12 +102,22 @@ def score(counts: collections.Counter) -> float | None:
     return (counts["killed"] + counts["timeout"]) / judged if judged else None
 
 
-def run_module(module: str, tests: list[str], workdir: pathlib.Path, children: int, extra: list[str]) -> int:
+def run_module(module: str, spec: dict[str, list[str]], workdir: pathlib.Path, children: int,
+               extra: list[str]) -> int:
     scratch_copy(workdir)
     pyproject = workdir / "pyproject.toml"
-    pyproject.write_text(without_mutmut_section(pyproject.read_text()) + mutmut_section(module, tests, extra))
+    section = mutmut_section(module, spec["tests"], spec["args"] + extra)
+    pyproject.write_text(without_mutmut_section(pyproject.read_text()) + section)
     mutmut = shutil.which("mutmut") or str(pathlib.Path(sys.executable).with_name("mutmut"))
-    return subprocess.run([mutmut, "run", "--max-children", str(children)], cwd=workdir).returncode
+    start = time.monotonic()
+    rc = subprocess.run([mutmut, "run", "--max-children", str(children)], cwd=workdir).returncode
+    (workdir / WALL).write_text(f"{time.monotonic() - start:.1f}\n")
+    return rc
+
+
+def wall_of(workdir: pathlib.Path) -> float | None:
+    path = workdir / WALL
+    return float(path.read_text()) if path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"not configured in [tool.kvroute.mutation.modules]: {', '.join(unknown)}")
     if args.list:
         for m in modules:
-            print(f"{m}: {' '.join(config[m])}")
+            print(f"{m}: {' '.join(config[m]['args'] + config[m]['tests'])}")
         return 0
     rows = []
     for module in modules:
@@ -129,11 +146,16 @@ def main(argv: list[str] | None = None) -> int:
             if rc:
                 print(f"mutation: mutmut run for {module} exited {rc}", file=sys.stderr)
         rows.append((module, workdir, *tally(workdir, module)))
-    print(f"\n{'module':44s} {'mutants':>7s} {'killed':>6s} {'survived':>8s} {'timeout':>7s} {'no tests':>8s} score")
-    for module, _, counts, _ in rows:
-        s = score(counts)
+    print(f"\n{'module':44s} {'mutants':>7s} {'killed':>6s} {'survived':>8s} {'timeout':>7s} {'no tests':>8s} "
+          f"{'score':>6s} {'wall':>6s}")
+    total = 0.0
+    for module, workdir, counts, _ in rows:
+        s, wall = score(counts), wall_of(workdir)
+        total += wall or 0.0
         print(f"{module:44s} {sum(counts.values()):7d} {counts['killed']:6d} {counts['survived']:8d} "
-              f"{counts['timeout']:7d} {counts['no tests']:8d} {'-' if s is None else f'{s:.1%}'}")
+              f"{counts['timeout']:7d} {counts['no tests']:8d} {'-' if s is None else f'{s:.1%}':>6s} "
+              f"{'-' if wall is None else f'{wall:.0f} s':>6s}")
+    print(f"{'total':44s} {'':7s} {'':6s} {'':8s} {'':7s} {'':8s} {'':6s} {total:4.0f} s")
     for module, workdir, _, survivors in rows:
         if survivors:
             print(f"\nsurviving in {module} (mutmut show NAME, in {workdir}):")
