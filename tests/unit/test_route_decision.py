@@ -31,14 +31,16 @@ class Picky:
 
     def __init__(self, uses_index=True, choice=None, uncached=None):
         self.uses_index, self.choice, self.uncached = uses_index, choice, uncached
-        self.seen, self.routed = [], []
+        self.seen, self.routed, self.asked = [], [], []
 
     def select(self, request, candidates, matches):
         self.seen.append([c.id for c in candidates])
+        self.asked.append((request, matches))
         return Decision(self.choice or candidates[-1].id, uncached_tokens=self.uncached)
 
     def on_routed(self, request, instance):
         self.routed.append(instance)
+        self.asked.append((request, instance))
 
 
 def req(hashes=(11, 12, 13), num_tokens=48, block_size=16):
@@ -122,6 +124,34 @@ def test_fast_candidates_are_holders_recent_senders_and_the_least_loaded():
     assert policy.seen[-1] == ["i1", "i3"]
 
 
+def test_the_policy_gets_the_request_and_the_matches():
+    policy = Picky()
+    decision, r, matches = RouteDecision(policy), req(), {"i0": PrefixMatch({"device": 1})}
+    decision.decide(r, group(2), matches, 0.0)
+    assert policy.asked == [(r, matches), (r, "i1")]
+
+
+def test_exclusions_on_the_fast_path_keep_to_the_fast_candidates_while_any_is_left():
+    policy = Picky()
+    decision = RouteDecision(policy, RouteSettings(fast_candidates=2))
+    decision.choose(req(), group(5), {}, 0.0, exclude=("i0",))  # fast: i0, i1
+    assert policy.seen == [["i1"]]
+
+
+def test_decide_and_plan_prefill_read_the_recent_senders_at_their_time():
+    policy = Picky(choice="i3")
+    decision = RouteDecision(policy, RouteSettings(fast_candidates=1, recent_ttl_s=2.0))
+    members = group(4, i0=0, i1=1, i2=1, i3=2)
+    decision.routed(req(), "i3", now=10.0)
+    assert decision.decide(req(), members, {}, 11.0).member == "i3"
+    assert policy.seen[-1] == ["i3", "i0"]
+    assert decision.plan_prefill(req(), members, {}, 11.5, min_uncached=1).member == "i3"
+    assert policy.seen[-1] == ["i3", "i0"]
+    policy.choice = None
+    decision.plan_prefill(req(), members, {}, 14.0, min_uncached=1)  # both sends expired by now
+    assert policy.seen[-1] == ["i0"]
+
+
 def test_a_group_no_larger_than_k_is_looked_at_whole():
     policy = Picky()
     RouteDecision(policy, RouteSettings(fast_candidates=3)).choose(req(), group(3, i0=5), {}, 0.0)
@@ -195,3 +225,8 @@ def test_decode_member_ties_go_at_random():
     decodes = Group(*[InstanceState(f"d{k}", running=1) for k in range(3)], InstanceState("d3", running=2))
     picks = {pick_decode_member(decodes, random.Random(seed)) for seed in range(40)}
     assert picks == {"d0", "d1", "d2"}
+
+
+def test_decode_load_is_in_flight_only_when_it_exceeds_running_plus_waiting():
+    decodes = Group(InstanceState("d0", inflight=3, running=2, waiting=2), InstanceState("d1", running=3, kv_usage=0.1))
+    assert pick_decode_member(decodes, random.Random(0)) == "d1"  # 4 against 3
