@@ -80,6 +80,29 @@ def test_predicted_colocated_tpot_caps_the_long_steps_at_the_output():
     assert fit == pytest.approx((short + 0.01) / 0.05)
 
 
+def test_predicted_colocated_tpot_of_a_one_step_output():
+    # 2 output tokens: one step, long at p90 (18% of steps are long: k90 = 1)
+    fit, _ = _colocated(prefill=12_000, output=10, prompt=100, out_tokens=2)
+    short = 0.01 + 2.5 * 0.01 / (1 - 0.3 - 2.5 * 0.0015) * 0.0015
+    assert fit == pytest.approx((short + 0.01) / 0.05)
+
+
+def test_predicted_colocated_tpot_is_unbounded_with_no_room_left_exactly():
+    config = PlannerConfig(decode_step_s=0.01, decode_seq_s=2 ** -10, slo_tpot_s=0.05, prefill_tokens_per_s=10_000)
+    o = Observation(0, fleet(*["both"] * 4), 100, 20_000, 2048, None, None, 1000.0, 1000.0, 100.0)
+    assert Planner(config)._colocated_fit(o, 4, 2.0, 0.5) == (math.inf, "predicted colocated TPOT unbounded")
+
+
+def test_a_context_of_one_token_uses_the_step_model():
+    planner = Planner(PlannerConfig(**STEP))
+    assert planner.decode_capacity(1) == pytest.approx(
+        int((0.05 - 2 ** -7) / (2 ** -9 + 2 ** -20)) / (2 ** -7 + int((0.05 - 2 ** -7) / (2 ** -9 + 2 ** -20))
+                                                        * (2 ** -9 + 2 ** -20)))
+    o = Observation(0, fleet("both", "both"), 10, 100, 100, mean_context_tokens=1, mean_prompt_tokens=10,
+                    mean_output_tokens=10)
+    assert planner._colocated_fit(o, 2, 0.01, 0.37)[1].startswith("predicted colocated TPOT p90")
+
+
 def test_predicted_colocated_tpot_is_unbounded_without_room():
     assert _colocated(prefill=2000, output=20_000, prompt=500, out_tokens=100) == (
         math.inf, "predicted colocated TPOT unbounded")
@@ -122,6 +145,27 @@ def test_reasons_name_the_split_the_load_and_the_slos():
     assert switch.reason == ("1P:2D+1both -> 2P:2D: util 1.00 (prefill 2.00, decode 2.00 engines' worth); "
                              "TTFT p90 n/a, TPOT p90 n/a, SLO bias +0")
     assert switch.changes == {"e3": "prefill"} and switch.at == 7
+
+
+def test_plans_carry_their_time_target_and_demand():
+    planner = Planner(CFG)
+    assert planner.decide(obs(3, fleet("both", "both"), 1000, 200, requests=0)) == Plan(
+        3, {}, {"prefill": 0, "decode": 0, "both": 2}, {"prefill": 1, "decode": 1},
+        "no traffic or fewer than 2 engines: no change")
+    assert planner.decide(obs(4, fleet("both", "both"), 1000, 200, requests=1)).reason.startswith("keep colocated x2")
+    keep = planner.decide(obs(5, fleet("both", "both"), 1000, 200))
+    assert (keep.at, keep.changes, keep.target) == (5, {}, {"prefill": 0, "decode": 0, "both": 2})
+    pending = planner.decide(obs(6, fleet("both", "both", "both", "both"), 20_000, 4000))
+    assert (pending.at, pending.changes) == (6, {})
+
+
+def test_reasons_name_partial_splits_by_their_counts():
+    config = PlannerConfig(**{**{f: getattr(CFG, f) for f in CFG.__dataclass_fields__}, "hold": 1,
+                              "cooldown_s": 0.0})
+    for roles, before in ((("prefill", "prefill", "prefill"), "3P:0D"), (("prefill", "both"), "1P:0D+1both"),
+                          (("decode", "both"), "0P:1D+1both")):
+        plan = Planner(config).decide(obs(0, fleet(*roles), 100, 100))
+        assert plan.reason.startswith(f"{before} -> colocated x{len(roles)}: "), plan.reason
 
 
 def test_keeping_the_split_resets_the_pending_target():
@@ -179,6 +223,14 @@ def test_slo_bias_holds_when_the_other_slo_has_no_room():
     assert _bias_after([(0.5, 0.09), (0.8, 0.09)]) == [-1, -1]  # TTFT at 0.8 x its SLO has no room
 
 
+def test_slo_room_is_a_fraction_of_each_slo():
+    config = PlannerConfig(**{**{f: getattr(CFG, f) for f in CFG.__dataclass_fields__}, "slo_ttft_s": 2.0})
+    planner = Planner(config)
+    engines = fleet("prefill", "prefill", "decode", "decode")
+    planner.decide(obs(0, engines, 20_000, 4000, ttft=1.5, tpot=0.09))  # TTFT 1.5 s < 0.8 x 2 s: room
+    assert planner.bias == -1
+
+
 def test_slo_bias_limit_is_at_least_one():
     assert _bias_after([(2.0, 0.01)] * 3, roles=("prefill", "decode")) == [1, 1, 1]
 
@@ -230,6 +282,18 @@ def test_assign_fills_prefill_first_from_the_least_loaded_surplus():
     assert assign(engines, {"prefill": 2, "decode": 2}) == {"b": "prefill", "c": "prefill", "a": "decode"}
 
 
+def test_assign_counts_waiting_requests_as_load():
+    engines = [EngineView("x", "decode", waiting=5), EngineView("y", "decode", running=3), EngineView("z", "prefill")]
+    assert assign(engines, {"prefill": 2, "decode": 1, "both": 0}) == {"y": "prefill"}
+    surplus = [EngineView("p", "prefill", waiting=5), EngineView("q", "both", running=3)]
+    assert assign(surplus, {"prefill": 0, "decode": 1, "both": 0}) == {"q": "decode"}
+
+
+def test_assign_to_a_target_without_a_role_moves_nobody_into_it():
+    engines = [EngineView("a", "prefill"), EngineView("b", "decode"), EngineView("c", "decode", running=1)]
+    assert assign(engines, {"prefill": 2, "decode": 1}) == {"b": "prefill"}
+
+
 def test_assign_moves_nobody_when_the_target_is_met():
     engines = [EngineView("a", "prefill"), EngineView("b", "decode")]
     assert assign(engines, {"prefill": 1, "decode": 1, "both": 0}) == {}
@@ -245,7 +309,7 @@ def test_each_rate_and_time_must_be_positive(field):
 
 @pytest.mark.parametrize("bad", [{"min_prefill": 0}, {"min_decode": 0}, {"hold": 0}])
 def test_minimums_and_hold_must_be_at_least_one(bad):
-    with pytest.raises(ValueError, match="min_prefill, min_decode and hold must be at least 1"):
+    with pytest.raises(ValueError, match="^planner min_prefill, min_decode and hold must be at least 1$"):
         PlannerConfig(**bad)
 
 
@@ -259,7 +323,8 @@ def test_step_coefficients_margin_and_max_running_are_checked(bad):
 @pytest.mark.parametrize("bad", [{"target_utilization": 0}, {"target_utilization": 1.01},
                                  {"colocate_below": -0.01}, {"colocate_below": 1.01}, {"cooldown_s": -1}])
 def test_utilization_threshold_and_cooldown_ranges(bad):
-    with pytest.raises(ValueError, match=r"target_utilization must be in \(0, 1\], colocate_below in"):
+    with pytest.raises(ValueError, match=r"^planner target_utilization must be in \(0, 1\], colocate_below in "
+                                         r"\[0, 1\], cooldown_s >= 0$"):
         PlannerConfig(**bad)
 
 
