@@ -21,6 +21,7 @@ import argparse
 import collections
 import json
 import pathlib
+import resource
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,10 @@ def mutmut_section(module: str, tests: list[str], extra_args: list[str]) -> str:
             f"also_copy = {toml_list(['kvroute_cli.py', 'tools'])}\n"
             f"only_mutate = {toml_list([module])}\n"
             f"pytest_add_cli_args = {toml_list(['-q', '-p', 'no:cacheprovider', *extra_args])}\n"
-            f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n")
+            f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
+            # a mutant that loops forever is stopped after 4 x (its tests' time + 1 s) x 2 of CPU,
+            # not mutmut's default 15 x: the tests here take well under a second of CPU each
+            "timeout_multiplier = 4.0\n")
 
 
 def without_mutmut_section(text: str) -> str:
@@ -109,15 +113,25 @@ def run_module(module: str, spec: dict[str, list[str]], workdir: pathlib.Path, c
     section = mutmut_section(module, spec["tests"], spec["args"] + extra)
     pyproject.write_text(without_mutmut_section(pyproject.read_text()) + section)
     mutmut = shutil.which("mutmut") or str(pathlib.Path(sys.executable).with_name("mutmut"))
-    start = time.monotonic()
+    start, cpu = time.monotonic(), children_cpu_s()
     rc = subprocess.run([mutmut, "run", "--max-children", str(children)], cwd=workdir).returncode
-    (workdir / WALL).write_text(f"{time.monotonic() - start:.1f}\n")
+    (workdir / WALL).write_text(f"{time.monotonic() - start:.1f} {children_cpu_s() - cpu:.1f}\n")
     return rc
 
 
-def wall_of(workdir: pathlib.Path) -> float | None:
+def children_cpu_s() -> float:
+    """User + system CPU seconds of every finished child process (mutmut and the workers it forked)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wall_of(workdir: pathlib.Path) -> tuple[float, float] | None:
+    """(wall seconds, CPU seconds) of the module's last run."""
     path = workdir / WALL
-    return float(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    wall, _, cpu = path.read_text().strip().partition(" ")
+    return float(wall), float(cpu or "nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,15 +161,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"mutation: mutmut run for {module} exited {rc}", file=sys.stderr)
         rows.append((module, workdir, *tally(workdir, module)))
     print(f"\n{'module':44s} {'mutants':>7s} {'killed':>6s} {'survived':>8s} {'timeout':>7s} {'no tests':>8s} "
-          f"{'score':>6s} {'wall':>6s}")
-    total = 0.0
+          f"{'score':>6s} {'wall':>6s} {'cpu':>6s}")
+    total_wall = total_cpu = 0.0
     for module, workdir, counts, _ in rows:
-        s, wall = score(counts), wall_of(workdir)
-        total += wall or 0.0
+        s, times = score(counts), wall_of(workdir)
+        wall, cpu = times or (0.0, 0.0)
+        total_wall, total_cpu = total_wall + wall, total_cpu + cpu
         print(f"{module:44s} {sum(counts.values()):7d} {counts['killed']:6d} {counts['survived']:8d} "
               f"{counts['timeout']:7d} {counts['no tests']:8d} {'-' if s is None else f'{s:.1%}':>6s} "
-              f"{'-' if wall is None else f'{wall:.0f} s':>6s}")
-    print(f"{'total':44s} {'':7s} {'':6s} {'':8s} {'':7s} {'':8s} {'':6s} {total:4.0f} s")
+              f"{'-' if times is None else f'{wall:.0f} s':>6s} {'-' if times is None else f'{cpu:.0f} s':>6s}")
+    print(f"{'total':44s} {'':7s} {'':6s} {'':8s} {'':7s} {'':8s} {'':6s} {total_wall:4.0f} s {total_cpu:4.0f} s")
     for module, workdir, _, survivors in rows:
         if survivors:
             print(f"\nsurviving in {module} (mutmut show NAME, in {workdir}):")

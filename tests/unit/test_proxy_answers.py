@@ -172,3 +172,32 @@ async def test_a_whole_answer_from_an_engine_that_stops_reporting_gives_up_at_th
         assert server.app[CLUSTER].by_id("s0").last_error.startswith("no answer and no load report for")
     finally:
         await closing(stubs)
+
+
+async def ttft_counts(http, url):
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvroute_router_time_to_first_token_seconds_count{") or \
+                line.startswith("kvroute_router_time_to_first_token_seconds_sum{"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+async def test_only_a_streams_first_byte_is_a_time_to_first_token(start_router, http):
+    url, server, stubs = await stub_router(start_router, good)
+    try:
+        assert (await post(http, url))[0] == 200  # a whole answer: its arrival includes the decode
+        assert not any(v for k, v in (await ttft_counts(http, url)).items() if k.endswith("_count"))
+        for _ in range(2):
+            assert (await post(http, url, stream=True))[0] == 200
+        counts = await ttft_counts(http, url)
+        [(count_name, count)] = [(k, v) for k, v in counts.items() if "_count{" in k]
+        assert count == 2 and 'instance="s0"' in count_name and 'model="' in count_name
+        assert 'model=""' not in count_name and 'model="None"' not in count_name
+        [total] = [v for k, v in counts.items() if "_sum{" in k]
+        assert 0 < total < 60
+    finally:
+        await closing(stubs)
