@@ -201,3 +201,26 @@ async def test_only_a_streams_first_byte_is_a_time_to_first_token(start_router, 
         assert 0 < total < 60
     finally:
         await closing(stubs)
+
+
+async def test_a_stream_stalled_after_its_first_byte_ends_at_the_read_timeout(start_router, http):
+    async def stalls(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(CHUNK)
+        await asyncio.sleep(3600)
+
+    url, server, stubs = await stub_router(start_router, stalls, good, policy="round_robin", eject_after=100,
+                                           read_timeout_s=0.3)
+    try:
+        answers = {}
+        for _ in range(2):
+            status, headers, body = await asyncio.wait_for(post(http, url, stream=True), 20)
+            answers[headers["x-kvroute-instance"]] = body
+        body = answers["s0"]
+        assert body.startswith(CHUNK) and b"instance s0 failed mid-stream: no chunk within 0.3s" in body
+        assert body.endswith(b"data: [DONE]\n\n")
+        inst = server.app[CLUSTER].by_id("s0")
+        assert inst.request_failures == 1 and inst.last_error == "no chunk within 0.3s"
+    finally:
+        await closing(stubs)
