@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from router.contract.tier_costs import Link, TierCosts
 from router.decision.policies import InstanceState, RouteRequest, make_policy
 from router.decision.policies.kv_aware import KvAwareConfig
 from router.index.base import PrefixMatch
@@ -79,3 +80,28 @@ def test_the_smallest_pending_settings_are_accepted():
     assert (config.pending_capacity, config.tier_credit) == (1, "fixed")
     p = make_policy("kv_aware", pending_ttl_s=3.5, pending_capacity=7)
     assert (p.config.pending_ttl_s, p.config.pending_capacity) == (3.5, 7) and p.uses_index
+
+
+def test_a_fresh_policy_explains_no_credit_and_keeps_its_rng():
+    rng = random.Random(3)
+    p = make_policy("kv_aware", rng=rng)
+    assert p.credit_detail("a") == {} and p.rng is rng
+
+
+def test_fixed_tier_credit_is_explained_as_fixed_even_for_an_instance_that_advertises_links():
+    p = policy(tier_credit="fixed", host_credit=0.25)
+    fast = TierCosts(1_000_000, {"h2d": Link(1e12, 0.0)}, True, "")  # measured: a host block is worth ~1
+    got = credits(p, [InstanceState("a", tier_costs=fast)], {"a": PrefixMatch({"device": 2, "host": 4})})
+    assert got["a"] == pytest.approx(2 + 4 * 0.25)
+    assert p.credit_detail("a")["credited_blocks"] == pytest.approx(2 + 4 * 0.25)
+
+
+def test_per_instance_rates_price_a_host_block_at_that_instances_compute():
+    p = policy(per_instance_rate=True, rate_alpha=1.0, min_rate_sample_tokens=64, min_prefill_rate=50)
+    p.on_first_token(RouteRequest(0, (), BS), "slow", ttft_s=1.0, uncached_tokens=1600)  # 10 ms a block
+    p.on_first_token(RouteRequest(0, (), BS), "fast", ttft_s=0.1, uncached_tokens=16000)  # 0.1 ms a block
+    link = TierCosts(5_000_000, {"h2d": Link(1e9, 0.0)}, True, "")  # 5 ms to load a block
+    got = credits(p, [InstanceState("slow", tier_costs=link), InstanceState("fast", tier_costs=link)],
+                  {"slow": PrefixMatch({"host": 4}), "fast": PrefixMatch({"host": 4})})
+    assert got["slow"] == pytest.approx(4 * (10 - 5) / 10)  # loading saves half of each block's compute
+    assert "fast" not in got  # loading costs more than computing there
