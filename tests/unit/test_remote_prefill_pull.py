@@ -37,7 +37,12 @@ class Runner:
 
 
 class SimRunner(Runner):
+    def __init__(self):
+        super().__init__()
+        self.modelled = []
+
     def transfer_time(self, blocks):
+        self.modelled.append(blocks)
         return 0.0
 
 
@@ -62,7 +67,7 @@ class Peer:
             body = await request.json()
             self.asked.append(body)
             if self.status != 200:
-                return web.Response(status=self.status, text="pinned blocks gone")
+                return web.Response(status=self.status, text="pinned blocks gone " + "x" * 300)
             resp = web.StreamResponse()
             await resp.prepare(request)
             for index, block_hash in self.frames(body["from_block"]):
@@ -234,10 +239,61 @@ async def test_a_sequence_finished_while_pulling_is_not_resumed():
     assert decode.resumed == [] and not seq.pulling
 
 
+def cache_prefix(decode, tokens):
+    local = Sequence("l", list(tokens), SamplingParams(max_tokens=1), SEED)
+    decode.bm.allocate(local, decode.bm.match_prefix(local))
+    local.num_computed = len(tokens)
+    decode.bm.commit_computed(local)
+    decode.bm.free(local)
+
+
 async def test_a_simulated_link_counts_whole_blocks_of_kv_bytes():
     async with Decode(runner=SimRunner()) as decode:
         await pull_from(Peer(), decode)
     assert decode.metric("kvroute_engine_kv_pull_bytes_total") == 3 * 1000
+    async with Decode(runner=SimRunner()) as decode:
+        cache_prefix(decode, PROMPT[:33])  # 2 blocks here: 1 to move over the modelled link
+        await pull_from(Peer(), decode)
+    assert decode.runner.modelled == [1] and decode.metric("kvroute_engine_kv_pull_bytes_total") == 1000
+    assert 0 < decode.metric("kvroute_engine_kv_pull_seconds_sum") < 60
+
+
+async def test_a_failed_pull_is_logged_with_its_reason(caplog):
+    right = Peer.right_frames(0)
+    cases = [(Peer(frames=lambda first: right + [(3, 0)]), "TransferError: block 3 does not match the prompt "
+                                                            "(hash 0 != 0)"),
+             (Peer(frames=lambda first: [(0, 1)] + right[1:]), f"TransferError: block 0 does not match the prompt "
+                                                                f"(hash 1 != {right[0][1]})"),
+             (Peer(frames=lambda first: right[:1]), "TransferError: received 1 of 3 blocks"),
+             (Peer(status=410), f"TransferError: prefill answered HTTP 410: {b'pinned blocks gone ' + b'x' * 181!r}")]
+    for peer, reason in cases:
+        caplog.clear()
+        async with Decode() as decode:
+            seq = await pull_from(peer, decode)
+        address = seq.remote.address
+        assert f"KV pull for r1 from {address} failed ({reason}); computing it here" in caplog.text, caplog.text
+
+
+async def test_stop_cancels_a_pull_in_flight_and_ends_its_pulling():
+    async def never(request):
+        await asyncio.sleep(3600)
+
+    app = web.Application()
+    app.router.add_get("/kv/info", lambda _: web.json_response({**INFO, "cluster_id": "c1"}))
+    app.router.add_post("/kv/transfer", never)
+    server = await LoopbackServer(app).start()
+    try:
+        decode = Decode()
+        await decode.pull.start(INFO)
+        seq = sequence(server.url)
+        decode.pull.add(seq)
+        decode.pull.admit()
+        await asyncio.sleep(0.2)  # the pull is waiting on the peer
+        assert seq.pulling
+        await decode.pull.stop()
+        assert not seq.pulling and decode.resumed == [] and decode.failed == []
+    finally:
+        await server.close()
 
 
 async def test_requests_wait_in_order_for_room_and_time_out():
