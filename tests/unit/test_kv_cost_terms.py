@@ -217,3 +217,13 @@ def test_the_edges_of_the_cost_settings_are_accepted():
     config = KvCostConfig(tie_tolerance=0.99, share_halflife_s=0.5, device_credit=0.0, host_credit=0.0,
                           remote_credit=0.0, hot_factor=1.0, hot_min_inflight=1, replicate_halflife_s=0.5)
     assert (config.hot_factor, config.hot_min_inflight, config.device_credit) == (1.0, 1, 0.0)
+
+
+def test_blocks_queued_ahead_are_whole_blocks_when_the_victims_span_entries():
+    p, clock = kv(prefill_rate=1000, reuse_sample=1)
+    p.reuse.curve = lambda now: (lambda idle: 1.0 / (1.0 + idle))
+    full = InstanceState("a", queued_prefill_tokens=17, kv_free_blocks=1, kv_evictable=((2, 1.0), (100, 5.0)),
+                         kv_measured_at=clock.now)
+    _, terms = p.score(RouteRequest(20, (), BS), [full], {}, clock.now)
+    # 2 blocks ahead, 1 free: depths [1, 3), one block idle 1 s and one idle 5 s
+    assert terms["a"][3] == pytest.approx((1 / 2 + 1 / 6) * BS / 1000)
