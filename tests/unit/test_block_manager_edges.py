@@ -56,6 +56,8 @@ def test_hit_counters_start_at_zero_and_count_prompt_and_hit_tokens():
     assert (bm.num_queried_tokens, bm.num_hit_tokens) == (12, 0)
     admit(bm, seq(list(range(12)) + [50]))
     assert (bm.num_queried_tokens, bm.num_hit_tokens) == (25, 12)
+    admit(bm, seq(list(range(12)) + [60]))
+    assert (bm.num_queried_tokens, bm.num_hit_tokens) == (38, 24)
 
 
 def test_a_chunked_commit_names_the_previous_block_as_parent():
@@ -110,6 +112,16 @@ def test_missing_hashes_are_those_after_the_local_prefix():
     run(bm, seq(tokens))
     assert bm.missing_hashes(seq(tokens)) == []
     assert bm.missing_hashes(seq(tokens[:16])) == []  # 3 usable blocks, all held
+
+
+def test_missing_hashes_after_one_cached_block_and_for_a_block_aligned_prompt():
+    bm = BlockManager(16, BS)
+    tokens = list(range(17))
+    hashes = block_hashes(tokens[:16], BS, SEED)
+    run(bm, seq(tokens[:5]))  # caches block 0 only
+    assert bm.missing_hashes(seq(tokens)) == hashes[1:]
+    run(bm, seq(tokens[:13]))  # blocks 0-2
+    assert bm.missing_hashes(seq(tokens[:16])) == []  # 16 tokens: 3 usable blocks, the 4th is computed
 
 
 def test_missing_hashes_count_the_host_pool_as_local():
