@@ -5,13 +5,15 @@
     python tools/mutation.py --list               # the modules and the tests each one runs
 
 Each module runs on its own, with only the tests named for it in pyproject.toml
-([tool.kvroute.mutation.modules]: module -> test files), in a scratch copy of the tree
-(`git ls-files`, tracked and untracked-but-not-ignored) whose pyproject.toml gets a
-[tool.mutmut] section for that module alone; mutmut's own [tool.mutmut] in pyproject.toml
-(every module, every listed test) still serves a plain `mutmut run` in the repository.
+([tool.kvroute.mutation.modules]: module -> test files or node ids, or a table
+{tests = [...], args = [...]} whose args, e.g. ["-k", "memory"], go to every pytest run),
+in a scratch copy of the tree (`git ls-files`, tracked and untracked-but-not-ignored) whose
+pyproject.toml gets a [tool.mutmut] section for that module alone; mutmut's own [tool.mutmut]
+in pyproject.toml (every module, every listed unit test) still serves a plain `mutmut run`.
 It prints, per module, the mutants mutmut made and how they ended (killed, survived,
-timeout, no tests) and the score killed / (killed + survived + timeout), then the
-surviving mutants' names; `mutmut show NAME` in the module's scratch directory prints one.
+timeout, no tests), the score (killed + timeout) / all judged, the run's wall time and
+the CPU seconds of mutmut and its workers, a total, then the surviving mutants' names;
+`mutmut show NAME` in the module's scratch directory prints one.
 Needs `pip install mutmut` (3.x); not part of CI (docs/mutation.md has the scores).
 """
 
