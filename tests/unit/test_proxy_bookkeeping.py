@@ -127,3 +127,25 @@ async def test_requests_are_counted_under_their_outcome(start_router, http):
     finally:
         for s in stubs:
             await s.close()
+
+
+async def test_a_retry_never_goes_back_to_an_instance_it_tried(start_router, http):
+    async def fails(request):
+        return web.Response(status=500, text="broken engine")
+
+    async def fine(request):
+        return web.json_response({"choices": [{"index": 0, "text": "ok"}]})
+
+    # prefix_hash sends a prompt to the same instance every time: only the exclusion of the instance
+    # tried (a 5xx keeps it routable) moves the retry elsewhere
+    url, server, stubs = await stub_router(start_router, fails, fine, policy="prefix_hash", max_retries=1,
+                                           eject_after=100)
+    try:
+        for i in range(8):
+            async with http.post(url + "/v1/completions", json={"prompt": f"{i} " + "word " * 40,
+                                                                "max_tokens": 1}) as r:
+                assert r.status == 200 and r.headers["x-kvroute-instance"] == "s1", await r.text()
+        assert server.app[CLUSTER].by_id("s0").request_failures >= 1
+    finally:
+        for s in stubs:
+            await s.close()
