@@ -5,13 +5,15 @@
     python tools/mutation.py --list               # the modules and the tests each one runs
 
 Each module runs on its own, with only the tests named for it in pyproject.toml
-([tool.kvroute.mutation.modules]: module -> test files), in a scratch copy of the tree
-(`git ls-files`, tracked and untracked-but-not-ignored) whose pyproject.toml gets a
-[tool.mutmut] section for that module alone; mutmut's own [tool.mutmut] in pyproject.toml
-(every module, every listed test) still serves a plain `mutmut run` in the repository.
+([tool.kvroute.mutation.modules]: module -> test files or node ids, or a table
+{tests = [...], args = [...]} whose args, e.g. ["-k", "memory"], go to every pytest run),
+in a scratch copy of the tree (`git ls-files`, tracked and untracked-but-not-ignored) whose
+pyproject.toml gets a [tool.mutmut] section for that module alone; mutmut's own [tool.mutmut]
+in pyproject.toml (every module, every listed unit test) still serves a plain `mutmut run`.
 It prints, per module, the mutants mutmut made and how they ended (killed, survived,
-timeout, no tests) and the score killed / (killed + survived + timeout), then the
-surviving mutants' names; `mutmut show NAME` in the module's scratch directory prints one.
+timeout, no tests), the score (killed + timeout) / all judged, the run's wall time and
+the CPU seconds of mutmut and its workers, a total, then the surviving mutants' names;
+`mutmut show NAME` in the module's scratch directory prints one.
 Needs `pip install mutmut` (3.x); not part of CI (docs/mutation.md has the scores).
 """
 
@@ -21,18 +23,26 @@ import argparse
 import collections
 import json
 import pathlib
+import resource
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KILLED, SURVIVED, TIMEOUT = {1, 3}, {0}, {24, -24, 36, 152, 255}
+WALL = "kvroute-mutation-wall-s"  # seconds the module's whole mutmut run took
 
 
-def modules_config(pyproject: pathlib.Path) -> dict[str, list[str]]:
+def modules_config(pyproject: pathlib.Path) -> dict[str, dict[str, list[str]]]:
+    """module -> {"tests": test files or node ids, "args": extra pytest arguments (e.g. -k EXPR)}."""
     data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    return dict(data["tool"]["kvroute"]["mutation"]["modules"])
+    out = {}
+    for module, value in data["tool"]["kvroute"]["mutation"]["modules"].items():
+        spec = {"tests": value} if isinstance(value, list) else dict(value)
+        out[module] = {"tests": list(spec["tests"]), "args": list(spec.get("args", []))}
+    return out
 
 
 def scratch_copy(dest: pathlib.Path) -> None:
@@ -57,7 +67,10 @@ def mutmut_section(module: str, tests: list[str], extra_args: list[str]) -> str:
             f"also_copy = {toml_list(['kvroute_cli.py', 'tools'])}\n"
             f"only_mutate = {toml_list([module])}\n"
             f"pytest_add_cli_args = {toml_list(['-q', '-p', 'no:cacheprovider', *extra_args])}\n"
-            f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n")
+            f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
+            # a mutant that loops forever is stopped after 4 x (its tests' time + 1 s) x 2 of CPU,
+            # not mutmut's default 15 x: the tests here take well under a second of CPU each
+            "timeout_multiplier = 4.0\n")
 
 
 def without_mutmut_section(text: str) -> str:
@@ -95,12 +108,32 @@ def score(counts: collections.Counter) -> float | None:
     return (counts["killed"] + counts["timeout"]) / judged if judged else None
 
 
-def run_module(module: str, tests: list[str], workdir: pathlib.Path, children: int, extra: list[str]) -> int:
+def run_module(module: str, spec: dict[str, list[str]], workdir: pathlib.Path, children: int,
+               extra: list[str]) -> int:
     scratch_copy(workdir)
     pyproject = workdir / "pyproject.toml"
-    pyproject.write_text(without_mutmut_section(pyproject.read_text()) + mutmut_section(module, tests, extra))
+    section = mutmut_section(module, spec["tests"], spec["args"] + extra)
+    pyproject.write_text(without_mutmut_section(pyproject.read_text()) + section)
     mutmut = shutil.which("mutmut") or str(pathlib.Path(sys.executable).with_name("mutmut"))
-    return subprocess.run([mutmut, "run", "--max-children", str(children)], cwd=workdir).returncode
+    start, cpu = time.monotonic(), children_cpu_s()
+    rc = subprocess.run([mutmut, "run", "--max-children", str(children)], cwd=workdir).returncode
+    (workdir / WALL).write_text(f"{time.monotonic() - start:.1f} {children_cpu_s() - cpu:.1f}\n")
+    return rc
+
+
+def children_cpu_s() -> float:
+    """User + system CPU seconds of every finished child process (mutmut and the workers it forked)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wall_of(workdir: pathlib.Path) -> tuple[float, float] | None:
+    """(wall seconds, CPU seconds) of the module's last run."""
+    path = workdir / WALL
+    if not path.exists():
+        return None
+    wall, _, cpu = path.read_text().strip().partition(" ")
+    return float(wall), float(cpu or "nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"not configured in [tool.kvroute.mutation.modules]: {', '.join(unknown)}")
     if args.list:
         for m in modules:
-            print(f"{m}: {' '.join(config[m])}")
+            print(f"{m}: {' '.join(config[m]['args'] + config[m]['tests'])}")
         return 0
     rows = []
     for module in modules:
@@ -129,11 +162,17 @@ def main(argv: list[str] | None = None) -> int:
             if rc:
                 print(f"mutation: mutmut run for {module} exited {rc}", file=sys.stderr)
         rows.append((module, workdir, *tally(workdir, module)))
-    print(f"\n{'module':44s} {'mutants':>7s} {'killed':>6s} {'survived':>8s} {'timeout':>7s} {'no tests':>8s} score")
-    for module, _, counts, _ in rows:
-        s = score(counts)
+    print(f"\n{'module':44s} {'mutants':>7s} {'killed':>6s} {'survived':>8s} {'timeout':>7s} {'no tests':>8s} "
+          f"{'score':>6s} {'wall':>6s} {'cpu':>6s}")
+    total_wall = total_cpu = 0.0
+    for module, workdir, counts, _ in rows:
+        s, times = score(counts), wall_of(workdir)
+        wall, cpu = times or (0.0, 0.0)
+        total_wall, total_cpu = total_wall + wall, total_cpu + cpu
         print(f"{module:44s} {sum(counts.values()):7d} {counts['killed']:6d} {counts['survived']:8d} "
-              f"{counts['timeout']:7d} {counts['no tests']:8d} {'-' if s is None else f'{s:.1%}'}")
+              f"{counts['timeout']:7d} {counts['no tests']:8d} {'-' if s is None else f'{s:.1%}':>6s} "
+              f"{'-' if times is None else f'{wall:.0f} s':>6s} {'-' if times is None else f'{cpu:.0f} s':>6s}")
+    print(f"{'total':44s} {'':7s} {'':6s} {'':8s} {'':7s} {'':8s} {'':6s} {total_wall:4.0f} s {total_cpu:4.0f} s")
     for module, workdir, _, survivors in rows:
         if survivors:
             print(f"\nsurviving in {module} (mutmut show NAME, in {workdir}):")
