@@ -249,27 +249,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if args.tenant:
-        try:
-            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-                return runner.run(_run_tenants(args, config, workload))
-        except (TargetError, ValueError) as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
-            return 1
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            print(f"{PROG}: interrupted", file=sys.stderr)
-            return 130
+        code, failed = _in_loop(lambda: _run_tenants(args, config, workload))
+        return failed if failed is not None else code
     limit = f"up to {n} requests in {args.duration:g} s" if args.duration else f"{n} requests"
     header = f"{PROG}: {args.workload}, {limit}, {config.arrival.describe()} -> {config.target}"
+    result, failed = _in_loop(lambda: _run(config, workload, header, not args.no_progress))
+    return failed if failed is not None else _finish(args, config, result)
+
+
+def _in_loop(make) -> tuple[object, int | None]:
+    """(what `make()`'s coroutine returns, None) on the load generator's loop, or (None, exit code) after
+    a one-line message: 1 for a bad target or value, 130 when interrupted."""
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            result = runner.run(_run(config, workload, header, not args.no_progress))
+            return runner.run(make()), None
     except (TargetError, ValueError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
-        return 1
+        return None, 1
     except (KeyboardInterrupt, asyncio.CancelledError):
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    return _finish(args, config, result)
+        return None, 130
 
 
 def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) -> int:
