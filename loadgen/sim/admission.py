@@ -92,7 +92,8 @@ class SimAdmission:
             self._refuse(victim.item, victim.arrived, now, adm.Verdict(action=adm.REFUSE, reason="displaced",
                                                                        status=503))
         entry = self.queue.push(tenant=ask.tenant, band=ask.band, weight=ask.weight, arrived=now, item=spec)
-        self.call_at(adm.expires_at(self.config.slo_ttft_s, now), lambda: self._expire(entry))
+        expires = adm.expires_at(self.config.slo_ttft_s, now, verdict.threshold_s)
+        self.call_at(expires, lambda: self._expire(entry, expires))
         return False
 
     def poke(self, now: float) -> None:
@@ -119,9 +120,8 @@ class SimAdmission:
         finally:
             self._busy = False
 
-    def _expire(self, entry: QueueEntry) -> None:
+    def _expire(self, entry: QueueEntry, now: float) -> None:
         if self.queue.remove(entry):
-            now = adm.expires_at(self.config.slo_ttft_s, entry.arrived)
             self._refuse(entry.item, entry.arrived, now, adm.Verdict(action=adm.REFUSE, reason="deadline",
                                                                      status=503))
 

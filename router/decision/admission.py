@@ -19,6 +19,7 @@ priority and tenant, and refused while refusing is cheap:
               predicted > budget (an engine's backlog drains in real time, as
               fast as the budget does: it will not fit)                         -> refuse
               otherwise                                                         -> wait
+    queued    the budget below the threshold (expires_at)                        -> refuse
 
 `budget` is the SLO less the time waited. When nothing of a tenant was admitted for `probe_s`, its
 next request goes anyway: predictions learn from first tokens (the prefill rate from long prompts),
@@ -246,13 +247,15 @@ def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float 
     return Verdict(action=WAIT, reason="engines_busy", **common)
 
 
-EXPIRE_SHARE = 0.1  # a queued request with less than this share of its SLO left is refused
+EXPIRE_SHARE = 0.1  # a queued request is refused with at most this share of its SLO left, whatever the threshold
 
 
-def expires_at(slo_s: float, arrived: float) -> float:
-    """When a queued request is refused without waiting to be the head: with under EXPIRE_SHARE
-    of its budget left, no engine could answer it in time."""
-    return arrived + slo_s * (1.0 - EXPIRE_SHARE)
+def expires_at(slo_s: float, arrived: float, threshold_s: float = 0.0) -> float:
+    """When a queued request is refused without waiting to be the head: once its budget is below what
+    the engines may hold (`threshold_s`, threshold_of), its wait plus the engines' backlog when its turn
+    comes can no longer meet the SLO (on_arrival's rule, applied as time passes); at the latest with
+    EXPIRE_SHARE of the SLO left."""
+    return arrived + slo_s - max(threshold_s, slo_s * EXPIRE_SHARE)
 
 
 def _refuse(reason: str, too_many: bool, late_s: float, wait: float, common: dict) -> Verdict:

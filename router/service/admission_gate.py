@@ -102,7 +102,7 @@ class AdmissionGate:
             raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
         if verdict.displace is not None:
             self._displace(verdict.displace)
-        await self._wait(ticket, predict)
+        await self._wait(ticket, predict, adm.expires_at(ticket.slo_s, ticket.arrived, verdict.threshold_s))
 
     def explain(self, ticket: Ticket, predicted: adm.Prediction) -> dict:
         """What `enter` would decide now, for POST /router/explain (nothing recorded)."""
@@ -122,7 +122,7 @@ class AdmissionGate:
                 "retry_after_s": v.retry_after_s or None, "estimated_wait_s": v.wait_s, "budget_s": v.budget_s,
                 "threshold_s": v.threshold_s, "why": v.explained()}
 
-    async def _wait(self, ticket: Ticket, predict: Predict) -> None:
+    async def _wait(self, ticket: Ticket, predict: Predict, expires: float) -> None:
         entry = self.queue.push(tenant=ticket.spec.name, band=ticket.band, weight=ticket.spec.weight,
                                 arrived=ticket.arrived, item=ticket)
         ticket.queued = True
@@ -134,7 +134,7 @@ class AdmissionGate:
                 if first and self.queue.head() is entry:
                     future.set_result(None)
                 first = False
-                left = adm.expires_at(ticket.slo_s, ticket.arrived) - self.clock()
+                left = expires - self.clock()
                 done, _ = await asyncio.wait((future,), timeout=max(0.0, left))
                 if not done:
                     raise self._leave(entry, self._refused(ticket, "deadline", 503, 1.0))

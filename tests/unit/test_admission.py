@@ -132,6 +132,9 @@ def test_the_head_goes_waits_or_loses_its_deadline():
     fits = adm.on_arrival(CFG, ask(0.4, prefill=0.4), FairQueue(3), recent(), {}, now=0.0)
     assert fits.action == adm.ADMIT and fits.reason == "fits"
     assert adm.expires_at(0.5, 1.0) == pytest.approx(1.45)
+    # queued past the point where its budget is below what the engines may hold: refused then
+    assert adm.expires_at(0.5, 1.0, threshold_s=0.3) == pytest.approx(1.2)
+    assert adm.expires_at(0.5, 1.0, threshold_s=0.01) == pytest.approx(1.45)
 
 
 def test_rates_decay_and_share():

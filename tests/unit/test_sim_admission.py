@@ -25,7 +25,10 @@ def test_overload_admission_refuses_early_and_serves_more_within_the_slo():
     assert refused and len(refused) + len(served) == 600  # nothing lost
     assert in_slo(admitted.records) > 1.5 * in_slo(flooded.records)
     assert in_slo(served) >= 0.95 * len(served)  # what is admitted meets its SLO
-    assert all(r.e2e_s <= SLO for r in refused)  # refusals come within the SLO, most at once
+    # refusals come at once, or once a queued request's budget is below what the engines may hold
+    # (SLO x (1 + margin), margin -0.4): within 0.4 x SLO
+    assert all(r.e2e_s <= 0.4 * SLO + 1e-9 for r in refused)
+    assert any("deadline" in r.error for r in refused)
     assert sorted(r.error for r in refused)[0].startswith("refused by admission")
 
 
