@@ -9,6 +9,7 @@ import time
 from typing import Callable, Sequence
 
 import aiohttp
+import orjson
 
 from router.service.config import RouterConfig
 from router.index.base import BlockIndex, IndexUnavailable
@@ -306,6 +307,6 @@ class Cluster:
             if r.status != 200:
                 raise error(f"GET {path} answered HTTP {r.status}")
             try:
-                return await r.json(content_type=None)
+                return await r.json(content_type=None, loads=orjson.loads)
             except ValueError:
                 raise error(f"GET {path} did not answer JSON") from None

@@ -14,7 +14,8 @@ from router.fleet.cluster import Cluster
 from router.service.admission_gate import AdmissionGate, Ticket, no_prediction
 from router.service.proxy import Proxy
 from router.service.request_class import priority_of, slo_of
-from router.service.routing import Prepared, Router
+from router.decision.admission import NO_PREDICTION, Prediction
+from router.service.routing import Forecast, Prepared, Router
 from router.service.steering import strip_engine_fields
 from router.service.tenant_book import TENANT_KEY
 
@@ -25,6 +26,20 @@ class SplitServing(Protocol):
     def active(self, model: str) -> bool: ...
 
     async def handle(self, request: web.Request, body: dict, prepared: Prepared) -> web.StreamResponse: ...
+
+
+class Kept:
+    """The last decision admission predicted from: the gate returns in the event-loop step of its
+    last prediction, so the dispatch right after it takes that decision instead of making it again."""
+
+    __slots__ = ("forecast",)
+
+    def __init__(self) -> None:
+        self.forecast: Forecast | None = None
+
+    async def predict(self, router: Router, prepared: Prepared, roles) -> Prediction:
+        self.forecast = await router.forecast(prepared, roles)
+        return self.forecast.prediction if self.forecast is not None else NO_PREDICTION
 
 
 class Entry:
@@ -50,8 +65,9 @@ class Entry:
                 resp = await self.split.handle(request, body, prepared)
             else:
                 roles = self.cluster.colocated_roles(prepared.model)
-                await self.gate.enter(ticket, lambda: self.router.predict(prepared, roles))
-                resp = await self.proxy.forward(request, raw, prepared, roles)
+                kept = Kept()
+                await self.gate.enter(ticket, lambda: kept.predict(self.router, prepared, roles))
+                resp = await self.proxy.forward(request, raw, prepared, roles, forecast=kept.forecast)
             status = str(resp.status)
             return resp
         except (asyncio.CancelledError, ClientGone):

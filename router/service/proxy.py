@@ -30,7 +30,7 @@ from router.fleet.cluster import Cluster
 from router.contract.errors import KVRouteError, Overloaded, Unavailable
 from router.contract.http import SSE_DONE, ClientGone, parse_retry_after, prepare_client, sse_error, write_client
 from router.service.upstream_errors import describe_failure
-from router.service.routing import Choice, Prepared, Router
+from router.service.routing import Choice, Forecast, Prepared, Router
 from router.service.steering import with_token_ids
 from router.service.upstream import Upstream
 
@@ -110,9 +110,10 @@ class Proxy:
 
     async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
                       roles: tuple[str, ...] | None, exclude: tuple[str, ...] = (),
-                      forward_ids: bool = True) -> web.StreamResponse:
+                      forward_ids: bool = True, forecast: Forecast | None = None) -> web.StreamResponse:
         """Send the request whole to one instance (of `roles`), retrying on the next-best. With
-        `forward_ids`, an engine that tokenizes as the router does gets the router's token ids."""
+        `forward_ids`, an engine that tokenizes as the router does gets the router's token ids.
+        `forecast`: the first attempt's decision, made by admission just now (Router.decide)."""
         tried: list[str] = list(exclude)
         bodies = {False: raw}
         last_error: KVRouteError = Unavailable("no instance could take the request")
@@ -120,7 +121,8 @@ class Proxy:
             if attempt:
                 self.metrics.retries.inc()
             try:
-                choice = await self.router.decide(prepared, exclude=tried, record=True, roles=roles)
+                choice = await self.router.decide(prepared, exclude=tried, record=True, roles=roles,
+                                                  forecast=None if attempt else forecast)
             except Unavailable as e:
                 last_error = e if not attempt else last_error
                 break

@@ -48,6 +48,18 @@ class Prepared:
     token_ids: list[int] = dataclasses.field(default_factory=list, repr=False)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Forecast:
+    """A decision made for admission's prediction, before the request is admitted."""
+
+    routed: Routed
+    matches: Mapping[str, PrefixMatch]
+
+    @property
+    def prediction(self) -> Prediction:
+        return predicted_ttft(self.routed.decision)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Choice:
     instance: Instance
@@ -142,35 +154,46 @@ class Router:
         return await self.pool.run(plan.finish, chars=plan.missing_chars)
 
     async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
-                     roles: Sequence[str] | None = None) -> Choice:
+                     roles: Sequence[str] | None = None, forecast: Forecast | None = None) -> Choice:
         """Pick among routable instances (of `roles`, if given) not in `exclude`: the index lookup
         here, the rest in `RouteDecision` (router/decision/route.py), the simulator's decision too.
-        `record=False` (POST /router/explain) always shows every instance and records nothing."""
+        `record=False` (POST /router/explain) always shows every instance and records nothing.
+        `forecast`: the choice admission predicted from in this same event-loop step (nothing
+        awaited since), taken as it is instead of looked up and chosen again."""
         group = self.group(prepared.model, roles)
         if self.decision.overloaded(group) and not exclude:
             raise self._overloaded()  # before the lookup it would waste
-        matches = await self.lookup(prepared)
-        try:
-            routed = self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=record)
-        except NoCandidates as e:
-            if e.overloaded:
-                raise self._overloaded() from None
-            raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already") from None
+        if forecast is not None and not exclude and record:
+            routed, matches = forecast.routed, forecast.matches
+        else:
+            matches = await self.lookup(prepared)
+            try:
+                routed = self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=record)
+            except NoCandidates as e:
+                if e.overloaded:
+                    raise self._overloaded() from None
+                raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already") from None
         if record:
             self.decision.routed(prepared.route, routed.member.id, self.clock())
             self.decided(prepared)
         return self.choice(prepared, routed, matches)
 
-    async def predict(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Prediction:
-        """The best candidate's predicted TTFT now, for admission (router/decision/admission.py): the
-        decision without its bookkeeping; none when the policy predicts nothing or nobody can take it."""
+    async def forecast(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Forecast | None:
+        """The decision as it would be made now, without its bookkeeping (admission's prediction,
+        router/decision/admission.py); None when nobody can take the request."""
         group = self.group(prepared.model, roles)
         matches = await self.lookup(prepared)
         try:
             routed = self.decision.choose(prepared.route, group, matches, self.clock())
         except NoCandidates:
-            return NO_PREDICTION
-        return predicted_ttft(routed.decision)
+            return None
+        return Forecast(routed=routed, matches=matches)
+
+    async def predict(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Prediction:
+        """The best candidate's predicted TTFT now; none when the policy predicts nothing or nobody
+        can take the request."""
+        forecast = await self.forecast(prepared, roles)
+        return forecast.prediction if forecast is not None else NO_PREDICTION
 
     def group(self, model: str, roles: Sequence[str] | None) -> Group:
         group = self.cluster.group(model, roles)

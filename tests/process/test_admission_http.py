@@ -47,6 +47,16 @@ async def test_below_its_slo_a_request_is_admitted_and_its_prediction_recorded(s
     assert any(line.startswith("kvroute_router_admission_predicted_ttft_seconds_count") for line in lines)
 
 
+async def test_an_admitted_request_is_sent_where_its_prediction_chose_without_deciding_again(
+        start_engine, start_router, http):
+    url, _, _ = await cluster(start_engine, start_router, n=2, slo_ttft_s=5.0)
+    for i in range(3):
+        status, _, _ = await complete(http, url, prompt(10 + i), stream=True)
+        assert status == 200
+    lookups = await metric_lines(http, url, "kvroute_router_index_lookup_seconds_count")
+    assert lookups == ["kvroute_router_index_lookup_seconds_count 3.0"]  # one per request: the prediction's
+
+
 async def test_named_keys_are_tenants_and_a_rate_limit_answers_429(start_engine, start_router, http, tmp_path):
     tenants = tmp_path / "tenants.toml"
     tenants.write_text('[tenants.A]\nweight = 2\nrate = 0.01\nburst = 1\n\n[tenants.C]\nkeys = ["kc"]\n')
