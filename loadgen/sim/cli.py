@@ -6,6 +6,8 @@
     kvroute sim --instances 8 --prefill-instances 3 [--kv-link nvlink] [--pd-min-uncached 256] ...
     kvroute sim --instances 8 --policy kv_aware --slo-ttft 1 --slo-tpot 0.04 --pd-sweep ...
     kvroute sim --suite [--policy a,b,...] [--requests N] [--suite-trace FILE] [--out suite.json]
+    kvroute sim --instances 64 --admission-slo 0.5 --tenant name=A,workload=shared-prefix,rate=64,duration=30 \
+        --tenant name=B,workload=random,rate=960,duration=25,seed=7       # a row per tenant too
     kvroute sim --instances 64 --workload session-storm --host-blocks 16000 --kv-store redis://s \
         --kv-host-link pcie4 --kv-store-link infiniband [--policy-arg tier_credit=fixed] ...
 
@@ -39,6 +41,8 @@ from loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from loadgen.sim.profile import profile
 from loadgen.sim.report import format_suite, format_table, relative_to_oracle
 from loadgen.sim.runner import SimConfig, arrivals, policy_names
+from loadgen.sim.tenant_mix import format_tenants, mixed_specs, per_tenant
+from loadgen.tenants import parse_tenant
 from loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
 from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 
@@ -118,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admission-slo", type=float,
                    help="admission by predicted TTFT at this SLO, as the router's --slo-ttft-s (docs/admission.md)")
     p.add_argument("--admission-margin", type=float, help="as the router's --admission-margin (default -0.4)")
+    p.add_argument("--tenant", action="append", default=[], metavar="SPEC",
+                   help="a tenant's load, as kvroute loadgen --tenant (name=A,workload=...,rate=...,duration=...,"
+                        "priority=...,start=...,seed=...); repeatable, instead of --workload; prints a row per tenant")
     p.add_argument("--suite", action="store_true",
                    help="every workload and a KV pressure sweep, each policy against the oracle (see suite.py)")
     p.add_argument("--suite-trace", default=str(DEFAULT_TRACE), help="--suite: the Mooncake trace file")
@@ -206,8 +213,13 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
                              "--pd-sweep or --records")
         if args.num_requests is not None and args.num_requests < 1:
             raise ValueError(f"--requests must be at least 1, got {args.num_requests}")
+    elif args.tenant:
+        workload_flags = [k for k, v in vars(args).items() if k in _knob_types() and v is not None]
+        if args.workload or args.rate is not None or args.pd_sweep or workload_flags or args.num_requests:
+            raise ValueError("--tenant gives each tenant's workload and rate: no --workload, --rate, --requests, "
+                             "workload knobs or --pd-sweep")
     elif not args.workload:
-        raise ValueError(f"give --workload ({workload_names()}) or --suite")
+        raise ValueError(f"give --workload ({workload_names()}), --tenant or --suite")
     if args.pd_sweep and (len(policies) != 1 or config.instances < 2 or args.records):
         raise ValueError("--pd-sweep takes one --policy, at least 2 --instances and no --records")
     if args.jobs < 1:
@@ -245,8 +257,16 @@ def run(args: argparse.Namespace) -> dict:
         return run_suite(config, policies, args.num_requests, args.suite_trace, progress=True, jobs=args.jobs)
     planner = planner_config(args, config)
     started = time.perf_counter()
-    workload = _workload(args, config.seed)
-    specs = workload.requests()
+    if args.tenant:
+        loads = [parse_tenant(t) for t in args.tenant]
+        if len({load.name for load in loads}) != len(loads):
+            raise ValueError("--tenant names a tenant twice")
+        config = dataclasses.replace(config, admission_tenants=tuple((load.name, load.priority or 0, 1.0)
+                                                                     for load in loads))
+        specs, workload, arrival = mixed_specs(loads), None, ArrivalConfig()
+    else:
+        workload = _workload(args, config.seed)
+        specs = workload.requests()
     generate_s = time.perf_counter() - started
     arrivals(specs, arrival, config.seed)  # refuse a workload without send times before running anything
     results, records = {}, {}
@@ -254,11 +274,11 @@ def run(args: argparse.Namespace) -> dict:
         sweep = pd_sweep(config, policies[0], specs, arrival, args.slo_ttft, args.slo_tpot, progress=True)
     else:
         run_ = PolicyRun(config=config, specs=specs, arrival=arrival, planner=planner, slo_ttft_s=args.slo_ttft,
-                         slo_tpot_s=args.slo_tpot, keep_records=bool(args.records), prog=PROG)
+                         slo_tpot_s=args.slo_tpot, keep_records=bool(args.records or args.tenant), prog=PROG)
         results, records = run_policies(run_, policies, args.jobs)
     out = {
         "config": dataclasses.asdict(config),
-        "workload": workload.info() if hasattr(workload, "info") else {"workload": workload.name},
+        "workload": _describe(workload, args),
         "arrival": arrival.describe(),
         "workload_generation_s": generate_s,
         "results": results,
@@ -266,12 +286,21 @@ def run(args: argparse.Namespace) -> dict:
     }
     if args.pd_sweep:
         out["pd_sweep"] = sweep
+    if args.tenant:
+        slo = args.slo_ttft if args.slo_ttft is not None else config.admission_slo_s
+        out["tenants"] = {name: per_tenant(recs, slo) for name, recs in records.items()}
     if args.records:
         with open(args.records, "w", encoding="utf-8") as f:
             for name, recs in records.items():
                 for r in recs:
                     f.write(json.dumps({"policy": name, **r.to_dict()}) + "\n")
     return out
+
+
+def _describe(workload, args: argparse.Namespace) -> dict:
+    if workload is None:
+        return {"workload": "tenants", "tenants": list(args.tenant)}
+    return workload.info() if hasattr(workload, "info") else {"workload": workload.name}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,4 +326,6 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     else:
         print(format_suite(out) if args.suite else format_sweep(out) if "pd_sweep" in out else format_table(out))
+        if "tenants" in out:
+            print(format_tenants(out["tenants"]))
     return 0

@@ -35,3 +35,16 @@ def per_tenant(records, slo_ttft_s: float | None) -> dict:
     for r in records:
         by.setdefault(r.group.partition(":")[0], []).append(r)
     return {name: {**summarize(recs, slo_ttft_s=slo_ttft_s), **refusals(recs)} for name, recs in sorted(by.items())}
+
+
+def format_tenants(by_policy: dict[str, dict]) -> str:
+    """A row per policy and tenant: requests, in-SLO share and rate, TTFT p90, refusals and their p90."""
+    fmt = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    lines = [f"{'policy':>10} {'tenant':>8} {'requests':>8} {'in-SLO':>7} {'in-SLO/s':>8} {'ttft p90 s':>10} "
+             f"{'refused':>7} {'refusal p90 s':>13}"]
+    for policy, tenants in by_policy.items():
+        for name, s in tenants.items():
+            lines.append(f"{policy:>10} {name:>8} {s['requests']:>8} {fmt(s['goodput']):>7} "
+                         f"{fmt(s['goodput_rps'], 1):>8} {fmt(s['ttft_p90_s']):>10} {s['refused']:>7} "
+                         f"{fmt(s['refused_p90_s'] if s['refused'] else None):>13}")
+    return "\n".join(lines)

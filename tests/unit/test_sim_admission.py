@@ -64,3 +64,21 @@ def test_priority_bands_keep_the_urgent_stream_and_serve_the_rest_after_the_floo
     out = tenants_run(specs, True, (("H", -1, 1.0), ("L", 1, 1.0), ("Z", 1, 1.0)))
     assert out["H"]["goodput"] >= 0.95 and out["L"]["refused"] > 0
     assert out["Z"]["goodput"] >= 0.95  # low priority is served again once the flood is over
+
+
+def test_sim_cli_runs_tenants_and_reports_each(tmp_path, capsys):
+    import json
+
+    from loadgen.sim.cli import main
+
+    out = tmp_path / "tenants.json"
+    args = ["--instances", "2", "--policy", "kv_aware", "--admission-slo", "0.5", "--out", str(out),
+            "--tenant", "name=A,workload=shared-prefix,rate=3,duration=8",
+            "--tenant", "name=B,workload=random,rate=40,duration=6,start=1,seed=3,priority=1"]
+    assert main(args) == 0
+    tenants = json.loads(out.read_text())["tenants"]["kv_aware"]
+    assert set(tenants) == {"A", "B"}
+    assert tenants["A"]["goodput"] >= 0.95 and tenants["A"]["refused"] == 0
+    assert tenants["B"]["refused"] > 0
+    assert "refusal p90 s" in capsys.readouterr().out
+    assert main(["--instances", "2", "--workload", "random", "--tenant", "name=A,workload=random,rate=1,duration=1"]) == 2
