@@ -39,6 +39,16 @@ class TenantSpec:
         if any(not isinstance(k, str) or not k for k in self.keys):
             raise ValueError(f"tenant {self.name}: keys must be non-empty strings")
 
+    def share(self, workers: int) -> TenantSpec:
+        """What one of `workers` router processes enforces (each takes about 1/workers of the
+        connections): the rate and burst divided, the concurrency divided rounding down (at least 1)."""
+        if workers <= 1 or (self.rate is None and self.max_concurrency is None):
+            return self
+        rate = self.rate / workers if self.rate is not None else None
+        burst = max(1.0, (self.burst or max(1.0, self.rate)) / workers) if self.rate is not None else self.burst
+        concurrency = max(1, self.max_concurrency // workers) if self.max_concurrency is not None else None
+        return dataclasses.replace(self, rate=rate, burst=burst, max_concurrency=concurrency)
+
 
 class Limits:
     """Per tenant: a token bucket of admissions and the admitted requests in flight."""

@@ -43,8 +43,11 @@ class Ticket:
 
 class AdmissionGate:
     def __init__(self, config: adm.AdmissionConfig, book: TenantBook, metrics: AdmissionMetrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, workers: int = 1) -> None:
+        """`workers`: router processes sharing the port; each enforces its share of a tenant's limits."""
         self.config, self.book, self.metrics, self.clock = config, book, metrics, clock
+        self.workers = workers
+        self._shares: dict[TenantSpec, TenantSpec] = {}
         self.queue = FairQueue(config.bands)
         self.rates = adm.Rates(config.drain_halflife_s)
         self.limits = Limits()
@@ -55,6 +58,13 @@ class AdmissionGate:
 
     def ticket(self, tenant: str, priority: int, slo_s: float | None) -> Ticket:
         spec = spec_of(self.book.tenants, tenant)
+        if self.workers > 1:
+            shared = self._shares.get(spec)
+            if shared is None:
+                if len(self._shares) > 4096:  # specs of reloaded files, or of header-named tenants
+                    self._shares.clear()
+                shared = self._shares[spec] = spec.share(self.workers)
+            spec = shared
         slo = slo_s or spec.slo_ttft_s or self.config.slo_ttft_s
         return Ticket(spec=spec, band=band_of(priority, self.config.priority_edges), slo_s=slo, arrived=self.clock())
 

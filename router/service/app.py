@@ -90,7 +90,8 @@ async def _router_ctx(app: web.Application):
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-    app[GATE] = gate = AdmissionGate(config.admission(), app[TENANTS], AdmissionMetrics(metrics.registry))
+    app[GATE] = gate = AdmissionGate(config.admission(), app[TENANTS], AdmissionMetrics(metrics.registry),
+                                     workers=config.workers)
     cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke)
     pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke)

@@ -159,6 +159,20 @@ def test_tenant_limits_rate_and_concurrency():
     assert limits.check(spec, 10.0) is None
 
 
+def test_each_router_worker_enforces_its_share_of_a_tenants_limits():
+    spec = TenantSpec(name="a", rate=10.0, burst=4.0, max_concurrency=5)
+    half = spec.share(2)
+    assert (half.rate, half.burst, half.max_concurrency) == (5.0, 2.0, 2)  # 2 x 2 <= 5: never over the limit
+    assert spec.share(1) is spec and TenantSpec(name="b").share(4) == TenantSpec(name="b")
+    tiny = TenantSpec(name="c", rate=1.0, max_concurrency=1).share(4)
+    assert (tiny.rate, tiny.burst, tiny.max_concurrency) == (0.25, 1.0, 1)  # at least one request, one token
+    limits = Limits()
+    for _ in range(2):
+        assert limits.check(half, 0.0) is None
+        limits.admitted(half, 0.0)
+    assert limits.check(half, 0.0) == "concurrency"
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError):
         adm.AdmissionConfig(slo_ttft_s=0.0)

@@ -86,6 +86,18 @@ async def test_a_queued_request_is_refused_when_its_deadline_passes():
     assert refused.value.code == "deadline" and len(g.queue) == 0
 
 
+async def test_with_workers_the_gate_takes_its_share_of_the_tenants_limits(tmp_path):
+    path = tmp_path / "tenants.json"
+    path.write_text('{"tenants": {"a": {"rate": 8, "max_concurrency": 4}}}')
+    config = AdmissionConfig(slo_ttft_s=None)
+    g = AdmissionGate(config, TenantBook(str(path)), AdmissionMetrics(CollectorRegistry()), workers=4)
+    spec = g.ticket("a", 0, None).spec
+    assert (spec.rate, spec.burst, spec.max_concurrency) == (2.0, 2.0, 1)
+    assert g.ticket("a", 0, None).spec is spec  # kept, not rebuilt per request
+    one = AdmissionGate(config, TenantBook(str(path)), AdmissionMetrics(CollectorRegistry()))
+    assert one.ticket("a", 0, None).spec.rate == 8
+
+
 async def test_without_an_slo_or_limits_the_gate_does_nothing():
     g = gate(slo=None)
     ticket = g.ticket("a", 0, None)
