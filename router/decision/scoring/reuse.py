@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -65,7 +66,7 @@ class ReuseHistory:
         if self._t0 is None:
             self._t0 = now
         sample, seen, gaps = self.sample, self._seen, self._gaps
-        sampled = list(dict.fromkeys(h for h in hashes if not h % sample))  # a hash twice counts once
+        sampled = list(dict.fromkeys([h for h in hashes if not h % sample]))  # a hash twice counts once
         if sampled:
             ended: dict[float, int] = {}  # previous request time -> sampled blocks last requested then
             pop = seen.pop
@@ -126,10 +127,16 @@ class ReuseHistory:
         return self._table
 
     def _build(self, now: float) -> list[float]:
-        opened = [(idle, n * self._weight(now - idle)) for n, idle in self._open.profile(now)]
+        # the open intervals, longest idle first (the profile is oldest first); older[j]: the weight
+        # of the first j, so at each edge the weight idle longer than it is one lookup away
+        opened = self._open.profile(now)
+        older = [0.0, *itertools.accumulate(n * self._weight(now - idle) for n, idle in opened)]
+        j = len(opened)
         out, later = [], sum(self._gaps[1:])
         for k, edge in enumerate(EDGES):
-            at_risk = later + self._never + sum(w for idle, w in opened if idle > edge)
+            while j and opened[j - 1][1] <= edge:
+                j -= 1
+            at_risk = later + self._never + older[j]
             out.append(later / at_risk if at_risk > 0 else 0.0)
             later -= self._gaps[k + 1]
         return out
