@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from typing import Iterable, Mapping, Sequence
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry
 
 import router.contract.metric_buckets  # noqa: F401  (turns off *_created series)
+from router.contract.plain_metrics import PlainCounter, PlainHistogram
 from router.index.base import Applied, BlockIndex, PrefixMatch
 from router.contract.protocol import KVEvent
 
@@ -22,23 +23,24 @@ CHAIN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 class InstrumentedIndex:
-    """Wraps `inner`, recording metrics into `registry` (the global one by default)."""
+    """Wraps `inner`, recording metrics into `registry` (the global one by default). Its series are
+    plain numbers (router/contract/plain_metrics.py): every call comes from the event loop's thread."""
 
     def __init__(self, inner: BlockIndex, registry: CollectorRegistry | None = None) -> None:
         self.inner = inner
         self.backend = getattr(inner, "name", type(inner).__name__)
         registry = REGISTRY if registry is None else registry
-        self._ops = Counter(
+        self._ops = PlainCounter(
             "kvroute_index_operations", "Block index calls.", ["op", "backend"], registry=registry
         )
-        self._errors = Counter(
+        self._errors = PlainCounter(
             "kvroute_index_errors", "Block index calls that raised.", ["op", "backend"], registry=registry
         )
-        self._latency = Histogram(
+        self._latency = PlainHistogram(
             "kvroute_index_lookup_seconds", "Block index lookup latency.", ["backend"],
             buckets=LATENCY_BUCKETS, registry=registry,
         )
-        self._chain = Histogram(
+        self._chain = PlainHistogram(
             "kvroute_index_lookup_blocks", "Blocks in each looked-up chain.", ["backend"],
             buckets=CHAIN_BUCKETS, registry=registry,
         )

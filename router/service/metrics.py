@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.contract.metric_buckets import DURATION_BUCKETS, FINE_TPOT_BUCKETS, TTFT_BUCKETS
-from router.service.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
+from router.contract.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
 from router.service.usage import Usage
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)

@@ -1,4 +1,4 @@
-"""The request path's plain-number metrics (router/service/plain_metrics.py) scrape exactly as
+"""The request path's plain-number metrics (router/contract/plain_metrics.py) scrape exactly as
 prometheus_client's own classes do."""
 
 import re
@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from router.service.metrics import RouterMetrics
-from router.service.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
+from router.contract.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = (0.0, 0.0005, 0.001, 0.002, 0.01, 0.5, 1.0, 3.0, float("inf"))
