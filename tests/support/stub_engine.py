@@ -2,6 +2,7 @@
 router in front of them."""
 
 import asyncio
+import contextlib
 
 from aiohttp import web
 
@@ -32,11 +33,18 @@ def stub_engine(instance_id: str, completions, health=None) -> web.Application:
     async def snapshot(_):
         return web.json_response({"instance": instance_id, "epoch": 1, "seq": 0, "tiers": {"device": []}})
 
+    closing = asyncio.Event()  # set on shutdown: a pending long poll answers at once, so close is quick
+
     async def events(_):
-        await asyncio.sleep(0.2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closing.wait(), 0.2)
         return web.json_response({"instance": instance_id, "epoch": 1, "seq": 0, "resync": False, "events": []})
 
+    async def on_shutdown(_):
+        closing.set()
+
     app = web.Application()
+    app.on_shutdown.append(on_shutdown)
     app.router.add_get("/kv/info", kv_info)
     app.router.add_get("/health", health or healthy)
     app.router.add_get("/load", get_load)
