@@ -139,3 +139,24 @@ async def test_an_engine_url_with_a_path_prefix_is_posted_to_under_it(start_rout
                 assert r.status == 200, await r.text()
     finally:
         await stub.close()
+
+
+async def test_answers_whole_or_streamed_leave_their_connection_for_the_next(start_router, http):
+    peers = []
+
+    async def records(request):
+        peers.append(request.transport.get_extra_info("peername"))
+        if (await request.json()).get("max_tokens") == 2:
+            return web.json_response({"error": {"message": "no"}}, status=400)
+        return await good(request)
+
+    url, server, stubs = await stub_router(start_router, records)
+    try:
+        for stream, max_tokens in ((False, 1), (False, 1), (True, 1), (True, 2), (False, 2), (True, 1)):
+            async with http.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": max_tokens,
+                                                                "stream": stream}) as r:
+                assert r.status == (200 if max_tokens == 1 else 400)
+                await r.read()
+        assert len(peers) == 6 and len(set(peers)) == 1  # one kept-alive connection, reused each time
+    finally:
+        await closing(stubs)

@@ -188,3 +188,19 @@ async def test_requests_are_counted_by_instance_policy_and_outcome(start_router,
         assert list(ratio.values()) == [4.0]
     finally:
         await closing(stubs)
+
+
+async def test_with_no_instance_to_try_the_client_hears_why(start_router, http):
+    async def draining(get_load, request):
+        return web.json_response({"instance": "s0", "running": 0, "waiting": 0, "kv_used_blocks": 0,
+                                  "kv_total_blocks": 64, "queued_prefill_tokens": 0, "state": "draining"})
+
+    stub = await LoopbackServer(stub_engine("s0", Recorder(), on_load=draining)).start()
+    try:
+        url, server = await start_router([stub.url])
+        assert await wait_for(lambda: server.app[CLUSTER].instances[0].draining)
+        status, _, body = await complete(http, url, prompt=PROMPT)
+        assert status == 503
+        assert orjson.loads(body)["error"]["message"] == "no healthy instance serves 'kvroute-tiny'"
+    finally:
+        await stub.close()

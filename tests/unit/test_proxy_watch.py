@@ -46,21 +46,28 @@ async def test_a_load_report_during_the_wait_rearms_the_watch(start_router, http
 
 
 async def test_no_watch_timer_outlives_the_answer(start_router, http, caplog):
+    quiet, stop = asyncio.Event(), asyncio.Event()
+
     async def quick(request):
         return web.json_response({"choices": [{"index": 0, "text": "ok"}]})
 
+    async def reports_until_quiet(get_load, request):
+        if quiet.is_set():
+            await stop.wait()
+        return await get_load(request)
+
     caplog.set_level(logging.ERROR)
-    stub = await LoopbackServer(stub_engine("s0", quick)).start()
+    stub = await LoopbackServer(stub_engine("s0", quick, on_load=reports_until_quiet)).start()
     try:
-        # one load report at start, then none: a watch still armed after the answer would fire into
-        # a finished wait
-        url, server = await start_router([stub.url], load_interval_s=3600.0, first_byte_timeout_s=0.2,
+        url, server = await start_router([stub.url], load_interval_s=0.05, first_byte_timeout_s=0.2,
                                          request_timeout_s=5.0)
         assert await wait_for(lambda: server.app[CLUSTER].instances[0].routable)
         for _ in range(3):
             async with http.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}) as r:
                 assert r.status == 200
-        await asyncio.sleep(0.4)  # past the watch's 0.2 s
+        quiet.set()  # no load report from now on: a watch still armed would fire into a finished wait
+        await asyncio.sleep(0.5)
         assert not [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]
     finally:
+        stop.set()
         await stub.close()
