@@ -137,8 +137,8 @@ def test_the_table_is_rebuilt_after_refresh_s_or_refresh_after_new_blocks():
     h.observe([2], 10.0)
     h.observe([2], 11.0)
     assert h.table(11.0)[ONE_S - 8] == pytest.approx(1 / 2)  # still the table of t=10: 1 gap, 1 open 9 s
-    h.observe([3, 4, 5], 11.0)  # three new blocks since the build: rebuilt at once
-    assert h.table(11.0)[ONE_S - 8] == pytest.approx(2 / 3)  # 2's gap now counts; 3-5 are idle 0
+    h.observe([3], 11.0)  # the third new block since the build: rebuilt at once
+    assert h.table(11.0)[ONE_S - 8] == pytest.approx(2 / 3)  # 2's gap now counts; 2 and 3 are idle 0
 
 
 def test_the_curve_interpolates_in_log_idle_between_the_edges():
@@ -165,3 +165,62 @@ def test_the_curve_interpolates_in_log_idle_between_the_edges():
 def test_bad_parameters_are_refused(kw):
     with pytest.raises(ValueError, match="sample and capacity must be >= 1"):
         ReuseHistory(**kw)
+
+
+def test_the_smallest_parameters_are_taken():
+    h = ReuseHistory(sample=1, window_s=0.5, halflife_s=0.5, capacity=1)
+    h.observe([1], 0.0)
+    h.observe([1], 0.25)
+    assert h.reuse(0.1, 0.25) == 1.0
+
+
+def test_a_block_past_the_window_counts_at_every_idle_time_an_open_one_only_below_its_own():
+    h = ReuseHistory(sample=1, halflife_s=FLAT, window_s=10.0)
+    h.observe([1], 0.0)
+    h.observe([2], 5.0)
+    h.observe([1], 20.0)  # 1 reused after 20 s (no request in between to end it); 2 idle 15 s: ended unused
+    # at EDGES[34] (17.8 s): the 20 s gap / (that gap + 2, which ended unused); still open, 2 would
+    # not count there (idle 15 s < 17.8 s)
+    assert h.table(20.0)[34] == pytest.approx(1 / 2)
+
+
+def test_a_gap_just_over_a_millisecond_is_in_the_first_bin():
+    h = ReuseHistory(sample=1, halflife_s=FLAT)
+    h.observe([1], 0.0)
+    h.observe([1], 0.0012)  # between EDGES[0] (1 ms) and EDGES[1] (1.33 ms)
+    table = h.table(0.0012)
+    assert table[0] == 1.0 and table[1] == 0.0
+    assert h.curve(0.0012)(0.0005) == 1.0  # below the first edge: the first edge's value
+
+
+def test_the_curve_between_the_last_two_edges_and_beyond_them():
+    h = ReuseHistory(sample=1, halflife_s=FLAT, window_s=1e6)
+    h.observe([1], 0.0)
+    h.observe([1], 80_000.0)  # a gap between EDGES[63] (74,989 s) and EDGES[64] (100,000 s)
+    table, reuse = h.table(80_000.0), h.curve(80_000.0)
+    assert table[63] == 1.0 and table[64] == 0.0
+    mid = math.sqrt(edge(63) * edge(64))
+    assert reuse(mid) == pytest.approx(0.5)
+    assert reuse(1e6) == 0.0
+
+
+def test_rescaled_weights_keep_old_and_new_intervals_in_proportion():
+    h = ReuseHistory(sample=1, halflife_s=1.0, window_s=3.0)
+    h.observe([9], 0.0)
+    h.observe([8], 61.0)  # 9 ends unused: weight 2 ** 0
+    h.observe([2], 64.0)
+    h.observe([2], 64.5)  # a 0.5 s gap started at 64; 8 ends unused (idle 3.5 s): weight 2 ** 61
+    h.observe([3], 65.0)  # past 64 half-lives: every weight so far is rescaled
+    h.observe([4], 66.0)
+    h.observe([4], 66.5)  # a 0.5 s gap started at 66
+    w = lambda t: 2.0 ** (t - 65.0)  # any reference time gives the same proportions
+    gaps, never = w(64.0) + w(66.0), w(0.0) + w(61.0)
+    open_2, open_3 = w(64.5), w(65.0)  # idle 2 s and 1.5 s; 4 is idle 0
+    assert h.table(66.5)[20] == pytest.approx(gaps / (gaps + never + open_2 + open_3), rel=1e-9)
+
+
+def test_weights_stay_finite_over_many_thousand_half_lives():
+    h = ReuseHistory(sample=1, halflife_s=0.001, window_s=1e9)
+    for i in range(30):
+        h.observe([1, 2], i * 0.5)  # 500 half-lives apart: 2 ** 500 per step without the rescaling
+    assert h.table(14.5)[ONE_S - 8] == pytest.approx(1.0)
