@@ -204,3 +204,15 @@ async def test_with_no_instance_to_try_the_client_hears_why(start_router, http):
         assert orjson.loads(body)["error"]["message"] == "no healthy instance serves 'kvroute-tiny'"
     finally:
         await stub.close()
+
+
+async def test_the_admission_gate_hears_of_each_first_byte_and_end(start_router, http, monkeypatch):
+    url, server, stubs = await stub_router(start_router, Recorder())
+    news = []
+    monkeypatch.setattr(server.app[ROUTER], "on_progress", lambda: news.append(1))  # the gate's poke
+    try:
+        for stream in (True, False):
+            assert (await complete(http, url, prompt=PROMPT, stream=stream))[0] == 200
+        assert len(news) == 4  # per request: its prefill seen done, then its end
+    finally:
+        await closing(stubs)
