@@ -6,7 +6,8 @@
 
 Each module runs on its own, with only the tests named for it in pyproject.toml
 ([tool.kvroute.mutation.modules]: module -> test files or node ids, or a table
-{tests = [...], args = [...]} whose args, e.g. ["-k", "memory"], go to every pytest run),
+{tests = [...], args = [...], timeout_multiplier = X} whose args, e.g. ["-k", "memory"], go to
+every pytest run and whose timeout_multiplier replaces the default 4),
 in a scratch copy of the tree (`git ls-files`, tracked and untracked-but-not-ignored) whose
 pyproject.toml gets a [tool.mutmut] section for that module alone; mutmut's own [tool.mutmut]
 in pyproject.toml (every module, every listed unit test) still serves a plain `mutmut run`.
@@ -33,15 +34,18 @@ import tomllib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KILLED, SURVIVED, TIMEOUT = {1, 3}, {0}, {24, -24, 36, 152, 255}
 WALL = "kvroute-mutation-wall-s"  # seconds the module's whole mutmut run took
+TIMEOUT_MULTIPLIER = 4.0
 
 
-def modules_config(pyproject: pathlib.Path) -> dict[str, dict[str, list[str]]]:
-    """module -> {"tests": test files or node ids, "args": extra pytest arguments (e.g. -k EXPR)}."""
+def modules_config(pyproject: pathlib.Path) -> dict[str, dict]:
+    """module -> {"tests": test files or node ids, "args": extra pytest arguments (e.g. -k EXPR),
+    "timeout_multiplier": mutmut's, for this module}."""
     data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     out = {}
     for module, value in data["tool"]["kvroute"]["mutation"]["modules"].items():
         spec = {"tests": value} if isinstance(value, list) else dict(value)
-        out[module] = {"tests": list(spec["tests"]), "args": list(spec.get("args", []))}
+        out[module] = {"tests": list(spec["tests"]), "args": list(spec.get("args", [])),
+                       "timeout_multiplier": float(spec.get("timeout_multiplier", TIMEOUT_MULTIPLIER))}
     return out
 
 
@@ -58,7 +62,8 @@ def scratch_copy(dest: pathlib.Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def mutmut_section(module: str, tests: list[str], extra_args: list[str]) -> str:
+def mutmut_section(module: str, tests: list[str], extra_args: list[str],
+                   timeout_multiplier: float = TIMEOUT_MULTIPLIER) -> str:
     def toml_list(items):
         return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
@@ -68,9 +73,9 @@ def mutmut_section(module: str, tests: list[str], extra_args: list[str]) -> str:
             f"only_mutate = {toml_list([module])}\n"
             f"pytest_add_cli_args = {toml_list(['-q', '-p', 'no:cacheprovider', *extra_args])}\n"
             f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
-            # a mutant that loops forever is stopped after 4 x (its tests' time + 1 s) x 2 of CPU,
+            # a mutant that hangs is stopped after 4 x (its tests' time + 1 s) of wall (x 2 of CPU),
             # not mutmut's default 15 x: the tests here take well under a second of CPU each
-            "timeout_multiplier = 4.0\n")
+            f"timeout_multiplier = {timeout_multiplier}\n")
 
 
 def without_mutmut_section(text: str) -> str:
@@ -108,11 +113,10 @@ def score(counts: collections.Counter) -> float | None:
     return (counts["killed"] + counts["timeout"]) / judged if judged else None
 
 
-def run_module(module: str, spec: dict[str, list[str]], workdir: pathlib.Path, children: int,
-               extra: list[str]) -> int:
+def run_module(module: str, spec: dict, workdir: pathlib.Path, children: int, extra: list[str]) -> int:
     scratch_copy(workdir)
     pyproject = workdir / "pyproject.toml"
-    section = mutmut_section(module, spec["tests"], spec["args"] + extra)
+    section = mutmut_section(module, spec["tests"], spec["args"] + extra, spec["timeout_multiplier"])
     pyproject.write_text(without_mutmut_section(pyproject.read_text()) + section)
     mutmut = shutil.which("mutmut") or str(pathlib.Path(sys.executable).with_name("mutmut"))
     start, cpu = time.monotonic(), children_cpu_s()
@@ -152,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"not configured in [tool.kvroute.mutation.modules]: {', '.join(unknown)}")
     if args.list:
         for m in modules:
-            print(f"{m}: {' '.join(config[m]['args'] + config[m]['tests'])}")
+            multiplier = config[m]["timeout_multiplier"]
+            timeout = "" if multiplier == TIMEOUT_MULTIPLIER else f" (timeout_multiplier {multiplier:g})"
+            print(f"{m}: {' '.join(config[m]['args'] + config[m]['tests'])}{timeout}")
         return 0
     rows = []
     for module in modules:

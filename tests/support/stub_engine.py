@@ -2,6 +2,7 @@
 router in front of them."""
 
 import asyncio
+import contextlib
 
 from aiohttp import web
 
@@ -12,11 +13,13 @@ from tests.support.loopback import LoopbackServer
 from tests.support.waiting import wait_for
 
 
-def stub_engine(instance_id: str, completions, health=None) -> web.Application:
+def stub_engine(instance_id: str, completions, health=None, on_load=None, **info_fields) -> web.Application:
     """An engine that speaks the kvroute control API and answers completions with `completions`
-    (and GET /health with `health`, if given)."""
+    (and GET /health with `health`, GET /load with `on_load(default handler, request)`, if given);
+    `info_fields` replace fields of its /kv/info (e.g. role="prefill", tokenizer="another")."""
     info = {"instance_id": instance_id, "model": "kvroute-tiny", "block_size": 16,
-            "hash_seed": hash_seed("kvroute-tiny"), "tokenizer": load_tokenizer().fingerprint, "role": "both"}
+            "hash_seed": hash_seed("kvroute-tiny"), "tokenizer": load_tokenizer().fingerprint, "role": "both",
+            **info_fields}
     load = {"instance": instance_id, "running": 0, "waiting": 0, "kv_used_blocks": 0, "kv_total_blocks": 64,
             "queued_prefill_tokens": 0}
 
@@ -32,14 +35,24 @@ def stub_engine(instance_id: str, completions, health=None) -> web.Application:
     async def snapshot(_):
         return web.json_response({"instance": instance_id, "epoch": 1, "seq": 0, "tiers": {"device": []}})
 
+    closing = asyncio.Event()  # set on shutdown: a pending long poll answers at once, so close is quick
+
     async def events(_):
-        await asyncio.sleep(0.2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closing.wait(), 0.2)
         return web.json_response({"instance": instance_id, "epoch": 1, "seq": 0, "resync": False, "events": []})
 
+    async def load_via(request):
+        return await on_load(get_load, request)
+
+    async def on_shutdown(_):
+        closing.set()
+
     app = web.Application()
+    app.on_shutdown.append(on_shutdown)
     app.router.add_get("/kv/info", kv_info)
     app.router.add_get("/health", health or healthy)
-    app.router.add_get("/load", get_load)
+    app.router.add_get("/load", get_load if on_load is None else load_via)
     app.router.add_get("/kv/snapshot", snapshot)
     app.router.add_get("/kv/events", events)
     app.router.add_post("/v1/completions", completions)
