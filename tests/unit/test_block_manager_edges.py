@@ -86,6 +86,17 @@ def test_a_block_computed_twice_is_registered_once():
     assert bm.blocks[b.block_table[0]].hash is None and b.block_hashes == hashes
 
 
+def test_a_cached_block_is_found_by_its_hash_with_its_tokens_and_parent():
+    bm = BlockManager(16, BS)
+    run(bm, seq(range(9)))
+    first, second = block_hashes(list(range(8)), BS, SEED)
+    block = bm.cached_block(second)
+    assert block is not None and block.block_id == bm.hash_to_block[second]
+    assert (block.hash, block.token_ids, block.parent) == (second, (4, 5, 6, 7), first)
+    assert bm.cached_block(first).parent == SEED
+    assert bm.cached_block(12345) is None
+
+
 def test_a_three_block_hit_checks_each_blocks_own_tokens():
     bm = BlockManager(16, BS)
     run(bm, seq(range(13)))

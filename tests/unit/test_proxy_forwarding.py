@@ -216,3 +216,15 @@ async def test_the_admission_gate_hears_of_each_first_byte_and_end(start_router,
         assert len(news) == 4  # per request: its prefill seen done, then its end
     finally:
         await closing(stubs)
+
+
+async def test_an_admitted_request_takes_the_decision_admission_predicted_from(start_router, http):
+    engine = Recorder()
+    url, server, stubs = await stub_router(start_router, engine, engine, slo_ttft_s=5.0)
+    try:
+        for i in range(3):  # long enough for blocks, so each decision looks the prompt up
+            assert (await complete(http, url, prompt=f"{i} " + PROMPT * 4))[0] == 200
+        lookups = await metric_lines(http, url, "kvroute_router_index_lookup_seconds_count")
+        assert lookups == {"kvroute_router_index_lookup_seconds_count": 3.0}  # the prediction's only
+    finally:
+        await closing(stubs)
