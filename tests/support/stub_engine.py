@@ -64,3 +64,22 @@ async def stub_router(start_router, *handlers, **router_kw):
     url, server = await start_router([s.url for s in stubs], **router_kw)
     await wait_for(lambda: all(i.routable for i in server.app[CLUSTER].instances))
     return url, server, stubs
+
+
+OK_CHUNK = b'data: {"choices": [{"index": 0, "text": "ok"}]}\n\n'
+
+
+async def answer_ok(request: web.Request) -> web.StreamResponse:
+    """A completions handler that answers "ok": one SSE chunk and [DONE] when asked to stream."""
+    if (await request.json()).get("stream"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(OK_CHUNK + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+    return web.json_response({"choices": [{"index": 0, "text": "ok"}]})
+
+
+async def close_all(stubs) -> None:
+    for s in stubs:
+        await s.close()

@@ -10,26 +10,11 @@ from aiohttp import web
 from router.service.app import CLUSTER, ROUTER
 from router.service.proxy import Dispatch
 from tests.support.loopback import LoopbackServer
-from tests.support.stub_engine import stub_engine, stub_router
+from tests.support.stub_engine import answer_ok, close_all, stub_engine, stub_router
 from tests.support.waiting import wait_for
 
 CHUNK = b'data: {"choices": [{"index": 0, "text": "ok"}]}\n\n'
 PROMPT = " ".join(f"w{i}" for i in range(200))
-
-
-async def good(request):
-    if (await request.json()).get("stream"):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(CHUNK + b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-    return web.json_response({"choices": [{"index": 0, "text": "ok"}]})
-
-
-async def closing(stubs):
-    for s in stubs:
-        await s.close()
 
 
 async def metric_lines(http, url, name):
@@ -40,7 +25,7 @@ async def metric_lines(http, url, name):
 
 
 async def test_a_dispatch_ends_once_and_sees_its_first_byte_once(start_router):
-    url, server, stubs = await stub_router(start_router, good)
+    url, server, stubs = await stub_router(start_router, answer_ok)
     router, inst = server.app[ROUTER], server.app[CLUSTER].by_id("s0")
     try:
         prepared = await router.prepare({"prompt": PROMPT, "max_tokens": 1}, "completion")
@@ -63,11 +48,11 @@ async def test_a_dispatch_ends_once_and_sees_its_first_byte_once(start_router):
         whole.end("200")
         assert inst.inflight == 0 and inst.queued_prefill_tokens == 0
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_the_answering_instance_is_on_the_requests_duration(start_router, http):
-    url, server, stubs = await stub_router(start_router, good)
+    url, server, stubs = await stub_router(start_router, answer_ok)
     try:
         for stream in (False, True):
             async with http.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1,
@@ -77,11 +62,11 @@ async def test_the_answering_instance_is_on_the_requests_duration(start_router, 
         counts = await metric_lines(http, url, "kvroute_router_request_duration_seconds_count")
         assert [(k.split('instance="')[1].split('"')[0], v) for k, v in counts.items()] == [("s0", 2.0)]
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_predicted_cached_tokens_reach_the_metrics_and_the_recent_stats(start_router, http):
-    url, server, stubs = await stub_router(start_router, good)
+    url, server, stubs = await stub_router(start_router, answer_ok)
     router, cluster = server.app[ROUTER], server.app[CLUSTER]
     try:
         prepared = await router.prepare({"prompt": PROMPT, "max_tokens": 1}, "completion")
@@ -101,7 +86,7 @@ async def test_predicted_cached_tokens_reach_the_metrics_and_the_recent_stats(st
         everyone = stats["models"]["*"]  # the engine reported no usage: the prediction stands in
         assert round(everyone["prefill_tokens_per_s"] * 100) == tokens - cached
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_plain_http_engines_get_the_lean_client_at_their_own_host(start_router, http):
@@ -109,7 +94,7 @@ async def test_plain_http_engines_get_the_lean_client_at_their_own_host(start_ro
 
     async def records(request):
         seen.append(dict(request.headers))
-        return await good(request)
+        return await answer_ok(request)
 
     stub = await LoopbackServer(stub_engine("s0", records)).start()
     try:
@@ -128,7 +113,7 @@ async def test_plain_http_engines_get_the_lean_client_at_their_own_host(start_ro
 
 async def test_an_engine_url_with_a_path_prefix_is_posted_to_under_it(start_router, http):
     outer = web.Application()
-    outer.add_subapp("/pX", stub_engine("s0", good))
+    outer.add_subapp("/pX", stub_engine("s0", answer_ok))
     stub = await LoopbackServer(outer).start()
     try:
         url, server = await start_router([stub.url + "/pX/"])
@@ -148,7 +133,7 @@ async def test_answers_whole_or_streamed_leave_their_connection_for_the_next(sta
         peers.append(request.transport.get_extra_info("peername"))
         if (await request.json()).get("max_tokens") == 2:
             return web.json_response({"error": {"message": "no"}}, status=400)
-        return await good(request)
+        return await answer_ok(request)
 
     url, server, stubs = await stub_router(start_router, records)
     try:
@@ -159,4 +144,4 @@ async def test_answers_whole_or_streamed_leave_their_connection_for_the_next(sta
                 await r.read()
         assert len(peers) == 6 and len(set(peers)) == 1  # one kept-alive connection, reused each time
     finally:
-        await closing(stubs)
+        await close_all(stubs)

@@ -10,7 +10,7 @@ import orjson
 from aiohttp import web
 
 from router.service.app import CLUSTER
-from tests.support.stub_engine import stub_router
+from tests.support.stub_engine import answer_ok, close_all, stub_router
 from tests.support.waiting import wait_for
 
 CHUNK = b'data: {"choices": [{"index": 0, "text": "ok"}]}\n\n'
@@ -21,26 +21,11 @@ async def post(http, url, stream=False):
         return r.status, await r.read()
 
 
-async def good(request):
-    if (await request.json()).get("stream"):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(CHUNK + b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-    return web.json_response({"choices": [{"index": 0, "text": "ok"}]})
-
-
 async def failed(http, url, stream=False):
     """The message of the one 503 among two requests (round robin: one of them went to s0)."""
     answers = [await asyncio.wait_for(post(http, url, stream), 30) for _ in range(2)]
     [body] = [body for status, body in answers if status == 503]
     return orjson.loads(body)["error"]["message"]
-
-
-async def closing(stubs):
-    for s in stubs:
-        await s.close()
 
 
 async def test_a_stream_without_its_first_byte_gives_up_at_the_first_byte_timeout(start_router, http):
@@ -50,7 +35,7 @@ async def test_a_stream_without_its_first_byte_gives_up_at_the_first_byte_timeou
         await stop.wait()
         return web.Response()
 
-    url, server, stubs = await stub_router(start_router, silent, good, policy="round_robin", max_retries=0,
+    url, server, stubs = await stub_router(start_router, silent, answer_ok, policy="round_robin", max_retries=0,
                                            first_byte_timeout_s=0.3, request_timeout_s=20.0, eject_after=100)
     try:
         assert await failed(http, url, stream=True) == \
@@ -59,7 +44,7 @@ async def test_a_stream_without_its_first_byte_gives_up_at_the_first_byte_timeou
         assert inst.last_error == "no first byte within 0.3s" and inst.request_failures == 1
     finally:
         stop.set()
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_a_whole_answer_gives_up_at_the_request_timeout_while_reports_come(start_router, http):
@@ -70,7 +55,7 @@ async def test_a_whole_answer_gives_up_at_the_request_timeout_while_reports_come
         return web.Response()
 
     # load reports every 0.05 s: the engine looks alive, so only --request-timeout-s ends the wait
-    url, server, stubs = await stub_router(start_router, slow, good, policy="round_robin", max_retries=0,
+    url, server, stubs = await stub_router(start_router, slow, answer_ok, policy="round_robin", max_retries=0,
                                            first_byte_timeout_s=20.0, request_timeout_s=0.3, eject_after=100)
     try:
         assert await failed(http, url) == "instance s0 timed out (no answer within 0.3s, --request-timeout-s)"
@@ -78,7 +63,7 @@ async def test_a_whole_answer_gives_up_at_the_request_timeout_while_reports_come
         assert inst.last_error == "no answer within 0.3s" and inst.request_failures == 1
     finally:
         stop.set()
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_a_stream_closed_before_its_first_byte_is_reported(start_router, http):
@@ -88,14 +73,14 @@ async def test_a_stream_closed_before_its_first_byte_is_reported(start_router, h
         await resp.write_eof()
         return resp
 
-    url, server, stubs = await stub_router(start_router, empty, good, policy="round_robin", max_retries=0,
+    url, server, stubs = await stub_router(start_router, empty, answer_ok, policy="round_robin", max_retries=0,
                                            eject_after=100)
     try:
         assert await failed(http, url, stream=True) == "instance s0 closed the stream before the first byte"
         inst = server.app[CLUSTER].by_id("s0")
         assert inst.last_error == "closed the stream before its first byte" and inst.request_failures == 1
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_a_connection_torn_down_before_the_answer_is_reported(start_router, http):
@@ -103,7 +88,7 @@ async def test_a_connection_torn_down_before_the_answer_is_reported(start_router
         request.transport.abort()
         return web.Response()
 
-    url, server, stubs = await stub_router(start_router, resets, good, policy="round_robin", max_retries=0,
+    url, server, stubs = await stub_router(start_router, resets, answer_ok, policy="round_robin", max_retries=0,
                                            eject_after=100)
     try:
         inst = server.app[CLUSTER].by_id("s0")
@@ -113,7 +98,7 @@ async def test_a_connection_torn_down_before_the_answer_is_reported(start_router
             assert inst.last_error == "request failed: the engine closed the connection"
             assert inst.request_failures >= 1
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_a_stream_broken_mid_answer_names_the_break(start_router, http):
@@ -125,7 +110,7 @@ async def test_a_stream_broken_mid_answer_names_the_break(start_router, http):
         request.transport.close()
         return resp
 
-    url, server, stubs = await stub_router(start_router, breaks, good, policy="round_robin", max_retries=0,
+    url, server, stubs = await stub_router(start_router, breaks, answer_ok, policy="round_robin", max_retries=0,
                                            eject_after=100)
     try:
         bodies = [(await post(http, url, stream=True))[1] for _ in range(2)]
@@ -137,7 +122,7 @@ async def test_a_stream_broken_mid_answer_names_the_break(start_router, http):
         assert why in ("the engine's answer broke off", "the engine closed the connection")
         assert f"instance s0 failed mid-stream: stream broke: {why}".encode() in body
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_an_engine_that_stops_reporting_counts_a_request_failure(start_router, http):
@@ -147,7 +132,7 @@ async def test_an_engine_that_stops_reporting_counts_a_request_failure(start_rou
         await stop.wait()
         return web.Response()
 
-    url, server, stubs = await stub_router(start_router, hangs, good, policy="round_robin", max_retries=0,
+    url, server, stubs = await stub_router(start_router, hangs, answer_ok, policy="round_robin", max_retries=0,
                                            load_interval_s=3600.0, first_byte_timeout_s=0.3,
                                            request_timeout_s=20.0, eject_after=100)
     try:
@@ -157,4 +142,4 @@ async def test_an_engine_that_stops_reporting_counts_a_request_failure(start_rou
         assert inst.last_error.startswith("no answer and no load report for ") and inst.request_failures == 1
     finally:
         stop.set()
-        await closing(stubs)
+        await close_all(stubs)

@@ -10,7 +10,7 @@ from router.contract.openai_request import FORWARDED_IDS
 from router.contract.tokenizer import load_tokenizer
 from router.service.app import CLUSTER, ROUTER
 from tests.support.loopback import LoopbackServer
-from tests.support.stub_engine import stub_engine, stub_router
+from tests.support.stub_engine import close_all, stub_engine, stub_router
 from tests.support.waiting import wait_for
 
 CHUNK = b'data: {"choices": [{"index": 0, "text": "ok"}]}\n\n'
@@ -59,11 +59,6 @@ class RecordingPolicy:
         self.policy.on_failed(request, instance)
 
 
-async def closing(stubs):
-    for s in stubs:
-        await s.close()
-
-
 async def complete(http, url, **body):
     async with http.post(url + "/v1/completions", json={"max_tokens": 1, **body}) as r:
         return r.status, r.headers.get("x-kvroute-instance"), await r.read()
@@ -96,7 +91,7 @@ async def test_an_engine_that_tokenizes_like_the_router_gets_the_routers_token_i
         assert chat["messages"] == [{"role": "user", "content": PROMPT}]
         assert chat[FORWARDED_IDS] == load_tokenizer().encode_chat(chat["messages"])
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_prompt_ids_and_engines_that_tokenize_otherwise_get_the_body_as_sent(start_router, http):
@@ -115,7 +110,7 @@ async def test_prompt_ids_and_engines_that_tokenize_otherwise_get_the_body_as_se
             assert (await complete(http, url, prompt=ids))[0] == 200
         assert same.bodies[-1]["prompt"] == ids and other.bodies[-1]["prompt"] == ids
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_whole_requests_go_only_to_both_role_engines_when_there_are_any(start_router, http):
@@ -130,7 +125,7 @@ async def test_whole_requests_go_only_to_both_role_engines_when_there_are_any(st
             assert status == 200 and served_by == "b0", body
         assert len(both.bodies) == 4 and not prefill.bodies
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_a_retry_with_no_instance_left_reports_the_last_failure(start_router, http):
@@ -146,7 +141,7 @@ async def test_a_retry_with_no_instance_left_reports_the_last_failure(start_rout
         errors = await metric_lines(http, url, "kvroute_router_errors_total")
         assert errors == {'kvroute_router_errors_total{kind="upstream"}': 1.0}
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_the_policy_hears_each_attempts_instance_first_token_and_end(start_router, http, monkeypatch):
@@ -168,7 +163,7 @@ async def test_the_policy_hears_each_attempts_instance_first_token_and_end(start
                                 ("first_token", streamed, "s1", ttft, tokens), ("finished", streamed, "s1"),
                                 ("finished", whole, "s0"), ("failed", whole, "s0"), ("finished", whole, "s1")]
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_requests_are_counted_by_instance_policy_and_outcome(start_router, http):
@@ -187,7 +182,7 @@ async def test_requests_are_counted_by_instance_policy_and_outcome(start_router,
         ratio = await metric_lines(http, url, "kvroute_router_cached_token_ratio_count")
         assert list(ratio.values()) == [4.0]
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_with_no_instance_to_try_the_client_hears_why(start_router, http):
@@ -215,7 +210,7 @@ async def test_the_admission_gate_hears_of_each_first_byte_and_end(start_router,
             assert (await complete(http, url, prompt=PROMPT, stream=stream))[0] == 200
         assert len(news) == 4  # per request: its prefill seen done, then its end
     finally:
-        await closing(stubs)
+        await close_all(stubs)
 
 
 async def test_an_admitted_request_takes_the_decision_admission_predicted_from(start_router, http):
@@ -227,4 +222,4 @@ async def test_an_admitted_request_takes_the_decision_admission_predicted_from(s
         lookups = await metric_lines(http, url, "kvroute_router_index_lookup_seconds_count")
         assert lookups == {"kvroute_router_index_lookup_seconds_count": 3.0}  # the prediction's only
     finally:
-        await closing(stubs)
+        await close_all(stubs)
