@@ -14,10 +14,17 @@ from router.service.upstream import Headers
 
 class LeanBody:
     """The request body, `read(n)` as aiohttp's `request.content` answers it: up to `n` bytes per
-    call once the body is in, b"" at its end."""
+    call once the body is in, b"" at its end. Until the handler first reads (after it checked the
+    body's size, router/contract/http.py `read_body`), the connection holds at most `hold` bytes of
+    it: `held_enough` tells the connection to stop reading, and the first `read` calls `resume`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, length: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, length: int, hold: int = 1 << 20,
+                 resume=lambda: None) -> None:
         self.left = length
+        self.hold = hold
+        self.reading = False
+        self.buffered = 0
+        self._resume = resume
         self._parts: list[bytes] = []
         self._data = b""
         self._offset = 0
@@ -25,10 +32,15 @@ class LeanBody:
         if not length:
             self._done.set_result(None)
 
+    @property
+    def held_enough(self) -> bool:
+        return not self.reading and self.buffered >= self.hold
+
     def feed(self, data: bytes) -> bytes:
         """Take the body's share of `data`; the bytes after the body are returned."""
         take = data[: self.left] if len(data) > self.left else data
         self._parts.append(take)
+        self.buffered += len(take)
         self.left -= len(take)
         if not self.left:
             self._data = b"".join(self._parts)
@@ -41,6 +53,9 @@ class LeanBody:
         return not self.left
 
     async def read(self, n: int = -1) -> bytes:
+        if not self.reading:
+            self.reading = True
+            self._resume()
         if not self._done.done():
             await asyncio.shield(self._done)
         start = self._offset

@@ -10,7 +10,8 @@ or malformed), goes with its connection to aiohttp's server, which reads its byt
 The connection rules of router/contract/connections.py hold on both: one ConnectionGuard (caps at
 accept, the request-head deadline), the idle keep-alive timeout; a client that hangs up cancels
 its handler, as aiohttp's `handler_cancellation` does, so it ends `cancelled`, never the
-engine's fault. One difference: an answer sent before the whole body was read (413) closes the
+engine's fault. A body the handler has not asked for yet (it checks the size first) is held
+to MAX_PENDING bytes, then reading pauses until it does. One difference: an answer sent before the whole body was read (413) closes the
 connection (aiohttp reads the rest first). Pipelined requests wait for the one in flight, as on aiohttp.
 Without httptools the router serves everything with aiohttp (`available()`).
 """
@@ -41,7 +42,7 @@ except ImportError:  # pragma: no cover - httptools is a dependency; aiohttp ser
 log = logging.getLogger(__name__)
 
 MAX_HEAD = 8190  # aiohttp's line limit: a longer head is aiohttp's to judge
-MAX_PENDING = 1 << 20  # pipelined bytes held while a request is in flight; past it, reading pauses
+MAX_PENDING = 1 << 20  # pipelined bytes, or body bytes not yet asked for, held for a request; past it, reading pauses
 SHUTDOWN_S = 5.0  # what requests in flight get to finish when the server stops (as run_app's aiohttp)
 REFUSED_HEADERS = ("transfer-encoding", "expect", "upgrade")
 Handler = Callable[[LeanRequest], Awaitable[web.StreamResponse]]
@@ -171,6 +172,8 @@ class LeanConnection(BaseProtocol):
         if self.task is not None:  # a request in flight: its body, then what comes after it
             if self.body is not None and not self.body.complete:
                 data = self.body.feed(data)
+                if self.body.held_enough and self.transport is not None:
+                    self.transport.pause_reading()  # nothing more until the handler has checked its size
             self.pending += data
             if len(self.pending) > MAX_PENDING and self.transport is not None:
                 self.transport.pause_reading()
@@ -203,7 +206,7 @@ class LeanConnection(BaseProtocol):
         handler, path, headers, length, keep_alive = head
         self.head_deadline.cancel()
         self.head_deadline = None
-        self.body = body = LeanBody(self._loop, length or 0)
+        self.body = body = LeanBody(self._loop, length or 0, hold=MAX_PENDING, resume=self._resume_body)
         rest = body.feed(buf[end + 4:]) if length else buf[end + 4:]
         self.pending = rest
         request = LeanRequest(app=self.front.app, path=path, headers=headers, length=length,
@@ -266,6 +269,10 @@ class LeanConnection(BaseProtocol):
             self._next(pending)
         else:
             self.idle = self._loop.call_later(self.front.idle_timeout_s, self.close)
+
+    def _resume_body(self) -> None:
+        if self.transport is not None and not self.transport.is_closing() and not self.transport.is_reading():
+            self.transport.resume_reading()
 
     def _hand_over(self, buf: bytes) -> None:
         """This connection is aiohttp's from here on, starting with the bytes of `buf`."""

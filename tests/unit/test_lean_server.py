@@ -173,3 +173,51 @@ async def test_tenant_keys_and_admission_through_the_lean_front(start_engine, st
     writer.close()
     assert ok == 200 and refused == 401 and orjson.loads(body)["error"]["type"]
     assert server.listening.front.served == 2
+
+
+async def test_a_body_not_yet_asked_for_is_held_to_a_bound():
+    from aiohttp import web
+
+    from router.contract.connections import GuardedRunner
+    from router.service.lean_server import MAX_PENDING, LeanSite
+
+    release = asyncio.Event()
+
+    async def slow_reader(request):  # reads its body only once the test says so
+        await release.wait()
+        return web.json_response({"bytes": len(await request.content.read())})
+
+    runner = GuardedRunner(web.Application())
+    await runner.setup()
+    site = LeanSite(runner, handlers={"/v1/completions": slow_reader})
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    size = 16 * MAX_PENDING
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        sender = asyncio.ensure_future(_send(writer, size))
+        conn = None
+        for _ in range(200):  # until the connection stops taking bytes
+            await asyncio.sleep(0.02)
+            conn = next(iter(site.front.connections), None)
+            if conn is not None and conn.body is not None and conn.body.held_enough:
+                break
+        held = conn.body.buffered
+        await asyncio.sleep(0.1)
+        assert conn.body.buffered == held and held < 2 * MAX_PENDING  # paused, not growing
+        release.set()
+        status, _, body = await _answer(reader)
+        await sender
+        assert status == 200 and orjson.loads(body) == {"bytes": size}  # resumed: the whole body came
+    finally:
+        writer.close()
+        await site.stop()
+        await runner.cleanup()
+
+
+async def _send(writer, size: int) -> None:
+    chunk = b"x" * 65536
+    for _ in range(size // len(chunk)):
+        writer.write(chunk)
+        await writer.drain()
