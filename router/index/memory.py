@@ -78,22 +78,14 @@ class MemoryIndex:
         """Set (or clear) `bit` in `instance`'s mask for each block; consecutive blocks held alike
         share one transition (`moves`: old map -> new)."""
         held = self._held.setdefault(instance, set())
-        holders_of, maps, moves = self._holders, self._maps, {}
+        holders_of, moves = self._holders, {}
         for h in blocks:
             old = holders_of.get(h)
             mask = old.masks.get(instance, 0) if old is not None else 0
             new_mask = mask | bit if add else mask & ~bit
             if new_mask == mask:
                 continue
-            if old in moves:
-                new = moves[old]
-            else:
-                new = moves[old] = maps.changed(old, instance, new_mask)
-            new = maps.use(new, old)
-            if new is None:
-                del holders_of[h]
-            else:
-                holders_of[h] = new
+            self._move(h, old, instance, new_mask, moves)
             if not mask:
                 held.add(h)
                 self._entries += 1
@@ -103,20 +95,25 @@ class MemoryIndex:
         if not held:
             del self._held[instance]
 
+    def _move(self, h: int, old: HolderMap | None, instance: str, mask: int,
+              moves: dict[HolderMap | None, HolderMap | None]) -> None:
+        """Block `h` leaves `old` for the map where `instance`'s mask is `mask`; `moves` keeps each
+        transition of this batch, so blocks held alike share it."""
+        if old in moves:
+            new = moves[old]
+        else:
+            new = moves[old] = self._maps.changed(old, instance, mask)
+        new = self._maps.use(new, old)
+        if new is None:
+            del self._holders[h]
+        else:
+            self._holders[h] = new
+
     def clear_sync(self, instance: str) -> None:
         held = self._held.pop(instance, ())
-        holders_of, maps, moves = self._holders, self._maps, {}
+        holders_of, moves = self._holders, {}
         for h in held:
-            old = holders_of[h]
-            if old in moves:
-                new = moves[old]
-            else:
-                new = moves[old] = maps.changed(old, instance, 0)
-            new = maps.use(new, old)
-            if new is None:
-                del holders_of[h]
-            else:
-                holders_of[h] = new
+            self._move(h, holders_of[h], instance, 0, moves)
         self._entries -= len(held)
 
     def lookup_sync(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:

@@ -50,7 +50,7 @@ class Prepared:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Forecast:
-    """A decision made for admission's prediction, before the request is admitted."""
+    """A decision before its bookkeeping: the index's matches and the choice (admission predicts from it)."""
 
     routed: Routed
     matches: Mapping[str, PrefixMatch]
@@ -163,16 +163,14 @@ class Router:
         group = self.group(prepared.model, roles)
         if self.decision.overloaded(group) and not exclude:
             raise self._overloaded()  # before the lookup it would waste
-        if forecast is not None and not exclude and record:
-            routed, matches = forecast.routed, forecast.matches
-        else:
-            matches = await self.lookup(prepared)
-            try:
-                routed = self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=record)
-            except NoCandidates as e:
-                if e.overloaded:
-                    raise self._overloaded() from None
-                raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already") from None
+        try:
+            if forecast is None or exclude or not record:
+                forecast = await self._choose(prepared, group, exclude, fast=record)
+        except NoCandidates as e:
+            if e.overloaded:
+                raise self._overloaded() from None
+            raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already") from None
+        routed, matches = forecast.routed, forecast.matches
         if record:
             self.decision.routed(prepared.route, routed.member.id, self.clock())
             self.decided(prepared)
@@ -181,13 +179,17 @@ class Router:
     async def forecast(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Forecast | None:
         """The decision as it would be made now, without its bookkeeping (admission's prediction,
         router/decision/admission.py); None when nobody can take the request."""
-        group = self.group(prepared.model, roles)
-        matches = await self.lookup(prepared)
         try:
-            routed = self.decision.choose(prepared.route, group, matches, self.clock())
+            return await self._choose(prepared, self.group(prepared.model, roles))
         except NoCandidates:
             return None
-        return Forecast(routed=routed, matches=matches)
+
+    async def _choose(self, prepared: Prepared, group: Group, exclude: Sequence[str] = (),
+                      fast: bool = True) -> Forecast:
+        """The index lookup, then `RouteDecision.choose` (NoCandidates when nobody can take it)."""
+        matches = await self.lookup(prepared)
+        return Forecast(routed=self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=fast),
+                        matches=matches)
 
     async def predict(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Prediction:
         """The best candidate's predicted TTFT now; none when the policy predicts nothing or nobody
