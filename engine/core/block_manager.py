@@ -57,7 +57,10 @@ class BlockManager:
         self.clock = clock
         self.blocks: list[Block | None] = [None] * num_blocks  # made on first use (_take_fresh)
         self._num_blocks = num_blocks
-        self.free_plain: collections.deque[int] = collections.deque(range(num_blocks))
+        # Free blocks holding nothing: ids never handed out (from `_unused` up) come first, in order, then
+        # those given back (`free_plain`, oldest first). A pool of thousands of blocks costs nothing to build.
+        self._unused = 0
+        self.free_plain: collections.deque[int] = collections.deque()
         self.free_cached: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU first: freed at
         self.idle = IdleAges()
         self.hash_to_block: dict[int, int] = {}
@@ -75,8 +78,13 @@ class BlockManager:
         return self.changes.pending
 
     @property
+    def num_free_plain(self) -> int:
+        """Free blocks holding nothing (allocated without evicting)."""
+        return self._num_blocks - self._unused + len(self.free_plain)
+
+    @property
     def num_free(self) -> int:
-        return len(self.free_plain) + len(self.free_cached)
+        return self._num_blocks - self._unused + len(self.free_plain) + len(self.free_cached)
 
     @property
     def num_used(self) -> int:
@@ -95,7 +103,7 @@ class BlockManager:
 
     def kv_load(self) -> tuple[int, tuple[tuple[int, float], ...]]:
         """(free blocks holding nothing, (blocks, idle seconds) of the evictable ones, next evicted first)."""
-        return len(self.free_plain), self.idle.profile(self.clock())
+        return self.num_free_plain, self.idle.profile(self.clock())
 
     def emit(self, kind: str, blocks: list[int], parent: int | None, tier: str = "device") -> None:
         self.changes.emit(kind, blocks, parent, tier)
@@ -155,7 +163,7 @@ class BlockManager:
             if not blocks[b].ref_count:
                 reused_free += 1
         fresh = -(-len(seq.token_ids) // self.block_size) - len(hits.device)
-        return fresh + reused_free <= len(self.free_plain) + len(self.free_cached)
+        return fresh + reused_free <= self.num_free
 
     def allocate(self, seq: Sequence, hits: PrefixHit) -> None:
         """Give `seq` its prefix hits, fresh blocks for the loads, and fresh blocks for the rest."""
@@ -195,7 +203,7 @@ class BlockManager:
 
     def can_append(self, seq: Sequence, num_new_slots: int = 1) -> bool:
         need = -(-(seq.num_computed + num_new_slots) // self.block_size) - len(seq.block_table)
-        return need <= 0 or need <= len(self.free_plain) + len(self.free_cached)
+        return need <= 0 or need <= self.num_free
 
     def append_slots(self, seq: Sequence, num_new_slots: int = 1) -> None:
         """Grow the block table so `num_new_slots` more tokens after num_computed fit."""
@@ -279,7 +287,7 @@ class BlockManager:
         """Copies to run while the next step computes (engine/kv/prestage.py); `max_fresh`: blocks a step may take."""
         if self.tiers is None:
             return CopyPlan()
-        return self.tiers.take_ahead_plan(max_fresh, len(self.free_plain), self.free_cached)
+        return self.tiers.take_ahead_plan(max_fresh, self.num_free_plain, self.free_cached)
 
     def _register_loaded(self) -> None:
         for block_id, meta in self.tiers.take_loaded():
@@ -305,7 +313,10 @@ class BlockManager:
     # -- internals ----------------------------------------------------------------
 
     def _take_fresh(self) -> int:
-        if self.free_plain:
+        if self._unused < self._num_blocks:
+            block_id = self._unused
+            self._unused += 1
+        elif self.free_plain:
             block_id = self.free_plain.popleft()
         elif self.free_cached:
             block_id, freed_at = self.free_cached.popitem(last=False)

@@ -89,7 +89,7 @@ class FutureOraclePolicy(OraclePolicy):
         bm, bs = inst.block_manager, self.block_size
         need = -(-uncached_tokens // bs)
         ahead = sum(len(s) - s.num_computed for s in inst.scheduler.waiting) // bs
-        free = len(bm.free_plain)
+        free = bm.num_free_plain
         skip, take = max(ahead - free, 0), need - max(free - ahead, 0)
         if take <= 0 or not bm.free_cached:
             return 0
