@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import gc
 import logging
 import os
 import signal
@@ -63,6 +64,22 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+GC_YOUNG_THRESHOLD = 10_000  # allocations between collections of the youngest generation (CPython's: 700)
+
+
+def settle_gc(young: int = GC_YOUNG_THRESHOLD) -> None:
+    """Once a server is up: everything built so far (tokenizer, tables, the app) lives as long as the
+    process, so it is frozen out of every later collection (`gc.freeze`), and young objects are
+    collected every `young` allocations, not 700. The request paths make no reference cycles
+    (tests/unit/test_no_cycles.py): their objects are freed by reference counting, and a
+    collection only walks what is alive. With CPython's defaults the cyclic collector took about
+    a sixth of the router's CPU under load."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(young, middle, old)
+
+
 SHUTDOWN = web.AppKey("shutdown", asyncio.Event)  # an app may set it to stop its server (a finished drain)
 
 
@@ -99,6 +116,7 @@ async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigter
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGTERM, on_sigterm or stop.set)
     log.info("%s listening on %s", name, url)
+    settle_gc()
     await stop.wait()
     await runner.cleanup()
     return 0

@@ -98,6 +98,33 @@ class EngineStalled(Exception):
     """An engine stopped reporting its load while it owed a non-streamed answer."""
 
 
+class _LoadWatch:
+    """Checks every `patience_s` that `inst` still reports its load; when it has been silent that long,
+    ends `stall` (an asyncio.timeout) now. An object, not a closure that re-arms itself: that would be
+    a reference cycle per request, left to the cyclic GC."""
+
+    __slots__ = ("loop", "inst", "patience_s", "stall", "handle", "silent_s")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, inst, patience_s: float, stall) -> None:
+        self.loop, self.inst, self.patience_s, self.stall = loop, inst, patience_s, stall
+        self.silent_s: float | None = None
+        self.handle: asyncio.TimerHandle | None = loop.call_later(patience_s, self._check)
+
+    def _check(self) -> None:
+        silent = time.monotonic() - self.inst.load_seen
+        if silent >= self.patience_s:
+            self.silent_s = silent
+            self.handle = None
+            self.stall.reschedule(self.loop.time())  # ends the awaited work with TimeoutError
+        else:
+            self.handle = self.loop.call_later(self.patience_s - silent, self._check)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.handle = self.stall = None
+
+
 class Proxy:
     def __init__(self, router: Router, cluster: Cluster, session: aiohttp.ClientSession) -> None:
         self.router = router
@@ -257,31 +284,18 @@ class Proxy:
         for --first-byte-timeout-s (hung, stopped) raises EngineStalled, so the request is retried
         before anything reached the client, as a stream without its first byte would be. A timer
         watches the load reports; no task is made per request."""
-        loop = asyncio.get_running_loop()
-        patience = self.config.first_byte_timeout_s
-        silent_for: list[float] = []
-        handle = None
-
-        def watch() -> None:
-            nonlocal handle
-            silent = time.monotonic() - inst.load_seen
-            if silent >= patience:
-                silent_for.append(silent)
-                stall.reschedule(loop.time())  # ends `work` with the TimeoutError caught below
-            else:
-                handle = loop.call_later(patience - silent, watch)
-
+        watch = None
         try:
             async with asyncio.timeout(None) as stall:
-                handle = loop.call_later(patience, watch)
+                watch = _LoadWatch(asyncio.get_running_loop(), inst, self.config.first_byte_timeout_s, stall)
                 return await work
         except TimeoutError:
-            if silent_for and stall.expired():
-                raise EngineStalled(f"no answer and no load report for {silent_for[0]:.1f}s") from None
+            if watch is not None and watch.silent_s is not None and stall.expired():
+                raise EngineStalled(f"no answer and no load report for {watch.silent_s:.1f}s") from None
             raise
         finally:
-            if handle is not None:
-                handle.cancel()
+            if watch is not None:
+                watch.cancel()
 
     async def _server_error(self, inst, upstream) -> KVRouteError:
         text = (await upstream.content.read(2048)).decode(errors="replace")

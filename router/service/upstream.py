@@ -94,7 +94,12 @@ class Response:
         self._reusable = True
         self._paused = False
         self.received_any = False
-        self.content = self  # aiohttp's `response.content.readany()` spelling
+
+    @property
+    def content(self) -> "Response":
+        """aiohttp's `response.content.readany()` spelling (a property: an attribute pointing back at
+        the response would make every response a reference cycle, freed only by the cyclic GC)."""
+        return self
 
     # -- feeding, from the protocol ------------------------------------------------
 
