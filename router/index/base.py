@@ -72,6 +72,11 @@ class BlockIndex(Protocol):
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         """Per instance holding blocks[0], its consecutive cached prefix of `blocks`."""
 
+    def lookup_now(self, blocks: Sequence[int]) -> dict[str, PrefixMatch] | None:
+        """`lookup` without awaiting, where the backend holds the index in this process (memory);
+        None where it must wait for it (Redis): the caller awaits `lookup` then. The router's
+        request path asks this first, so a memory index costs no coroutine per layer."""
+
     async def size(self) -> int:
         """Number of (block, instance) entries."""
 

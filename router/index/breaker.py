@@ -92,6 +92,16 @@ class BreakerIndex:
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         return await self._run(self.inner.lookup(blocks))
 
+    def lookup_now(self, blocks: Sequence[int]) -> dict[str, PrefixMatch] | None:
+        """The inner index's answer when it has one without awaiting (it then raises nothing this
+        breaker counts); None while the breaker is open, so `lookup` refuses or probes."""
+        if self.open_until is not None:
+            return None
+        result = self.inner.lookup_now(blocks)
+        if result is not None:
+            self.consecutive = 0
+        return result
+
     async def size(self) -> int:
         return await self._run(self.inner.size())
 

@@ -86,6 +86,18 @@ class InstrumentedIndex:
         finally:
             self._lookup_latency.observe(time.perf_counter() - start)
 
+    def lookup_now(self, blocks: Sequence[int]) -> dict[str, PrefixMatch] | None:
+        start = time.perf_counter()
+        result = self.inner.lookup_now(blocks)
+        if result is not None:  # counted as `lookup` counts it; else the caller's `lookup` will
+            self._lookup_chain.observe(len(blocks))
+            counter = self._op_count.get("lookup")
+            if counter is None:
+                counter = self._op_count["lookup"] = self._ops.labels("lookup", self.backend)
+            counter.inc()
+            self._lookup_latency.observe(time.perf_counter() - start)
+        return result
+
     async def size(self) -> int:
         return await self._run("size", self.inner.size())
 

@@ -197,6 +197,9 @@ class MemoryIndex:
     async def lookup(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         return self.lookup_sync(blocks)
 
+    def lookup_now(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
+        return self.lookup_sync(blocks)
+
     async def size(self) -> int:
         return self.size_sync()
 

@@ -154,6 +154,9 @@ class RedisIndex:
         width = 1 + len(TIERS)
         return {flat[i]: to_match(flat[i + 1 : i + width]) for i in range(0, len(flat), width)}
 
+    def lookup_now(self, blocks: Sequence[int]) -> None:
+        return None  # a round trip to Redis: `lookup`
+
     async def size(self) -> int:
         return int(await self._call("SIZE"))
 

@@ -47,6 +47,13 @@ class SplitIndex:
         shared = await self.shared.lookup(blocks)
         return {**shared, **local} if local else shared
 
+    def lookup_now(self, blocks: Sequence[int]) -> dict[str, PrefixMatch] | None:
+        shared = self.shared.lookup_now(blocks)
+        if shared is None:
+            return None
+        local = self.local.lookup_sync(blocks)
+        return {**shared, **local} if local else shared
+
     async def size(self) -> int:
         return self.local.size_sync() + await self.shared.size()
 

@@ -94,19 +94,19 @@ class Dispatch:
         self.on_progress()
 
 
-class EngineStalled(Exception):
-    """An engine stopped reporting its load while it owed a non-streamed answer."""
-
-
 class _LoadWatch:
-    """Checks every `patience_s` that `inst` still reports its load; when it has been silent that long,
-    ends `stall` (an asyncio.timeout) now. An object, not a closure that re-arms itself: that would be
-    a reference cycle per request, left to the cyclic GC."""
+    """The silence watch on a non-streamed answer, which comes whole at the end: while the engine's
+    load reports keep arriving it is working and only the attempt's deadline (--request-timeout-s)
+    bounds the wait; once it has been silent for `patience_s` (--first-byte-timeout-s: hung, stopped)
+    the deadline is moved to now (`silent_s` says why), so the request is retried before anything
+    reached the client, as a stream without its first byte would be. One timer, re-armed from the
+    last report; an object, not a closure that re-arms itself (that would be a reference cycle per
+    request, left to the cyclic GC)."""
 
-    __slots__ = ("loop", "inst", "patience_s", "stall", "handle", "silent_s")
+    __slots__ = ("loop", "inst", "patience_s", "deadline", "handle", "silent_s")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, inst, patience_s: float, stall) -> None:
-        self.loop, self.inst, self.patience_s, self.stall = loop, inst, patience_s, stall
+    def __init__(self, loop: asyncio.AbstractEventLoop, inst, patience_s: float, deadline: asyncio.Timeout) -> None:
+        self.loop, self.inst, self.patience_s, self.deadline = loop, inst, patience_s, deadline
         self.silent_s: float | None = None
         self.handle: asyncio.TimerHandle | None = loop.call_later(patience_s, self._check)
 
@@ -115,14 +115,14 @@ class _LoadWatch:
         if silent >= self.patience_s:
             self.silent_s = silent
             self.handle = None
-            self.stall.reschedule(self.loop.time())  # ends the awaited work with TimeoutError
+            self.deadline.reschedule(self.loop.time())  # ends the awaited answer with TimeoutError
         else:
             self.handle = self.loop.call_later(self.patience_s - silent, self._check)
 
     def cancel(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
-        self.handle = self.stall = None
+        self.handle = self.deadline = None
 
 
 class Proxy:
@@ -143,7 +143,7 @@ class Proxy:
         `forecast`: the first attempt's decision, made by admission just now (Router.decide)."""
         tried: list[str] = list(exclude)
         bodies = {False: raw}
-        last_error: KVRouteError = Unavailable("no instance could take the request")
+        last_error: KVRouteError | None = None
         for attempt in range(self.config.max_retries + 1):
             if attempt:
                 self.metrics.retries.inc()
@@ -174,7 +174,7 @@ class Proxy:
             tried.append(choice.instance.id)
             last_error = result
         self.metrics.errors.labels("upstream").inc()
-        raise last_error
+        raise last_error or Unavailable("no instance could take the request")
 
     def _tokenizes_like_us(self, inst, prepared: Prepared) -> bool:
         info = inst.info
@@ -217,11 +217,12 @@ class Proxy:
         """Relay one attempt; a KVRouteError return means "try the next instance"."""
         inst, stream = dispatch.inst, prepared.request.stream
         wait = self.config.first_byte_timeout_s if stream else self.config.request_timeout_s
-        upstream = None
+        upstream = watch = None
         try:
-            async with asyncio.timeout(wait):
+            async with asyncio.timeout(wait) as deadline:
                 if not stream:
-                    upstream, body = await self._while_alive(self._fetch_whole(inst, request.path, raw), inst)
+                    watch = _LoadWatch(asyncio.get_running_loop(), inst, self.config.first_byte_timeout_s, deadline)
+                    upstream, body = await self._fetch_whole(inst, request.path, raw)
                     if isinstance(body, KVRouteError):
                         return body
                 else:
@@ -237,18 +238,21 @@ class Proxy:
                                                         request=True)
                             return Unavailable(f"instance {inst.id} closed the stream before the first byte")
         except TimeoutError:
+            if watch is not None and watch.silent_s is not None:  # the engine went silent: hung or stopped
+                why = f"no answer and no load report for {watch.silent_s:.1f}s"
+                self.cluster.report_failure(inst, why, request=True)
+                return Unavailable(f"instance {inst.id} timed out ({why}, --first-byte-timeout-s)")
             what = "no first byte" if stream else "no answer"
             flag = "--first-byte-timeout-s" if stream else "--request-timeout-s"
             self.cluster.report_failure(inst, f"{what} within {wait:g}s", request=True)
             return Unavailable(f"instance {inst.id} timed out ({what} within {wait:g}s, {flag})")
-        except EngineStalled as e:
-            self.cluster.report_failure(inst, str(e), request=True)
-            return Unavailable(f"instance {inst.id} timed out ({e}, --first-byte-timeout-s)")
         except RETRYABLE as e:
             why = describe_failure(e)
             self.cluster.report_failure(inst, f"request failed: {why}", request=True)
             return Unavailable(f"instance {inst.id} failed: {why}")
         finally:
+            if watch is not None:
+                watch.cancel()
             if upstream is not None and (not stream or upstream.status != 200):
                 upstream.close()
         inst.request_ok()
@@ -277,25 +281,6 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
             raise
-
-    async def _while_alive(self, work, inst):
-        """Await a non-streamed answer, which comes whole at the end: while the engine's load reports
-        keep arriving it is working and only --request-timeout-s bounds the wait; an engine silent
-        for --first-byte-timeout-s (hung, stopped) raises EngineStalled, so the request is retried
-        before anything reached the client, as a stream without its first byte would be. A timer
-        watches the load reports; no task is made per request."""
-        watch = None
-        try:
-            async with asyncio.timeout(None) as stall:
-                watch = _LoadWatch(asyncio.get_running_loop(), inst, self.config.first_byte_timeout_s, stall)
-                return await work
-        except TimeoutError:
-            if watch is not None and watch.silent_s is not None and stall.expired():
-                raise EngineStalled(f"no answer and no load report for {watch.silent_s:.1f}s") from None
-            raise
-        finally:
-            if watch is not None:
-                watch.cancel()
 
     async def _server_error(self, inst, upstream) -> KVRouteError:
         text = (await upstream.content.read(2048)).decode(errors="replace")

@@ -187,7 +187,9 @@ class Router:
     async def _choose(self, prepared: Prepared, group: Group, exclude: Sequence[str] = (),
                       fast: bool = True) -> Forecast:
         """The index lookup, then `RouteDecision.choose` (NoCandidates when nobody can take it)."""
-        matches = await self.lookup(prepared)
+        matches = self.lookup_now(prepared)
+        if matches is None:
+            matches = await self.lookup(prepared)
         return Forecast(routed=self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=fast),
                         matches=matches)
 
@@ -217,6 +219,16 @@ class Router:
         self.metrics.errors.labels("overloaded").inc()
         limit = self.cluster.config.max_inflight
         return Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
+
+    def lookup_now(self, prepared: Prepared) -> Mapping[str, PrefixMatch] | None:
+        """`lookup` when the index answers without awaiting (memory); None when it must be awaited."""
+        if not prepared.route.block_hashes or not self.policy.uses_index:
+            return {}
+        t0 = time.perf_counter()
+        matches = self.cluster.index.lookup_now(prepared.route.block_hashes)
+        if matches is not None:
+            self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
+        return matches
 
     async def lookup(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
         """The index's matches for the prompt ({} for policies that do not read the index)."""

@@ -247,6 +247,40 @@ async def test_random_operations_match_a_reference(index):
         assert await index.size() == len(entries)
 
 
+async def test_lookup_now_answers_as_lookup_or_leaves_it_to_lookup(index):
+    """Memory answers at once, as `lookup` would; Redis says None (the caller awaits `lookup`)."""
+    await index.add("a", "device", CHAIN[:4])
+    await index.add("b", "host", CHAIN[:2])
+    now = index.lookup_now(CHAIN[:6])
+    if isinstance(index, RedisIndex):
+        assert now is None
+    else:
+        assert by_tier(now) == by_tier(await index.lookup(CHAIN[:6])) == {"a": {"device": 4}, "b": {"host": 2}}
+        assert index.lookup_now([]) == {}
+
+
+async def test_lookup_now_through_the_routers_layers(redis_url):
+    """Split, breaker and metrics pass a memory answer through (the local one merged, the call counted
+    as a lookup); over Redis, or while the breaker is open, they answer None."""
+    from router.index.split import SplitIndex
+
+    registry = CollectorRegistry()
+    local, shared = MemoryIndex(), MemoryIndex()
+    breaker = BreakerIndex(shared, failures=1, cooldown_s=60.0)
+    idx = InstrumentedIndex(SplitIndex(breaker, local), registry=registry)
+    shared.add_sync("a", "device", CHAIN[:3])
+    local.add_sync("z", "device", CHAIN[:1])
+    assert by_tier(idx.lookup_now(CHAIN[:5])) == {"a": {"device": 3}, "z": {"device": 1}}
+    assert registry.get_sample_value("kvroute_index_operations_total", {"backend": "memory", "op": "lookup"}) == 1
+    assert registry.get_sample_value("kvroute_index_lookup_blocks_sum", {"backend": "memory"}) == 5
+    breaker.open_until = breaker.clock() + 60.0  # tripped: the awaited path refuses or probes
+    assert idx.lookup_now(CHAIN[:5]) is None
+    assert registry.get_sample_value("kvroute_index_operations_total", {"backend": "memory", "op": "lookup"}) == 1
+    over_redis = SplitIndex(BreakerIndex(RedisIndex(redis_url), failures=1, cooldown_s=60.0), local)
+    assert over_redis.lookup_now(CHAIN[:5]) is None
+    await over_redis.close()
+
+
 def test_memory_index_offers_sync_methods():
     idx = MemoryIndex()
     idx.add_sync("a", "device", CHAIN[:3])
