@@ -351,6 +351,36 @@ def test_recent_blocks_long_chains_and_many_instances():
     assert r.match(chain_, now=12)["e0"] == 3
 
 
+def test_recent_blocks_match_a_brute_force_reference():
+    """Random records and expiries, under a capacity, of chains that share prefixes (as chained hashes
+    do): `match`'s binary search agrees with walking every block."""
+    rng = random.Random(3)
+    r = RecentBlocks(ttl_s=1.0, capacity=60)
+    trunks = [list(range(k * 1000, k * 1000 + 30)) for k in range(3)]
+    chains, now = [], 0.0
+    for _ in range(400):
+        now += rng.random() * 0.2
+        if chains and rng.random() < 0.5:
+            blocks = rng.choice(chains)
+        else:
+            blocks = rng.choice(trunks)[: rng.randrange(1, 30)] + [rng.randrange(10**6, 2 * 10**6)]
+            chains.append(blocks)
+        r.record(rng.choice("abcd"), blocks, now)
+        query = rng.choice(chains) if rng.random() < 0.5 else rng.choice(trunks)[: rng.randrange(1, 30)]
+        r.match([-1], now)  # purge first: the reference reads the table as match will
+        expected = {}
+        for inst in "abcd":
+            held = 0
+            for h in query:
+                entry = r._table.get(h)
+                if entry is None or entry.get(inst, 0.0) <= now:
+                    break
+                held += 1
+            if held:
+                expected[inst] = held
+        assert r.match(query, now) == expected
+
+
 def test_recent_blocks_bounded_by_capacity_and_purges_expired():
     r = RecentBlocks(ttl_s=1, capacity=100, purge_per_call=10)
     r.record("a", range(1000), now=0)
