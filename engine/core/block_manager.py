@@ -142,12 +142,15 @@ class BlockManager:
         device, lookup, blocks = hit.device, self.hash_to_block.get, self.blocks
         parent = seq.hash_seed
         start = 0
+        as_tuple = None  # the tokens as one tuple, made at the first block found (slices are then tuples)
         for h in hashes:
             block_id = lookup(h)
             if block_id is None:
                 break
             block = blocks[block_id]
-            if block.parent != parent or block.token_ids != tuple(tokens[start:start + bs]):
+            if as_tuple is None:
+                as_tuple = tuple(tokens)
+            if block.parent != parent or block.token_ids != as_tuple[start:start + bs]:
                 break
             device.append(block_id)
             parent = h
@@ -182,7 +185,7 @@ class BlockManager:
         for freed_at, n in taken.items():
             self.idle.remove(freed_at, n)
         seq.block_table = list(hits.device)
-        seq.block_hashes = [blocks[b].hash for b in hits.device]
+        seq.block_hashes = seq.hash_chain[:len(hits.device)]  # each hit was found by its chain hash
         if hits.num_loads:
             self.tiers.take_host(hits.host)  # out of the host pool before a fresh block can evict into it
             dests = [self._take_fresh() for _ in range(hits.num_loads)]

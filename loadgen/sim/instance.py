@@ -129,7 +129,7 @@ class SimInstance:
     def _start_step(self, now: float) -> tuple[float | None, list[tuple[Sequence, str]]]:
         start = self.core.begin_step()
         step = start.step
-        failed = [(seq, DROPPED) for seq in start.dropped]
+        failed = [(seq, DROPPED) for seq in start.dropped] if start.dropped else []
         copy_s = ahead_s = 0.0
         if self.io is not None:
             copy_s = self.io.copies(now, self.block_manager.take_copy_plan())

@@ -14,6 +14,7 @@ candidates through router/decision/route.py: one implementation, so a simulated 
 from __future__ import annotations
 
 import collections
+from itertools import filterfalse, islice
 from typing import Hashable, Iterable, Mapping
 
 
@@ -56,16 +57,14 @@ class LeastLoaded:
     def least(self, k: int, skip: Mapping | frozenset = frozenset()) -> list:
         out: list = []
         buckets = self._buckets
-        level = self._low
-        while level < len(buckets) and not buckets[level]:
+        levels, level = len(buckets), self._low
+        while level < levels and not buckets[level]:
             level += 1
         self._low = level
-        while level < len(buckets) and len(out) < k:
-            for m in buckets[level]:
-                if m not in skip:
-                    out.append(m)
-                    if len(out) == k:
-                        break
+        left = k
+        while level < levels and left > 0:  # each bucket in arrival order, `skip` left out (in C)
+            out.extend(islice(filterfalse(skip.__contains__, buckets[level]), left))
+            left = k - len(out)
             level += 1
         return out
 
