@@ -82,7 +82,8 @@ class IdleAges:
 
     def profile(self, now: float) -> tuple[tuple[int, float], ...]:
         """(blocks, mean idle seconds) per bucket, oldest (next evicted) first."""
-        return tuple([(n, idle if (idle := now - s / n) >= 0.0 else 0.0) for n, s in zip(self._counts, self._sums) if n])
+        return tuple([(n, idle if (idle := now - s / n) >= 0.0 else 0.0)
+                      for n, s in zip(self._counts, self._sums) if n])
 
     def _merge_smallest_pair(self) -> None:
         counts = self._counts
