@@ -115,3 +115,13 @@ async def test_sim_logprobs_are_its_uniform_model(start_engine, http):
     expected = -math.log(load_tokenizer().vocab_size - 5)
     assert len(content) == 3 and all(e["logprob"] == pytest.approx(expected) for e in content)
     assert all(e["top_logprobs"][0]["token"] == e["token"] and len(e["top_logprobs"]) == 2 for e in content)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_a_body_naming_no_sampling_field_gets_what_the_full_checks_give(kind):
+    """The shortcut for bodies without sampling fields returns exactly the defaults the full path
+    computes (a field named as null takes the full path)."""
+    from router.contract.openai_sampling import sampling_fields
+
+    assert sampling_fields({"prompt": "hi"}, kind) == sampling_fields({"prompt": "hi", "top_k": None}, kind)
+    assert sampling_fields({}, kind) is not sampling_fields({}, kind)  # a fresh dict: callers add to it
