@@ -12,9 +12,7 @@ import orjson
 from aiohttp import web
 
 from router.service.app import CLUSTER
-from tests.support.stub_engine import stub_router
-
-CHUNK = b'data: {"choices": [{"index": 0, "text": "ok"}]}\n\n'
+from tests.support.stub_engine import OK_CHUNK as CHUNK, answer_ok, stub_router
 
 
 def answer(status, body=b'{"error": {"message": "pinned blocks gone"}}', headers=None):
@@ -25,13 +23,11 @@ def answer(status, body=b'{"error": {"message": "pinned blocks gone"}}', headers
 
 
 async def good(request):
-    if (await request.json()).get("stream"):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(CHUNK + b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-    return web.json_response({"choices": [{"index": 0, "text": "ok"}]}, headers={"Cache-Control": "no-store"})
+    """`answer_ok`, its whole answers with a header the router must relay."""
+    resp = await answer_ok(request)
+    if not resp.prepared:
+        resp.headers["Cache-Control"] = "no-store"
+    return resp
 
 
 async def post(http, url, stream=False):

@@ -10,10 +10,9 @@ from router.contract.openai_request import FORWARDED_IDS
 from router.contract.tokenizer import load_tokenizer
 from router.service.app import CLUSTER, ROUTER
 from tests.support.loopback import LoopbackServer
-from tests.support.stub_engine import close_all, stub_engine, stub_router
+from tests.support.stub_engine import answer_ok, close_all, stub_engine, stub_router
 from tests.support.waiting import wait_for
 
-CHUNK = b'data: {"choices": [{"index": 0, "text": "ok"}]}\n\n'
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
 
@@ -28,13 +27,7 @@ class Recorder:
         self.bodies.append(body)
         if self.status != 200:
             return web.Response(status=self.status, text="engine failed")
-        if body.get("stream"):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            await resp.write(CHUNK + b"data: [DONE]\n\n")
-            await resp.write_eof()
-            return resp
-        return web.json_response({"choices": [{"index": 0, "text": "ok"}]})
+        return await answer_ok(request)
 
 
 class RecordingPolicy:
