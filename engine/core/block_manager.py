@@ -84,7 +84,7 @@ class BlockManager:
 
     @property
     def num_free(self) -> int:
-        return self._num_blocks - self._unused + len(self.free_plain) + len(self.free_cached)
+        return self.num_free_plain + len(self.free_cached)
 
     @property
     def num_used(self) -> int:

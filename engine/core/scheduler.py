@@ -108,7 +108,6 @@ class Scheduler:
         step = Step(seqs, counts)
         budget = self.config.max_batched_tokens
         bm, running, waiting = self.block_manager, self.running, self.waiting
-        bs = bm.block_size
         if bm.tiers is not None:
             bm.drain_loads()  # loads ready since the last step go into this step's copy batch
         if len(running) > 1:  # decodes first so a long prefill never stalls them; then unfinished prefills
@@ -119,7 +118,7 @@ class Scheduler:
             if seq.status is not RUNNING or seq.pending_loads:
                 continue  # preempted earlier in this loop, or waiting for blocks to be loaded
             n = min(len(seq.token_ids) - seq.num_computed, budget)
-            if -(-(seq.num_computed + n) // bs) > len(seq.block_table):  # it needs another block
+            if bm.blocks_needed(seq.num_computed + n) > len(seq.block_table):  # it needs another block
                 if not bm.can_append(seq, n) and not self._make_room(seq, n, step):
                     continue
                 bm.append_slots(seq, n)

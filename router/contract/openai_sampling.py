@@ -73,14 +73,13 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return (top or 0) if wanted else None
 
 
-_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "top_k": 0, "min_p": 0.0,
-             "logit_bias": (), "logprobs": None}
-_FIELDS = frozenset(_DEFAULTS) | {"top_logprobs"}  # the body keys read below
-
-
 def sampling_fields(body: dict, kind: str) -> dict[str, Any]:
     if body.keys().isdisjoint(_FIELDS):  # none given: the defaults (most requests)
         return dict(_DEFAULTS)
+    return _checked(body, kind)
+
+
+def _checked(body: dict, kind: str) -> dict[str, Any]:
     top_k = _int(body, "top_k", -1, 1 << 31)
     return {
         "presence_penalty": _number(body, "presence_penalty", 0.0, -2.0, 2.0),
@@ -91,3 +90,7 @@ def sampling_fields(body: dict, kind: str) -> dict[str, Any]:
         "logit_bias": _logit_bias(body),
         "logprobs": _logprobs(body, kind),
     }
+
+
+_DEFAULTS = _checked({}, "completion")  # what every check gives a body that names none (chat gives the same)
+_FIELDS = frozenset(_DEFAULTS) | {"top_logprobs"}  # the body keys the checks read

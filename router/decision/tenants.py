@@ -8,6 +8,7 @@ the router service and the simulator alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Mapping
 
@@ -88,18 +89,12 @@ class Limits:
             self.inflight.pop(tenant, None)
 
 
-_DEFAULT_SPECS: dict[str, TenantSpec] = {}  # the defaults' specs, by name (made once, not per request)
-_MAX_DEFAULT_SPECS = 4096  # names may come from a header: the table is bounded
-
-
 def spec_of(tenants: Mapping[str, TenantSpec], name: str) -> TenantSpec:
     """The tenant's spec; one not in the file has the defaults."""
     spec = tenants.get(name)
-    if spec is not None:
-        return spec
-    spec = _DEFAULT_SPECS.get(name)
-    if spec is None:
-        if len(_DEFAULT_SPECS) >= _MAX_DEFAULT_SPECS:
-            _DEFAULT_SPECS.clear()
-        spec = _DEFAULT_SPECS[name] = TenantSpec(name=name if NAME.match(name) else DEFAULT_TENANT)
-    return spec
+    return spec if spec is not None else _default_spec(name)
+
+
+@functools.lru_cache(maxsize=4096)  # made once per name, not per request; names may come from a header
+def _default_spec(name: str) -> TenantSpec:
+    return TenantSpec(name=name if NAME.match(name) else DEFAULT_TENANT)

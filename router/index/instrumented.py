@@ -49,11 +49,14 @@ class InstrumentedIndex:
         self._lookup_chain = self._chain.labels(self.backend)
         self._lookup_latency = self._latency.labels(self.backend)
 
-    async def _run(self, op: str, coro):
+    def _count(self, op: str) -> None:
         counter = self._op_count.get(op)
         if counter is None:
             counter = self._op_count[op] = self._ops.labels(op, self.backend)
         counter.inc()
+
+    async def _run(self, op: str, coro):
+        self._count(op)
         try:
             return await coro
         except Exception:
@@ -91,10 +94,7 @@ class InstrumentedIndex:
         result = self.inner.lookup_now(blocks)
         if result is not None:  # counted as `lookup` counts it; else the caller's `lookup` will
             self._lookup_chain.observe(len(blocks))
-            counter = self._op_count.get("lookup")
-            if counter is None:
-                counter = self._op_count["lookup"] = self._ops.labels("lookup", self.backend)
-            counter.inc()
+            self._count("lookup")
             self._lookup_latency.observe(time.perf_counter() - start)
         return result
 

@@ -189,7 +189,7 @@ class Router:
         """The index lookup, then `RouteDecision.choose` (NoCandidates when nobody can take it)."""
         matches = self.lookup_now(prepared)
         if matches is None:
-            matches = await self.lookup(prepared)
+            matches = await self._lookup_awaited(prepared)
         return Forecast(routed=self.decision.choose(prepared.route, group, matches, self.clock(), exclude, fast=fast),
                         matches=matches)
 
@@ -232,8 +232,11 @@ class Router:
 
     async def lookup(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
         """The index's matches for the prompt ({} for policies that do not read the index)."""
-        if not prepared.route.block_hashes or not self.policy.uses_index:
-            return {}
+        matches = self.lookup_now(prepared)
+        return matches if matches is not None else await self._lookup_awaited(prepared)
+
+    async def _lookup_awaited(self, prepared: Prepared) -> Mapping[str, PrefixMatch]:
+        """The lookup of an index that must be awaited (Redis); {} when it is unavailable."""
         t0 = time.perf_counter()
         try:
             matches = await self.cluster.index.lookup(prepared.route.block_hashes)
