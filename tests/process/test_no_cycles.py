@@ -5,22 +5,16 @@ points at itself) costs a collection's walk over it, and once cost the router a 
 
 import asyncio
 import gc
-import socket
 import subprocess
 import sys
 
 import orjson
 import pytest
 
+from loadgen.local_cluster import free_port
 from tests.support.waiting import wait_for
 
 REQUESTS = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
