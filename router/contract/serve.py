@@ -72,8 +72,7 @@ def settle_gc(young: int = GC_YOUNG_THRESHOLD) -> None:
     process, so it is frozen out of every later collection (`gc.freeze`), and young objects are
     collected every `young` allocations, not 700. The request paths make no reference cycles
     (tests/process/test_no_cycles.py): their objects are freed by reference counting, and a
-    collection only walks what is alive. With CPython's defaults the cyclic collector took about
-    a sixth of the router's CPU under load."""
+    collection only walks what is alive."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
