@@ -53,6 +53,11 @@ class Cluster:
         self.engine_http = EngineHTTP(session, config.connect_timeout_s)  # discovery and load polling
         self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
         self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
+        metrics.watch_inflight(self.inflight)
+
+    def inflight(self) -> list[tuple[str, int]]:
+        """(instance id, requests this router has in flight there), for the scrape."""
+        return [(i.id, i.inflight) for i in self.instances]
 
     # -- views ----------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ class EngineInfo:
 _ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed"})
 _STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info", "feed_stale"})  # what state() reads
 _UNSET = object()
+_ID_FIELDS = frozenset({"info", "url"})  # what `id` is made of: the engine's instance id, else the URL
 
 
 class Generation:
@@ -63,7 +64,7 @@ class Instance:
         object.__setattr__(self, "generation", generation if generation is not None else Generation())
         self.groups: list = []  # the router/fleet/groups.py groups it is in (in-flight counts follow it)
         self._inflight = 0
-        self.url = url.rstrip("/")
+        self.url = url.rstrip("/")  # sets `id` too: the engine's instance id once `info` is known, else the URL
         self.sources = {source}  # "static" (--engine), "registry", "admin": removed when none is left
         self.draining = False  # the engine said so (/load, /health, registry): no new requests
         self.removed = False
@@ -104,6 +105,9 @@ class Instance:
         if name in _STATE_FIELDS:
             self.__dict__["_state"] = None
         object.__setattr__(self, name, value)
+        if name in _ID_FIELDS:  # the id is read several times per request: kept, not recomputed
+            info = self.__dict__.get("info")
+            self.__dict__["id"] = info.instance_id if info else self.__dict__.get("url", "")
 
     @property
     def inflight(self) -> int:
@@ -120,10 +124,6 @@ class Instance:
     def follows_engine_feed(self) -> bool:
         """Its events come from /kv/events (or the Redis stream), not from ZeroMQ."""
         return self.engine_feed and self.kv_feed is None
-
-    @property
-    def id(self) -> str:
-        return self.info.instance_id if self.info else self.url
 
     @property
     def routable(self) -> bool:
@@ -187,8 +187,9 @@ class Instance:
 
     def request_ok(self) -> None:
         """A request got its answer: the request-failure streak (and ejection backoff) ends."""
-        self.request_failures = 0
-        self.ejections = 0
+        if self.request_failures or self.ejections:
+            self.request_failures = 0
+            self.ejections = 0
 
     def state(self) -> InstanceState:
         """For the policy; kept until something it is made of changes (a request sent or done, a load

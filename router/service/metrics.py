@@ -15,15 +15,23 @@ predicted_cached_tokens / prompt_tokens. `kvroute_router_rejected_requests_total
 counts requests the router answered itself with an error (never forwarded), and
 `kvroute_router_requests_total{status="cancelled"}` a client that left mid-request.
 TTFT uses vLLM's buckets; TPOT adds 1-5 ms buckets below vLLM's (router/contract/metric_buckets.py).
+
+Nothing is looked up by label per request. `kvroute_router_inflight` is read off the instances
+at scrape time (`watch_inflight`); `kvroute_router_requests_total` is a plain tally the scrape
+turns into the counter (`count_request`); the per-request series of a (model, instance) pair
+are bound once and kept together (`series`).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import time
+from typing import Callable, Iterable
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.contract.metric_buckets import DURATION_BUCKETS, FINE_TPOT_BUCKETS, TTFT_BUCKETS
-from router.contract.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
+from router.contract.plain_metrics import PlainCounter, PlainHistogram
 from router.service.usage import Usage
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
@@ -35,8 +43,11 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
         self._children: dict[tuple, object] = {}
-        self.requests = PlainCounter("kvroute_router_requests", "Requests routed, by instance, policy and outcome.",
-                                ["instance", "policy", "status"], registry=r)
+        self._series: dict[tuple[str, str], RequestSeries] = {}
+        self._tally = _RequestTally()
+        self._inflight = _InflightGauge()
+        r.register(self._tally)
+        r.register(self._inflight)
         self.decision_seconds = PlainHistogram("kvroute_router_decision_seconds",
                                           "Routing decision time: tokenize + hash + lookup + score.",
                                           buckets=DECISION_BUCKETS, registry=r)
@@ -68,8 +79,6 @@ class RouterMetrics:
         self.mismatch = Gauge("kvroute_router_instance_mismatch",
                               "1 when the instance's block size, hash seed or tokenizer differ (load-only routing).",
                               ["instance"], registry=r)
-        self.inflight = PlainGauge("kvroute_router_inflight", "Requests in flight, by instance.", ["instance"],
-                              registry=r)
         per_request = ["model", "instance"]
         self.request_duration = PlainHistogram("kvroute_router_request_duration_seconds",
                                           "Request arrival at the router to the last byte relayed.", per_request,
@@ -101,35 +110,106 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def watch_inflight(self, inflight: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """`kvroute_router_inflight{instance}` is what `inflight()` (instance id, requests in flight)
+        says at scrape time: the request path keeps its count on the instance and nothing else."""
+        self._inflight.source = inflight
+
+    def count_request(self, instance: str, policy: str, status: str) -> None:
+        """One request ended at `instance` with `status` (kvroute_router_requests_total)."""
+        counts = self._tally.counts
+        key = (instance, policy, status)
+        n = counts.get(key)
+        if n is None:
+            self._tally.created[key] = time.time()
+            n = 0
+        counts[key] = n + 1
+
     def forget_instance(self, instance: str) -> None:
         """An instance left: drop its series and the children bound for it."""
-        for gauge in (self.healthy, self.mismatch, self.inflight):
+        for gauge in (self.healthy, self.mismatch):
             try:
                 gauge.remove(instance)
             except KeyError:
                 pass
         self._children = {k: v for k, v in self._children.items() if instance not in k[1]}
+        self._series = {k: v for k, v in self._series.items() if k[1] != instance}
+
+    def series(self, model: str, instance: str) -> RequestSeries:
+        """The per-request series of (model, instance), bound once."""
+        series = self._series.get((model, instance))
+        if series is None:
+            series = self._series[model, instance] = RequestSeries(self, model, instance)
+        return series
 
     def observe_first_token(self, model: str, instance: str, seconds: float) -> None:
-        self.bound(self.time_to_first_token, model, instance).observe(seconds)
+        self.series(model, instance).ttft.observe(seconds)
 
     def observe_finished(self, model: str, instance: str, duration_s: float, usage: Usage | None,
                          first_token_s: float | None = None, end_s: float | None = None) -> None:
         """One request relayed to its end. `first_token_s` and `end_s` (monotonic times of the first
         and last byte) give its TPOT when the engine reported more than one completion token."""
-        self.bound(self.request_duration, model, instance).observe(duration_s)
+        series = self._series.get((model, instance)) or self.series(model, instance)
+        series.duration.observe(duration_s)
         if usage is None:
             return
-        self.bound(self.output_tokens, model, instance).inc(usage.completion_tokens)
+        series.output_tokens.inc(usage.completion_tokens)
         if usage.cached_tokens is not None:
-            self.bound(self.usage_prompt_tokens, model, instance).inc(usage.prompt_tokens)
-            self.bound(self.actual_cached_tokens, model, instance).inc(usage.cached_tokens)
+            series.usage_prompt_tokens.inc(usage.prompt_tokens)
+            series.cached_tokens.inc(usage.cached_tokens)
         if first_token_s is not None and end_s is not None and usage.completion_tokens > 1:
             tpot = (end_s - first_token_s) / (usage.completion_tokens - 1)
-            self.bound(self.time_per_output_token, model, instance).observe(max(0.0, tpot))
+            series.tpot.observe(max(0.0, tpot))
 
     def observe_rejected(self, status: int) -> None:
         self.bound(self.rejected, str(status)).inc()
+
+
+class RequestSeries:
+    """The per-request series of one (model, instance) pair."""
+
+    __slots__ = ("duration", "ttft", "tpot", "output_tokens", "usage_prompt_tokens", "cached_tokens")
+
+    def __init__(self, m: RouterMetrics, model: str, instance: str) -> None:
+        self.duration = m.request_duration.labels(model, instance)
+        self.ttft = m.time_to_first_token.labels(model, instance)
+        self.tpot = m.time_per_output_token.labels(model, instance)
+        self.output_tokens = m.output_tokens.labels(model, instance)
+        self.usage_prompt_tokens = m.usage_prompt_tokens.labels(model, instance)
+        self.cached_tokens = m.actual_cached_tokens.labels(model, instance)
+
+
+class _RequestTally:
+    """kvroute_router_requests_total{instance, policy, status}, counted as plain numbers by the
+    request path and written as a counter (with its _created samples) at scrape time."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.created: dict[tuple[str, str, str], float] = {}
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        family = CounterMetricFamily("kvroute_router_requests", "Requests routed, by instance, policy and outcome.",
+                                     labels=["instance", "policy", "status"])
+        for key, n in list(self.counts.items()):
+            family.add_metric(key, n, created=self.created[key])
+        yield family
+
+
+class _InflightGauge:
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[tuple[str, int]]] = lambda: ()
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        family = GaugeMetricFamily("kvroute_router_inflight", "Requests in flight, by instance.", labels=["instance"])
+        for instance, n in self.source():
+            family.add_metric([instance], n)
+        yield family
 
 
 class ConnectionCollector:

@@ -59,7 +59,6 @@ class Dispatch:
         self.inst.queued_prefill_tokens += self.uncached
         if whole_body and self.uncached and self.inst.kind == "kvroute":
             self.inst.nonstreamed.add(self)
-        router.metrics.bound(router.metrics.inflight, self.inst.id).set(self.inst.inflight)
 
     def _release_prefill(self) -> bool:
         """Stop charging the instance with this request's prefill; False if that happened already
@@ -87,9 +86,7 @@ class Dispatch:
         self.ended = True
         self._release_prefill()  # a request that failed, was retried or cancelled before its prefill was seen
         self.inst.inflight -= 1
-        m = self.router.metrics
-        m.bound(m.inflight, self.inst.id).set(self.inst.inflight)
-        m.bound(m.requests, self.inst.id, self.router.policy_name, status).inc()
+        self.router.metrics.count_request(self.inst.id, self.router.policy_name, status)
         self.router.policy.on_finished(self.prepared.route, self.inst.id)
         self.on_progress()
 

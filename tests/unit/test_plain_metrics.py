@@ -49,8 +49,9 @@ def test_a_plain_counter_refuses_to_go_down():
 
 def test_router_metrics_keep_their_names_and_labels():
     m = RouterMetrics()
-    m.bound(m.requests, "e0", "kv_aware", "200").inc()
-    m.bound(m.inflight, "e0").set(3)
+    inflight = {"e0": 3}
+    m.watch_inflight(lambda: inflight.items())
+    m.count_request("e0", "kv_aware", "200")
     m.observe_finished("tiny", "e0", 0.02, None)
     m.observe_rejected(413)
     value = m.registry.get_sample_value
@@ -58,5 +59,8 @@ def test_router_metrics_keep_their_names_and_labels():
     assert value("kvroute_router_inflight", {"instance": "e0"}) == 3
     assert value("kvroute_router_request_duration_seconds_count", {"model": "tiny", "instance": "e0"}) == 1
     assert value("kvroute_router_rejected_requests_total", {"status": "413"}) == 1
-    m.forget_instance("e0")
+    assert value("kvroute_router_requests_created", {"instance": "e0", "policy": "kv_aware", "status": "200"}) > 0
+    m.count_request("e0", "kv_aware", "200")
+    assert value("kvroute_router_requests_total", {"instance": "e0", "policy": "kv_aware", "status": "200"}) == 2
+    del inflight["e0"]  # the instance left the cluster
     assert value("kvroute_router_inflight", {"instance": "e0"}) is None
