@@ -80,7 +80,7 @@ async def start_router():
         overrides.setdefault("load_interval_s", 0.05)
         overrides.setdefault("events_timeout_s", 0.5)
         overrides.setdefault("seed", 0)
-        if os.environ.get("KVROUTE_TEST_HTTP_SERVER"):  # lean: every router test on the lean front
+        if os.environ.get("KVROUTE_TEST_HTTP_SERVER"):  # aiohttp: every router test without the lean front
             overrides.setdefault("http_server", os.environ["KVROUTE_TEST_HTTP_SERVER"])
         config = RouterConfig(engines=tuple(engines), port=0, **overrides)
         server = await LoopbackServer(create_app(config), site=site_for(config)).start()

@@ -10,7 +10,7 @@ before, never-seen 8k-token completions (against the tokenizer alone), memory an
 64 instances; token-id prompts at 64 and 1,024 instances.
 latency: 4 sim engines (near-zero model time); 1 KB non-streamed completions from a lean
 closed-loop client (tools/http_load.py, its own process); per router (kvroute kv_aware,
-round_robin, --workers 2, --http-server lean; sglang-router and vllm-router from their own venvs when
+round_robin, --workers 2, --http-server aiohttp; sglang-router and vllm-router from their own venvs when
 installed): c=1 latency against one engine direct, measured right before in the same
 run (added = difference of the p50s and of the p99s), and requests/s at --concurrency.
 instructions: one sim engine; each kvroute router variant under valgrind's callgrind, counting
@@ -214,7 +214,7 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
     out["kvroute kv_aware"] = ([*kv], {})
     out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
     out["kvroute kv_aware --workers 2"] = ([*kv, "--workers", "2"], {})
-    out["kvroute kv_aware --http-server lean"] = ([*kv, "--http-server", "lean"], {})
+    out["kvroute kv_aware --http-server aiohttp"] = ([*kv, "--http-server", "aiohttp"], {})
     for server in ("aiohttp", "raw"):  # no routing at all: what the HTTP server and upstream client cost
         out[f"floor: {server} server + upstream.py"] = (
             [sys.executable, "tools/proxy_floor.py", "--server", server, "--port", str(port), "--engine", engines[0]], {})
@@ -289,7 +289,7 @@ async def latency(args) -> dict:
 
 
 INSTRUCTION_VARIANTS = {"kv_aware": (), "round_robin": ("--policy", "round_robin"),
-                        "kv_aware --http-server lean": ("--http-server", "lean")}
+                        "kv_aware --http-server aiohttp": ("--http-server", "aiohttp")}
 
 
 def callgrind_totals(pattern: str) -> int:

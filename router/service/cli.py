@@ -131,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="router processes on one port (SO_REUSEPORT), for more than one core; each keeps its own "
                         "index (or shares --index redis) fed by the same events")
     p.add_argument("--http-server", choices=HTTP_SERVERS, default=d["http_server"].default,
-                   help="lean: POST /v1/completions and /v1/chat/completions on a lean httptools protocol, the "
-                        "rest on aiohttp (same port; aiohttp for all when httptools is missing); aiohttp: all "
-                        "(the default)")
+                   help="lean (the default): POST /v1/completions and /v1/chat/completions on a lean httptools "
+                        "protocol, the rest on aiohttp (same port; aiohttp for all when httptools is missing); "
+                        "aiohttp: all")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks (default: random)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p

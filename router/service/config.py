@@ -87,9 +87,9 @@ class RouterConfig:
     admission_margin: float = -0.4
     admission_queue: int = 1024
     priority_edges: tuple[int, ...] = (0, 1)
-    # lean: the proxy path on router/service/lean_server.py (needs httptools); not the default, since a
-    # 413 sent before the body closes the connection there (aiohttp reads the body first)
-    http_server: str = "aiohttp"
+    # lean: the proxy path on router/service/lean_server.py (aiohttp serves all without httptools); a 413
+    # sent before the body closes the connection there (aiohttp reads the body first)
+    http_server: str = "lean"
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:

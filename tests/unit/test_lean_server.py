@@ -157,8 +157,9 @@ def test_without_httptools_aiohttp_serves_everything(monkeypatch):
     from router.service.app import site_for
     from router.service.config import RouterConfig
 
-    config = RouterConfig(engines=("http://127.0.0.1:1",), http_server="lean")
-    assert site_for(config) is not None and site_for(RouterConfig(engines=config.engines)) is None  # default aiohttp
+    config = RouterConfig(engines=("http://127.0.0.1:1",))  # the default: lean
+    assert site_for(config) is not None
+    assert site_for(RouterConfig(engines=config.engines, http_server="aiohttp")) is None
     monkeypatch.setattr(lean_server, "httptools", None)
     assert site_for(config) is None
 
