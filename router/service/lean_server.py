@@ -11,8 +11,12 @@ The connection rules of router/contract/connections.py hold on both: one Connect
 accept, the request-head deadline), the idle keep-alive timeout; a client that hangs up cancels
 its handler, as aiohttp's `handler_cancellation` does, so it ends `cancelled`, never the
 engine's fault. A body the handler has not asked for yet (it checks the size first) is held
-to MAX_PENDING bytes, then reading pauses until it does. One difference: an answer sent before the whole body was read (413) closes the
-connection (aiohttp reads the rest first). Pipelined requests wait for the one in flight, as on aiohttp.
+to MAX_PENDING bytes, then reading pauses until it does. One difference: an answer sent before the
+whole body was read (413) ends the connection (aiohttp reads the rest and keeps it): the answer
+goes out with `Connection: close`, then the connection stops writing and reads and drops the rest
+of the body for up to LINGER_S before it closes, so the client reads the answer instead of a reset
+(closing with the client's bytes unread would send one). Pipelined requests wait for the one in
+flight, as on aiohttp.
 Without httptools the router serves everything with aiohttp (`available()`).
 """
 
@@ -45,6 +49,7 @@ MAX_HEAD = 8190  # aiohttp's line limit: a longer head is aiohttp's to judge
 MAX_PENDING = 1 << 20  # pipelined bytes, or body bytes not yet asked for, held for a request; past it, reading pauses
 SHUTDOWN_S = 5.0  # what requests in flight get to finish when the server stops (as run_app's aiohttp)
 REFUSED_HEADERS = ("transfer-encoding", "expect", "upgrade")
+LINGER_S = 2.0  # after an answer sent before its whole body: how long the rest is read and dropped
 Handler = Callable[[LeanRequest], Awaitable[web.StreamResponse]]
 
 
@@ -145,7 +150,8 @@ class LeanConnection(BaseProtocol):
         self.body: LeanBody | None = None
         self.task: asyncio.Task | None = None
         self.head_deadline: asyncio.TimerHandle | None = None
-        self.idle: asyncio.TimerHandle | None = None
+        self.idle: asyncio.TimerHandle | None = None  # the keep-alive timeout, or the end of lingering
+        self.linger_left: int | None = None  # body bytes still to drop after an early answer
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -169,6 +175,11 @@ class LeanConnection(BaseProtocol):
             self.task.cancel()  # the client left: its request ends cancelled
 
     def data_received(self, data: bytes) -> None:
+        if self.linger_left is not None:  # the answer is out: the rest of its body is dropped
+            self.linger_left -= len(data)
+            if self.linger_left <= 0:
+                self.close()
+            return
         if self.task is not None:  # a request in flight: its body, then what comes after it
             if self.body is not None and not self.body.complete:
                 data = self.body.feed(data)
@@ -257,9 +268,14 @@ class LeanConnection(BaseProtocol):
         self._done(keep_alive)
 
     def _done(self, keep_alive: bool) -> None:
+        body = self.body
         self.task = None
         self.body = None
-        if not keep_alive or self.transport is None or self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing():
+            return
+        if body is not None and not body.complete:
+            return self._linger(body.left)
+        if not keep_alive:
             self.close()
             return
         pending, self.pending = self.pending, b""
@@ -269,6 +285,16 @@ class LeanConnection(BaseProtocol):
             self._next(pending)
         else:
             self.idle = self._loop.call_later(self.front.idle_timeout_s, self.close)
+
+    def _linger(self, left: int) -> None:
+        """The answer went out before `left` more body bytes: stop writing, read and drop them
+        (LINGER_S at most), then close."""
+        self.linger_left = left
+        self.pending = b""
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.transport.resume_reading()
+        self.idle = self._loop.call_later(LINGER_S, self.close)
 
     def _resume_body(self) -> None:
         if self.transport is not None and not self.transport.is_closing() and not self.transport.is_reading():

@@ -110,6 +110,22 @@ async def test_an_answer_before_the_body_closes_and_http10_goes_to_aiohttp(start
     writer.close()
 
 
+async def test_an_answer_before_a_large_body_reaches_a_client_still_sending_it(start_engine, start_router):
+    """The 413 goes out before most of an 8 MB body: the connection drops the rest it is sent,
+    so the client reads the answer and an orderly end, not a reset."""
+    port, server = await _router(start_engine, start_router, max_body_bytes=1 << 20)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = b"x" * (8 << 20)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+    writer.write(body)
+    sending = asyncio.ensure_future(writer.drain())
+    status, headers, answer = await _answer(reader)
+    assert status == 413 and headers["connection"] == "close" and b"--max-body-bytes" in answer
+    await asyncio.wait_for(sending, 10)  # every byte was taken, none refused
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+
+
 async def test_idle_and_silent_lean_connections_are_closed(start_engine, start_router):
     port, server = await _router(start_engine, start_router, idle_timeout_s=0.3, header_timeout_s=0.3)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
