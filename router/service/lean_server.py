@@ -290,7 +290,6 @@ class LeanConnection(BaseProtocol):
         """The answer went out before `left` more body bytes: stop writing, read and drop them
         (LINGER_S at most), then close."""
         self.linger_left = left
-        self.pending = b""
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.transport.resume_reading()

@@ -18,16 +18,16 @@ TTFT uses vLLM's buckets; TPOT adds 1-5 ms buckets below vLLM's (router/contract
 
 Nothing is looked up by label per request. `kvroute_router_inflight` is read off the instances
 at scrape time (`watch_inflight`); `kvroute_router_requests_total` is a plain tally the scrape
-turns into the counter (`count_request`); the per-request series of a (model, instance) pair
-are bound once and kept together (`series`).
+turns into the counter (`count_request`, the tally's `count`); the per-request series of a
+(model, instance) pair are bound once and kept together (`series`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 import time
 from typing import Callable, Iterable
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.contract.metric_buckets import DURATION_BUCKETS, FINE_TPOT_BUCKETS, TTFT_BUCKETS
@@ -45,6 +45,7 @@ class RouterMetrics:
         self._children: dict[tuple, object] = {}
         self._series: dict[tuple[str, str], RequestSeries] = {}
         self._tally = _RequestTally()
+        self.count_request = self._tally.count  # (instance, policy, status): one request ended there
         self._inflight = _InflightGauge()
         r.register(self._tally)
         r.register(self._inflight)
@@ -115,16 +116,6 @@ class RouterMetrics:
         says at scrape time: the request path keeps its count on the instance and nothing else."""
         self._inflight.source = inflight
 
-    def count_request(self, instance: str, policy: str, status: str) -> None:
-        """One request ended at `instance` with `status` (kvroute_router_requests_total)."""
-        counts = self._tally.counts
-        key = (instance, policy, status)
-        n = counts.get(key)
-        if n is None:
-            self._tally.created[key] = time.time()
-            n = 0
-        counts[key] = n + 1
-
     def forget_instance(self, instance: str) -> None:
         """An instance left: drop its series and the children bound for it."""
         for gauge in (self.healthy, self.mismatch):
@@ -149,7 +140,7 @@ class RouterMetrics:
                          first_token_s: float | None = None, end_s: float | None = None) -> None:
         """One request relayed to its end. `first_token_s` and `end_s` (monotonic times of the first
         and last byte) give its TPOT when the engine reported more than one completion token."""
-        series = self._series.get((model, instance)) or self.series(model, instance)
+        series = self.series(model, instance)
         series.duration.observe(duration_s)
         if usage is None:
             return
@@ -186,6 +177,15 @@ class _RequestTally:
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str, str], int] = {}
         self.created: dict[tuple[str, str, str], float] = {}
+
+    def count(self, instance: str, policy: str, status: str) -> None:
+        """One request ended at `instance` with `status`."""
+        key = (instance, policy, status)
+        n = self.counts.get(key)
+        if n is None:
+            self.created[key] = time.time()
+            n = 0
+        self.counts[key] = n + 1
 
     def describe(self):
         return []
