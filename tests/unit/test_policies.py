@@ -381,6 +381,76 @@ def test_recent_blocks_match_a_brute_force_reference():
         assert r.match(query, now) == expected
 
 
+class _RecentReference:
+    """RecentBlocks as first written: one private dict per block, touched block by block. The
+    shared-entry version must keep the same table, in the same order, through any sequence of calls."""
+
+    def __init__(self, ttl_s, capacity, purge_per_call):
+        self.ttl_s, self.capacity, self.purge_per_call, self.table = ttl_s, capacity, purge_per_call, {}
+
+    def purge(self, now):
+        for _ in range(self.purge_per_call):
+            if not self.table:
+                return
+            h = next(iter(self.table))
+            if max(self.table[h].values()) > now:
+                return
+            del self.table[h]
+
+    def record(self, instance, blocks, now):
+        self.purge(now)
+        for h in reversed(blocks):
+            entry = self.table.pop(h, {})
+            entry[instance] = now + self.ttl_s
+            self.table[h] = entry
+        while len(self.table) > self.capacity:
+            del self.table[next(iter(self.table))]
+
+    def withdraw(self, instance, blocks):
+        for h in blocks:
+            if h in self.table and self.table[h].pop(instance, None) is not None and not self.table[h]:
+                del self.table[h]
+
+    def forget(self, instance):
+        for h in list(self.table):
+            if self.table[h].pop(instance, None) is not None and not self.table[h]:
+                del self.table[h]
+
+
+def test_recent_blocks_shared_entries_keep_the_block_by_block_table():
+    """Records of new, partly known, holed (after withdraw) and repeating chains, withdraws, forgets
+    and purges, under a small capacity: the table, its order and every entry equal the reference's,
+    and a change through one block never shows through another that shared its entry."""
+    rng = random.Random(11)
+    r, ref = RecentBlocks(ttl_s=1.0, capacity=50, purge_per_call=5), _RecentReference(1.0, 50, 5)
+    trunks = [list(range(k * 1000, k * 1000 + 25)) for k in range(3)]
+    chains, now = [], 0.0
+    for step in range(3000):
+        now += rng.random() * 0.05
+        roll, inst = rng.random(), rng.choice("abc")
+        if roll < 0.1 and chains:
+            blocks = rng.choice(chains)
+            cut = rng.randrange(len(blocks))
+            r.withdraw(inst, blocks[cut:])  # leaves a hole where another chain shares blocks[:cut]
+            ref.withdraw(inst, blocks[cut:])
+        elif roll < 0.12:
+            r.forget(inst)
+            ref.forget(inst)
+        else:
+            if chains and rng.random() < 0.4:
+                blocks = rng.choice(chains)
+            else:
+                blocks = rng.choice(trunks)[: rng.randrange(0, 25)] + [rng.randrange(10**6, 2 * 10**6)]
+                if rng.random() < 0.05:
+                    blocks = blocks + blocks[:2]  # a block twice in one chain
+                chains.append(blocks)
+            r.record(inst, blocks, now)
+            ref.record(inst, blocks, now)
+        r.match([-1], now)
+        ref.purge(now)
+        assert list(r._table.items()) == list(ref.table.items()), step
+
+
 def test_recent_blocks_bounded_by_capacity_and_purges_expired():
     r = RecentBlocks(ttl_s=1, capacity=100, purge_per_call=10)
     r.record("a", range(1000), now=0)

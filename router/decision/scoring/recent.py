@@ -12,6 +12,13 @@ blocks last to first (leading blocks are the most recently used). So `match` fin
 each instance's consecutive prefix by binary search: O(instances on block 0 x log
 len(blocks)) dict lookups, and `record` is O(len(blocks)).
 
+A prompt's new tail (every block from the first one the table lacks) is added in one
+C-level `update`, last block first, with its own dict per block made in C, so a prompt
+nobody has sent before costs no Python step per block; the blocks already known (a
+seen system prompt, a hot prefix) are touched one by one, as before. The boundary is
+found by binary search, since the known blocks of a chain are a leading run, and
+checked: if they are not (a hole `withdraw` left), every block is touched one by one.
+
 Entries sit in an OrderedDict in least-recently-recorded order; since every record
 uses the same TTL, the front entry always has the earliest expiry, so each call pops
 at most `purge_per_call` expired entries from the front (bounded work, amortized
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from itertools import repeat
 from typing import Sequence
 
 
@@ -51,6 +59,14 @@ class RecentBlocks:
         table = self._table
         get, move = table.get, table.move_to_end
         expiry = now + self.ttl_s
+        k = self._new_tail(blocks)
+        if k < len(blocks):  # blocks[k:] are all new: added last to first, as the loop below would
+            tail, size = blocks[k:], len(table)
+            table.update(zip(reversed(tail), map(dict.copy, repeat({instance: expiry}, len(tail)))))
+            if len(table) - size < len(tail):  # a block twice in the tail: touched again in order
+                for h in reversed(tail):
+                    move(h)
+            blocks = blocks[:k]
         for h in reversed(blocks):  # leading blocks touched last, so evicted last
             entry = get(h)
             if entry is None:
@@ -60,6 +76,20 @@ class RecentBlocks:
                 move(h)
         while len(table) > self.capacity:
             table.popitem(last=False)
+
+    def _new_tail(self, blocks: Sequence[int]) -> int:
+        """Where the blocks the table lacks begin, if from there on it lacks every one; else len(blocks)."""
+        table, n = self._table, len(blocks)
+        if not n or blocks[-1] in table:
+            return n
+        lo, hi = 0, n - 1  # blocks[hi] is new; find the first of the new tail, if known blocks lead
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if blocks[mid] in table:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if table.keys().isdisjoint(blocks[lo:]) else n
 
     def match(self, blocks: Sequence[int], now: float) -> dict[str, int]:
         """Per instance, how many leading blocks of `blocks` it was recently sent (0s omitted)."""
