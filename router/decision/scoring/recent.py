@@ -13,11 +13,14 @@ each instance's consecutive prefix by binary search: O(instances on block 0 x lo
 len(blocks)) dict lookups, and `record` is O(len(blocks)).
 
 A prompt's new tail (every block from the first one the table lacks) is added in one
-C-level `update`, last block first, with its own dict per block made in C, so a prompt
-nobody has sent before costs no Python step per block; the blocks already known (a
-seen system prompt, a hot prefix) are touched one by one, as before. The boundary is
-found by binary search, since the known blocks of a chain are a leading run, and
-checked: if they are not (a hole `withdraw` left), every block is touched one by one.
+C-level `update`, last block first, all its blocks sharing one `_Shared` entry, so a
+prompt nobody has sent before costs no Python step and no allocation per block; the
+blocks already known (a seen system prompt, a hot prefix) are touched one by one, as
+before, a shared entry first copied for the block it belongs to. Shared entries hold
+one instance and are never changed in place (`withdraw` and `forget` delete a one-instance
+entry rather than emptying it). The boundary is found by binary search, since the known
+blocks of a chain are a leading run, and checked: if they are not (a hole `withdraw`
+left), every block is touched one by one.
 
 Entries sit in an OrderedDict in least-recently-recorded order; since every record
 uses the same TTL, the front entry always has the earliest expiry, so each call pops
@@ -34,6 +37,21 @@ import math
 from collections import OrderedDict
 from itertools import repeat
 from typing import Sequence
+
+
+class _Shared(dict):
+    """The one entry every block of a bulk add points at: never changed in place."""
+
+    __slots__ = ()
+
+
+def _drop(table: OrderedDict[int, dict[str, float]], h: int, entry: dict[str, float], instance: str) -> None:
+    """`instance` leaves block `h`'s entry (which holds it): a one-instance entry (shared ones
+    are) is deleted whole, never emptied under the other blocks that share it."""
+    if len(entry) == 1:
+        del table[h]
+    else:
+        del entry[instance]
 
 
 class RecentBlocks:
@@ -62,7 +80,7 @@ class RecentBlocks:
         k = self._new_tail(blocks)
         if k < len(blocks):  # blocks[k:] are all new: added last to first, as the loop below would
             tail, size = blocks[k:], len(table)
-            table.update(zip(reversed(tail), map(dict.copy, repeat({instance: expiry}, len(tail)))))
+            table.update(zip(reversed(tail), repeat(_Shared({instance: expiry}))))
             if len(table) - size < len(tail):  # a block twice in the tail: touched again in order
                 for h in reversed(tail):
                     move(h)
@@ -72,6 +90,8 @@ class RecentBlocks:
             if entry is None:
                 table[h] = {instance: expiry}
             else:
+                if entry.__class__ is _Shared:  # this block's own entry from now on
+                    entry = table[h] = dict(entry)
                 entry[instance] = expiry
                 move(h)
         while len(table) > self.capacity:
@@ -119,16 +139,15 @@ class RecentBlocks:
         table = self._table
         for h in blocks:
             entry = table.get(h)
-            if entry is not None and entry.pop(instance, None) is not None and not entry:
-                del table[h]
+            if entry is not None and instance in entry:
+                _drop(table, h, entry, instance)
 
     def forget(self, instance: str) -> None:
         """Drop everything recorded for `instance` (O(table); for rare events like a restart)."""
         table = self._table
-        for h in list(table):
-            entry = table[h]
-            if entry.pop(instance, None) is not None and not entry:
-                del table[h]
+        for h, entry in list(table.items()):
+            if instance in entry:
+                _drop(table, h, entry, instance)
 
     def _purge(self, now: float) -> None:
         if now < self._purge_at:  # the front entry expires later, and every other one no sooner
