@@ -9,6 +9,9 @@ Block hashing (docs/architecture.md#block-hashing):
     h[i] = xxh3_64(h[i-1] as 8 bytes little-endian + tokens of block i as little-endian uint32)
 
 Only full blocks are hashed. Hashes are unsigned 64-bit integers (decimal in JSON).
+Where `pip install` could compile router/contract/_chainhash.c, the chain runs in C
+(one call per prompt, about 10x faster; checked against the Python loop at import);
+elsewhere, or with KVROUTE_NO_EXTENSION=1, in the Python loop below (`CHAIN_IN_C` says which).
 
 Load records (GET /load; docs/architecture.md#load-records) carry the queue and pool
 figures plus, from engines that have them (defaults mean "not reported"), what a
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import os
 import struct
 import sys
 import time
@@ -68,6 +72,13 @@ def block_hashes(
 
 def block_hashes_of_bytes(data: bytes, block_size: int, seed: int, parent: int | None = None) -> list[int]:
     """`block_hashes` of token ids already encoded as little-endian uint32 bytes."""
+    if _chain is not None:
+        return _chain(data, block_size, seed if parent is None else parent)
+    return py_block_hashes_of_bytes(data, block_size, seed, parent)
+
+
+def py_block_hashes_of_bytes(data: bytes, block_size: int, seed: int, parent: int | None = None) -> list[int]:
+    """`block_hashes_of_bytes` in Python: the fallback, and the reference the C chain is held to."""
     step = block_size * 4
     n_full = len(data) // step
     pack, digest = _U64.pack, xxhash.xxh3_64_intdigest
@@ -80,6 +91,25 @@ def block_hashes_of_bytes(data: bytes, block_size: int, seed: int, parent: int |
         prev = pack(h)
         offset += step
     return out
+
+
+def _load_chain():
+    """The C chain (router/contract/_chainhash.c) if it was built, agrees with the Python loop on a
+    probe, and KVROUTE_NO_EXTENSION is not set; else None."""
+    if os.environ.get("KVROUTE_NO_EXTENSION"):
+        return None
+    try:
+        from router.contract._chainhash import chain
+    except ImportError:
+        return None
+    probe = bytes(range(256)) * 9
+    ok = all(chain(probe, bs, seed) == py_block_hashes_of_bytes(probe, bs, seed)
+             for bs in (1, 16, 40) for seed in (0, 2**64 - 1))
+    return chain if ok else None
+
+
+_chain = _load_chain()
+CHAIN_IN_C = _chain is not None
 
 
 def u32le(tokens) -> bytes:

@@ -1,6 +1,15 @@
+import os
+import random
+import subprocess
+import sys
+
 import pytest
 
-from router.contract.protocol import KVEvent, LoadRecord, block_hashes, hash_seed
+from router.contract import protocol
+from router.contract.protocol import (KVEvent, LoadRecord, block_hashes, hash_seed, py_block_hashes_of_bytes,
+                                      u32le)
+
+PINNED = [17411228942360384156, 8632648476289059976]  # block_hashes(range(40), 16, hash_seed("kvroute-tiny"))
 
 
 def test_hash_of_fixed_tokens_is_pinned():
@@ -10,7 +19,36 @@ def test_hash_of_fixed_tokens_is_pinned():
     hashes = block_hashes(list(range(40)), 16, seed)
     assert len(hashes) == 2  # the partial tail (8 tokens) is never hashed
     assert seed == 9777260554093661246
-    assert hashes == [17411228942360384156, 8632648476289059976]
+    assert hashes == PINNED
+    assert py_block_hashes_of_bytes(u32le(range(40)), 16, seed) == PINNED  # the Python loop, whichever runs
+
+
+def test_the_c_chain_agrees_with_the_python_loop():
+    """router/contract/_chainhash.c, built by pip install where a C compiler exists (.ci/run checks that
+    it was): it is in use, and on random ids, block sizes (small, 16, past its stack buffer), seeds,
+    parents and partial tails it gives the Python loop's hashes."""
+    chain = pytest.importorskip("router.contract._chainhash", reason="not built: no C compiler?").chain
+
+    assert protocol.CHAIN_IN_C and protocol._chain is chain
+    rng = random.Random(5)
+    for _ in range(200):
+        bs = rng.choice([1, 2, 16, 17, 64, 65, 256])
+        data = u32le([rng.randrange(2**32) for _ in range(bs * rng.randrange(0, 12) + rng.randrange(bs))])
+        seed = rng.choice([0, 2**64 - 1, rng.randrange(2**64)])
+        assert chain(data, bs, seed) == py_block_hashes_of_bytes(data, bs, seed)
+        assert chain(memoryview(data), bs, seed) == py_block_hashes_of_bytes(data, bs, seed)
+    with pytest.raises(OverflowError):
+        chain(b"\0" * 64, 16, 2**64)
+    with pytest.raises(ValueError):
+        chain(b"\0" * 64, 0, 1)
+
+
+def test_without_the_extension_the_python_loop_hashes_the_same():
+    code = ("from router.contract import protocol as p; from router.contract.protocol import *; "
+            "print(p.CHAIN_IN_C, block_hashes(list(range(40)), 16, hash_seed('kvroute-tiny')))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KVROUTE_NO_EXTENSION": "1"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"False {PINNED}"
 
 
 def test_chain_continues_from_parent():
