@@ -2,11 +2,13 @@
  * one Python step per block.
  *
  *     chain(data, block_size, prev) -> list[int]
+ *     u32le(ids) -> bytes
  *
  * `data` is token ids as little-endian uint32 bytes; block i's hash is xxh3-64 (seed 0)
  * of the 8 little-endian bytes of the hash before it (`prev` for block 0) followed by
  * the block's 4 * block_size bytes, exactly as `block_hashes_of_bytes` computes it. A
- * partial tail is not hashed.
+ * partial tail is not hashed. `u32le` packs a list or tuple of ints as those bytes, with
+ * array('I')'s errors: TypeError for a non-int, OverflowError outside 0..2**32-1.
  *
  * xxh3 is not reimplemented here: the xxhash wheel's extension exports XXH3_64bits, and
  * this module looks it up in that already-loaded library (dlopen RTLD_NOLOAD, dlsym).
@@ -84,9 +86,47 @@ static PyObject *chain(PyObject *self, PyObject *args) {
     return out;
 }
 
+static PyObject *u32le(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg) && !PyTuple_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "u32le takes a list or tuple of ints");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(arg);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    PyObject **items = PySequence_Fast_ITEMS(arg);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        if (!PyLong_Check(item)) {
+            Py_DECREF(out);
+            PyErr_Format(PyExc_TypeError, "token ids must be ints, not %.100s", Py_TYPE(item)->tp_name);
+            return NULL;
+        }
+        unsigned long v = PyLong_AsUnsignedLong(item);  /* OverflowError when negative or too large */
+        if (v == (unsigned long)-1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (v > 0xFFFFFFFFUL) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_OverflowError, "token id is greater than 2**32 - 1");
+            return NULL;
+        }
+        p[4 * i] = (unsigned char)v;
+        p[4 * i + 1] = (unsigned char)(v >> 8);
+        p[4 * i + 2] = (unsigned char)(v >> 16);
+        p[4 * i + 3] = (unsigned char)(v >> 24);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"chain", chain, METH_VARARGS,
      "chain(data, block_size, prev) -> list[int]: chained xxh3-64 hashes of data's full blocks"},
+    {"u32le", u32le, METH_O, "u32le(ids) -> bytes: a list or tuple of ints as little-endian uint32"},
     {NULL, NULL, 0, NULL},
 };
 

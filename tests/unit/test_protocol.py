@@ -7,7 +7,7 @@ import pytest
 
 from router.contract import protocol
 from router.contract.protocol import (KVEvent, LoadRecord, block_hashes, hash_seed, py_block_hashes_of_bytes,
-                                      u32le)
+                                      py_u32le, u32le)
 
 PINNED = [17411228942360384156, 8632648476289059976]  # block_hashes(range(40), 16, hash_seed("kvroute-tiny"))
 
@@ -41,6 +41,20 @@ def test_the_c_chain_agrees_with_the_python_loop():
         chain(b"\0" * 64, 16, 2**64)
     with pytest.raises(ValueError):
         chain(b"\0" * 64, 0, 1)
+
+
+def test_the_c_packing_agrees_with_array_and_refuses_what_it_refuses():
+    pack = pytest.importorskip("router.contract._chainhash", reason="not built: no C compiler?").u32le
+    assert protocol._pack is pack
+    rng = random.Random(6)
+    ids = [rng.choice([0, 1, 2**31, 2**32 - 1, rng.randrange(2**32)]) for _ in range(5000)]
+    assert pack(ids) == pack(tuple(ids)) == py_u32le(ids) == u32le(ids)
+    assert pack([True, 2]) == py_u32le([True, 2])  # bools are ints to array('I') too
+    for bad, error in (([-1], OverflowError), ([2**32], OverflowError), ([2**70], OverflowError),
+                       ([1, 2.0], TypeError), (["1"], TypeError)):
+        for f in (pack, py_u32le):
+            with pytest.raises(error):
+                f(bad)
 
 
 def test_without_the_extension_the_python_loop_hashes_the_same():
