@@ -59,6 +59,10 @@ class Cluster:
         """(instance id, requests this router has in flight there), for the scrape."""
         return [(i.id, i.inflight) for i in self.instances]
 
+    def idle(self) -> bool:
+        """No request of this router process is in flight on any instance."""
+        return not any(i.inflight for i in self.instances)
+
     # -- views ----------------------------------------------------------------------
 
     def by_id(self, instance_id: str) -> Instance | None:

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads that tokenize long prompts off the event loop")
     p.add_argument("--tokenize-queue", type=int, default=d["tokenize_queue"].default,
                    help="long prompts that may wait for a tokenizer thread; beyond it, 503 + Retry-After")
+    p.add_argument("--tokenize-idle-inline-chars", type=int, default=d["tokenize_idle_inline_chars"].default,
+                   help="prompts shorter than this are tokenized on the event loop while no other request is "
+                        "in flight (no thread hop); 0 = long prompts always go to the tokenizer threads")
     p.add_argument("--pd-min-uncached", type=int, default=d["pd_min_uncached"].default,
                    help="with prefill and decode engines: prompts with fewer uncached tokens skip the prefill stage")
     p.add_argument("--kv-secret", default=None,

@@ -52,6 +52,9 @@ class RouterConfig:
     max_prompt_chars: int = 0
     tokenize_workers: int = 2  # threads tokenizing long prompts off the event loop
     tokenize_queue: int = 64  # long prompts that may wait for them; beyond, 503 + Retry-After
+    # shorter prompts are tokenized on the event loop while nothing else is in flight
+    # (router/contract/tokenize_pool.py): ~16k tokens, ~10 ms here; 0 = long prompts always in the pool
+    tokenize_idle_inline_chars: int = 65536
     seed: int | None = None
     # Prefill/decode disaggregation (used when the cluster has prefill- and decode-role engines):
     # prompts with fewer uncached tokens than this go whole to a decode engine. The second hop and
@@ -116,6 +119,8 @@ class RouterConfig:
             raise ValueError("intervals and timeouts must be positive")
         if self.max_body_bytes < 0 or self.max_prompt_chars < 0:
             raise ValueError("--max-body-bytes and --max-prompt-chars must be >= 0 (0 = from the model's context)")
+        if self.tokenize_idle_inline_chars < 0:
+            raise ValueError(f"--tokenize-idle-inline-chars must be >= 0, got {self.tokenize_idle_inline_chars}")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
         if self.http_server not in HTTP_SERVERS:

@@ -151,7 +151,7 @@ class Router:
                 plan = self.tokenizer.plan(req.prompt)
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
-        return await self.pool.run(plan.finish, chars=plan.missing_chars)
+        return await self.pool.run(plan.finish, chars=plan.missing_chars, idle=self.cluster.idle)
 
     async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
                      roles: Sequence[str] | None = None, forecast: Forecast | None = None) -> Choice:
