@@ -46,7 +46,7 @@ static PyObject *chain(PyObject *self, PyObject *args) {
     }
     if (block_size < 1 || block_size > PY_SSIZE_T_MAX / 4 - 8) {
         PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "block_size must be positive, got %zd", block_size);
+        PyErr_Format(PyExc_ValueError, "block_size out of range: %zd", block_size);
         return NULL;
     }
     Py_ssize_t step = block_size * 4;

@@ -32,6 +32,7 @@ import os
 import struct
 import sys
 import time
+import warnings
 from typing import Iterable, Literal, Sequence
 
 import numpy as np
@@ -107,7 +108,11 @@ def _load_extension():
     ids = [0, 1, 255, 256, 65535, 65536, 2**31, 2**32 - 1]
     ok = pack(ids) == py_u32le(ids) and all(chain(probe, bs, seed) == py_block_hashes_of_bytes(probe, bs, seed)
                                             for bs in (1, 16, 40) for seed in (0, 2**64 - 1))
-    return (chain, pack) if ok else (None, None)
+    if not ok:
+        warnings.warn("router/contract/_chainhash disagrees with the Python block hashing; using Python",
+                      RuntimeWarning, stacklevel=2)
+        return None, None
+    return chain, pack
 
 
 def u32le(tokens) -> bytes:

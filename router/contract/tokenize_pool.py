@@ -9,9 +9,9 @@ pool). A request that arrives meanwhile waits at most that one encode (~10 ms at
 default 64k characters). Longer ones, and any long one while others are in flight, run
 on `workers` threads (the Rust tokenizer releases the GIL), with at most `max_queued`
 jobs waiting; past that the caller gets Overloaded (503 + Retry-After) instead of an
-ever longer queue. A job that has not started when
-its request is cancelled (the client left) is dropped without running; one already
-running finishes, bounded by the prompt-character limit checked before it was queued.
+ever longer queue. A job that has not started when its request is cancelled (the
+client left) is dropped without running; one already running finishes, bounded by the
+prompt-character limit checked before it was queued.
 """
 
 from __future__ import annotations
