@@ -78,4 +78,5 @@ class Entry:
             raise
         finally:
             self.gate.done(ticket, prepared.trace.first_token)
-            self.router.finish(prepared.trace, status)
+            # metrics and the recent window once the answer is on its way (the next loop step)
+            asyncio.get_running_loop().call_soon(self.router.finish, prepared.trace, status)

@@ -36,6 +36,7 @@ class RequestTrace:
     usage: Usage | None = None
     status: str = ""
     scanner: StreamUsage | None = None  # made by the first relayed chunk: whole bodies need none
+    whole: bytes | None = None  # a whole answer, its usage read when the request ends (not before it is sent)
 
     def first(self, instance: str) -> None:
         if self.first_token is None:
@@ -53,11 +54,13 @@ class RequestTrace:
         """A whole (non-streamed) answer arrived."""
         self.instance = instance
         self.last_byte = time.perf_counter()
-        self.usage = usage_from_body(raw)
+        self.whole = raw
 
     def end(self, status: str) -> None:
         self.status = status
-        if self.stream and self.usage is None and self.scanner is not None:
+        if self.whole is not None:
+            self.usage, self.whole = usage_from_body(self.whole), None
+        elif self.stream and self.usage is None and self.scanner is not None:
             self.usage = self.scanner.usage
 
     @property

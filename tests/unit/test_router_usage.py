@@ -69,3 +69,13 @@ def test_router_metrics_from_usage():
     assert sample(m, "kvroute_router_request_duration_seconds_count") == 2
     assert sample(m, "kvroute_router_time_to_first_token_seconds_count" + labels) == 1
     assert sample(m, 'kvroute_router_rejected_requests_total{status="429"}') == 1
+
+
+def test_a_whole_answer_is_read_for_usage_when_the_request_ends_not_before():
+    from router.service.request_trace import RequestTrace
+
+    trace = RequestTrace("m", False, 40)
+    trace.body(orjson.dumps({"choices": [{"text": "hi"}], "usage": USAGE}), "e1")
+    assert trace.usage is None and trace.instance == "e1" and trace.last_byte is not None  # not parsed on the way
+    trace.end("200")
+    assert trace.usage == Usage(40, 5, 32) and trace.whole is None and trace.output_tokens == 5
