@@ -20,7 +20,7 @@ from router.planner.recent import Finished, RecentWindow
 from router.service.usage import StreamUsage, Usage, usage_from_body
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, kw_only=True)
 class RequestTrace:
     model: str
     stream: bool

@@ -129,7 +129,8 @@ class Router:
         hashes = self.hashes.of(enc, block_size, hash_seed(model, req.cache_salt))
         route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
         asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
-        trace = RequestTrace(model, req.stream, len(ids), started, max_tokens=asked)
+        trace = RequestTrace(model=model, stream=req.stream, prompt_tokens=len(ids), started=started,
+                             max_tokens=asked)
         return Prepared(req, model, len(ids), route, started, trace, ids)
 
     def finish(self, trace: RequestTrace, status: str) -> None:

@@ -74,7 +74,7 @@ def test_router_metrics_from_usage():
 def test_a_whole_answer_is_read_for_usage_when_the_request_ends_not_before():
     from router.service.request_trace import RequestTrace
 
-    trace = RequestTrace("m", False, 40)
+    trace = RequestTrace(model="m", stream=False, prompt_tokens=40)
     trace.body(orjson.dumps({"choices": [{"text": "hi"}], "usage": USAGE}), "e1")
     assert trace.usage is None and trace.instance == "e1" and trace.last_byte is not None  # not parsed on the way
     trace.end("200")

@@ -76,7 +76,7 @@ class RealSide:
         self.pending: dict[str, tuple[str, int]] = {}  # request id -> (instance, queued prefill tokens)
 
     def decide(self, route: RouteRequest) -> tuple[str, int]:
-        trace = RequestTrace(self.model, False, route.num_tokens)
+        trace = RequestTrace(model=self.model, stream=False, prompt_tokens=route.num_tokens)
         prepared = Prepared(None, self.model, route.num_tokens, route, time.perf_counter(), trace)
         choice = None
         if self.disagg is not None and self.disagg.active(self.model):
