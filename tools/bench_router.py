@@ -6,8 +6,9 @@
 
 decision: the router's own prepare (limits, tokenize, hash) and decide (index lookup, candidates,
 kv_aware scoring, on_routed), in process: 8k- and 32k-token chats whose system prompt was seen
-before, never-seen 8k-token completions, memory and Redis index at 64 instances; token-id prompts
-at 64 and 1,024 instances. For never-seen prompts, the router's own work is prepare + decide less
+before, never-seen 8k-token completions, memory and Redis index at 64 instances (alternately tokenized
+in place, as an idle router does, and through the tokenizer pool, as with other requests in flight);
+token-id prompts at 64 and 1,024 instances. For never-seen prompts, the router's own work is prepare + decide less
 the time spent inside the tokenizer's encode calls of the same request (timed around them, reading
 the ids included), and,
 as a cross-check, less the same text encoded alone right before (noisier: two separate timings).
@@ -164,6 +165,18 @@ def scenario(name, index_name, n_inst, tokens, prep, dec, alone=None) -> dict:
     return row
 
 
+def never_seen(name: str, index_name: str, tokens: int, runs: list[tuple[float, float, float, float]]) -> dict:
+    """A never-seen row from (tokenizer alone, inside its calls, prepare, decide) per prompt."""
+    alone, inside, prep, dec = map(list, zip(*runs))
+    row = scenario(name, index_name, 64, tokens, prep, dec, alone)
+    row["tokenizer_inside_median_ms"] = statistics.median(inside) * 1e3
+    row["own_median_ms"] = statistics.median(p + d - i for p, d, i in zip(prep, dec, inside)) * 1e3
+    row["over_tokenizer_median_ms"] = statistics.median(p + d - a for p, d, a in zip(prep, dec, alone)) * 1e3
+    print(f"{'':<34} the router's own work (outside its encode calls): median {row['own_median_ms']:.3f} ms; "
+          f"per pair, over the tokenizer alone: median {row['over_tokenizer_median_ms']:+.3f} ms", flush=True)
+    return row
+
+
 async def decision(args) -> dict:
     from router.index import make_index
     from router.contract.tokenizer import DATA_DIR, load_tokenizer
@@ -189,26 +202,21 @@ async def decision(args) -> dict:
             tok, timed = timed_tokenizer(load_tokenizer(DATA_DIR))
             index = make_index(index_name, url=redis.url)
             router = make_router(tok, index, 64)
-            texts = [f"fresh prompt {i}: " + text_of(8192, tok) for i in range(args.reps)]
-            alone, inside, prep, dec = [], [], [], []
-            for t in texts:  # interleaved, so both sides of each pair see the same machine
+            texts = [f"fresh prompt {i}: " + text_of(8192, tok) for i in range(2 * args.reps)]
+            places = {"in place": [], "through the pool": []}  # per prompt: (alone, inside, prepare, decide)
+            in_place = router.pool.idle_inline_chars
+            for i, t in enumerate(texts):  # interleaved: both sides see the same machine
+                place = "through the pool" if i % 2 else "in place"  # an idle router tokenizes in place
+                router.pool.idle_inline_chars = 0 if i % 2 else in_place
                 t0 = time.perf_counter()
                 timed.backend.encode_batch_fast([t], add_special_tokens=False)  # the tokenizer's fastest call
-                alone.append(time.perf_counter() - t0)
+                alone = time.perf_counter() - t0
                 before = timed.seconds
                 p, d = await time_decisions(router, [{"prompt": t, "max_tokens": 1}], "completion")
-                inside.append(timed.seconds - before)
-                prep += p
-                dec += d
-            row = scenario("completion, never seen", index_name, 64, len(tok.encode(texts[0])), prep, dec, alone)
-            row["tokenizer_inside_median_ms"] = statistics.median(inside) * 1e3
-            row["own_median_ms"] = statistics.median(p + d - i for p, d, i in zip(prep, dec, inside)) * 1e3
-            row["over_tokenizer_median_ms"] = statistics.median(
-                p + d - a for p, d, a in zip(prep, dec, alone)) * 1e3
-            print(f"{'':<34} the router's own work (outside its encode calls): median {row['own_median_ms']:.3f} ms; "
-                  f"per pair, over the tokenizer alone: median {row['over_tokenizer_median_ms']:+.3f} ms",
-                  flush=True)
-            rows.append(row)
+                places[place].append((alone, timed.seconds - before, p[0], d[0]))
+            for place, runs in places.items():
+                rows.append(never_seen(f"completion, never seen, {place}", index_name, len(tok.encode(texts[0])),
+                                       runs))
             await index.close()
         for n_inst in (64, 1024):  # a 1k-token prompt, holders among many instances (memory index)
             tok = load_tokenizer(DATA_DIR)

@@ -10,8 +10,8 @@ Block hashing (docs/architecture.md#block-hashing):
 
 Only full blocks are hashed. Hashes are unsigned 64-bit integers (decimal in JSON).
 Where `pip install` could compile router/contract/_chainhash.c, the chain and the packing
-of list/tuple ids run in C (one call per prompt, about 10x and 2.5x faster; checked against
-the Python code at import); elsewhere, or with KVROUTE_NO_EXTENSION=1, in the Python code
+of list/tuple ids run in C (one call per prompt instead of a Python step per block; checked
+against the Python code at import); elsewhere, or with KVROUTE_NO_EXTENSION=1, in the Python code
 below (`CHAIN_IN_C` says which).
 
 Load records (GET /load; docs/architecture.md#load-records) carry the queue and pool

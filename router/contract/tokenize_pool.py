@@ -3,10 +3,10 @@
 Short prompts (under `inline_chars`) are tokenized in place: a thread hop costs more
 than they do. So are prompts under `idle_inline_chars` when the caller says nothing
 else is in flight (and no job is in the pool): blocking the loop then holds up nobody
-already here, and the hop's two thread wake-ups are saved (an 8k-token prompt, requests
-alternating in one process: prepare 6.7-7.1 ms in place against 8.4-8.7 ms through the
-pool). A request that arrives meanwhile waits at most that one encode (~10 ms at the
-default 64k characters). Longer ones, and any long one while others are in flight, run
+already here, and the hop's two thread wake-ups are saved. `python tools/bench_router.py
+decision` times both, alternating (the never-seen rows, in place and through the pool).
+A request that arrives meanwhile waits at most that one encode (~10 ms at the default
+64k characters). Longer ones, and any long one while others are in flight, run
 on `workers` threads (the Rust tokenizer releases the GIL), with at most `max_queued`
 jobs waiting; past that the caller gets Overloaded (503 + Retry-After) instead of an
 ever longer queue. A job that has not started when its request is cancelled (the

@@ -70,7 +70,9 @@ ENTRIES = (
           about="In process: prepare (limits, tokenize, hash) plus decide (index lookup, candidates, kv_aware "
                 "scoring), medians of 200 decisions; 8 of the instances hold growing shares of the prompt's prefix. "
                 "A seen system prompt costs a lookup in the segment cache instead of tokenizing; what is left grows "
-                "with the prompt's block count, not with the fleet. For never-seen prompts, 'outside the tokenizer' "
+                "with the prompt's block count, not with the fleet. Never-seen prompts alternate between tokenizing in "
+                "place (what an idle router does) and through the tokenizer pool (with other requests in flight). "
+                "For them, 'outside the tokenizer' "
                 "is prepare + decide less the time spent inside that request's own tokenizer calls (reading the ids "
                 "included); 'over the tokenizer alone' subtracts the same text encoded separately right before "
                 "(two timings of ~6-9 ms each: it swings by about 1 ms).",
