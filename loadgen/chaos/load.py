@@ -96,6 +96,11 @@ class Prompts:
         return self.prefixes[0] + [1] * self.tail_tokens
 
 
+def _count(tally: Tally) -> None:
+    tally.sent += 1
+    tally.inflight += 1
+
+
 class LoadClient:
     def __init__(self, session: aiohttp.ClientSession, routers: list[str], prompts: Prompts, rate: float,
                  max_tokens: int = 8, timeout_s: float = 30.0, max_inflight: int = 512, down_s: float = 1.0) -> None:
@@ -125,7 +130,8 @@ class LoadClient:
 
     def spawn(self, tally: Tally, stream: bool) -> asyncio.Task:
         path, body = self.prompts.body(stream, self.max_tokens)
-        task = asyncio.ensure_future(self.send(tally, path, body, stream))
+        _count(tally)  # now, not when the task first runs: a drain that follows at once must wait for it
+        task = asyncio.ensure_future(self._counted(tally, path, body, stream))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -148,8 +154,11 @@ class LoadClient:
         return sorted(ring, key=lambda r: self._down_until.get(r, 0.0) > now)  # routers marked down go last
 
     async def send(self, tally: Tally, path: str, body: bytes, stream: bool, routers: list[str] | None = None):
-        tally.sent += 1
-        tally.inflight += 1
+        _count(tally)
+        await self._counted(tally, path, body, stream, routers)
+
+    async def _counted(self, tally: Tally, path: str, body: bytes, stream: bool, routers: list[str] | None = None):
+        """A request counted as sent and in flight: it ends in the tally whatever happens."""
         t0 = time.monotonic()
         try:
             await self._send(tally, path, body, stream, routers or self.routers, t0)
