@@ -17,9 +17,11 @@ closed-loop client (tools/http_load.py, its own process); per router (kvroute kv
 round_robin, --workers 2, --http-server aiohttp; sglang-router and vllm-router from their own venvs when
 installed): c=1 latency against one engine direct, measured right before in the same
 run (added = difference of the p50s and of the p99s), and requests/s at --concurrency.
-instructions: one sim engine; each kvroute router variant under valgrind's callgrind, counting
-the user-space instructions of --requests requests (300) at concurrency 8 after a warm-up, startup
-and load/health polls excluded: a figure that other load on the machine does not move. Needs valgrind.
+instructions: one sim engine; each kvroute router variant, the no-routing floor (a raw asyncio
+server + router/service/upstream.py) and the Rust routers where installed, under valgrind's
+callgrind, counting the user-space instructions of --requests requests (300) at concurrency 8
+after a warm-up, startup and load/health polls excluded: a figure that other load on the machine
+does not move (kernel time, the syscalls, is not in it). Needs valgrind.
 """
 
 from __future__ import annotations
@@ -361,16 +363,25 @@ def callgrind_totals(pattern: str) -> int:
     return total
 
 
-def under_callgrind(out: str, engine_port: int, port: int, extra: tuple[str, ...]) -> subprocess.Popen:
+def instruction_commands(engine: str, port: int) -> dict[str, tuple[list[str], dict]]:
+    """name -> argv of every router counted: kvroute's variants, the no-routing floor, and the
+    Rust routers where their venvs exist (the same command lines as `latency`'s)."""
+    kv = [sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
+          "--engine", engine, "--load-interval-s", "30", "--health-interval-s", "60"]  # requests, not polls
+    out = {f"kvroute {name}": ([*kv, *extra], {}) for name, extra in INSTRUCTION_VARIANTS.items()}
+    for name, command in router_commands([engine], port, set()).items():
+        if name.startswith(("floor: raw", "sglang-router", "vllm-router")):
+            out[name] = command
+    return out
+
+
+def under_callgrind(out: str, argv: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
-                             sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "WARNING", "--engine", f"http://127.0.0.1:{engine_port}",
-                             "--load-interval-s", "30", "--health-interval-s", "60", *extra],  # requests, not polls
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             *argv], env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 async def instructions(args) -> dict:
-    """User-space instructions per request of each kvroute variant, counted by callgrind."""
+    """User-space instructions per request of each router, counted by callgrind."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench_router instructions: needs valgrind (apt-get install valgrind)")
     port = free_port()
@@ -380,9 +391,14 @@ async def instructions(args) -> dict:
     try:
         async with aiohttp.ClientSession() as session:
             await wait_ready(session, f"http://127.0.0.1:{port}")
-            for name, extra in INSTRUCTION_VARIANTS.items():
-                rport, out = free_port(), os.path.join(work, name.replace(" ", "_"))
-                proc = under_callgrind(out, port, rport, extra)
+            engine_url = f"http://127.0.0.1:{port}"
+            for name in instruction_commands(engine_url, 0):
+                if args.only and not any(w in name for w in args.only):
+                    continue
+                rport = free_port()
+                argv, env = instruction_commands(engine_url, rport)[name]
+                out = os.path.join(work, name.replace(" ", "_").replace(":", "").replace("/", "_"))
+                proc = under_callgrind(out, argv, env)
                 try:
                     url = f"http://127.0.0.1:{rport}"
                     await wait_ready(session, url, "/health", tries=3000)
@@ -397,8 +413,8 @@ async def instructions(args) -> dict:
                     proc.terminate()
                     proc.wait(60)
                 per = callgrind_totals(out + ".*") / args.requests
-                rows.append({"router": f"kvroute {name}", "instructions_per_request": per})
-                print(f"kvroute {name:<30} {per / 1e6:.3f} M user-space instructions per request", flush=True)
+                rows.append({"router": name, "instructions_per_request": per})
+                print(f"{name:<40} {per / 1e6:.3f} M user-space instructions per request", flush=True)
     finally:
         engine.terminate()
         engine.wait()
@@ -414,7 +430,8 @@ def main() -> int:
                    help="latency: requests at concurrency 1 (2000); instructions: requests counted (300)")
     p.add_argument("--concurrency", type=int, default=32, help="latency: connections for the throughput run")
     p.add_argument("--duration", type=float, default=10.0, help="latency: seconds of the throughput run")
-    p.add_argument("--only", action="append", help="latency: only routers whose name contains this (repeatable)")
+    p.add_argument("--only", action="append",
+                   help="latency, instructions: only routers whose name contains this (repeatable)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.requests is None:

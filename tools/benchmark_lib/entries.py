@@ -138,8 +138,10 @@ ENTRIES = (
           about="4 sim engines with near-zero model time; each router measured right after the engine direct.",
           args=("tools/bench_router.py", "latency", "--out", "{out}"), out="latency.json", render=render.latency),
     Entry(name="router-instructions", title="The router's user-space instructions per request", full_only=True,
-          about="One sim engine; each kvroute variant under valgrind's callgrind, 300 requests at concurrency 8 after "
-                "a warm-up: a count that other load on the machine does not move (wall-clock CPU does).",
+          about="One sim engine; each kvroute variant, the no-routing floor (raw asyncio server + kvroute's upstream "
+                "client) and the Rust routers (where installed) under valgrind's callgrind, 300 requests at "
+                "concurrency 8 after a warm-up: a count that other load on the machine does not move (wall-clock "
+                "CPU does); user space only, so the syscalls every router makes are not in it.",
           args=("tools/bench_router.py", "instructions", "--out", "{out}"), out="instructions.json",
           render=render.instructions),
     Entry(name="decision-scale", title="Decision time against fleet size (simulator)", full_only=True,
