@@ -418,7 +418,10 @@ async def instructions(args) -> dict:
     finally:
         engine.terminate()
         engine.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("KVROUTE_KEEP_CALLGRIND"):
+            print(f"callgrind files kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return {"instructions": rows, "requests": args.requests, "concurrency": 8}
 
 

@@ -115,10 +115,23 @@ class Instance:
 
     @inflight.setter
     def inflight(self, value: int) -> None:
-        self._inflight = value
-        self.__dict__["_state"] = None
+        fields = self.__dict__  # not through __setattr__: neither field is a routing or id field
+        fields["_inflight"] = value
+        fields["_state"] = None
         for group in self.groups:
             group.load.set(self, value)
+
+    def charge(self, requests: int, prefill_tokens: int) -> None:
+        """Router-side load changes by `requests` in flight and `prefill_tokens` queued (negative:
+        less), as `inflight += requests; queued_prefill_tokens += prefill_tokens` would change it, in
+        one step (neither is a routing or id field: nothing else to bump)."""
+        fields = self.__dict__
+        fields["queued_prefill_tokens"] += prefill_tokens
+        fields["_state"] = None
+        if requests:
+            value = fields["_inflight"] = fields["_inflight"] + requests
+            for group in self.groups:
+                group.load.set(self, value)
 
     @property
     def follows_engine_feed(self) -> bool:

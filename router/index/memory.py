@@ -117,16 +117,12 @@ class MemoryIndex:
         self._entries -= len(held)
 
     def lookup_sync(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
-        if not blocks:
+        if not blocks or blocks[0] not in self._holders:
             return {}
         found = list(map(self._holders.get, blocks))
         first = found[0]
-        if first is None:
-            return {}
-        try:
-            end = found.index(None)  # no instance holds this block: every prefix ends before it
-        except ValueError:
-            end = len(found)
+        # where a block no instance holds is, every prefix ends before it
+        end = found.index(None) if None in found else len(found)
         # where the holders change: one identity comparison per block, in C (holder_maps.py)
         cuts = list(compress(range(1, end), map(is_not, islice(found, 1, end), found)))
         cuts.append(end)

@@ -55,8 +55,7 @@ class Dispatch:
         self.sent = time.monotonic()
         self.first_seen = False
         self.ended = False
-        self.inst.inflight += 1
-        self.inst.queued_prefill_tokens += self.uncached
+        self.inst.charge(1, self.uncached)
         if whole_body and self.uncached and self.inst.kind == "kvroute":
             self.inst.nonstreamed.add(self)
 
@@ -66,7 +65,7 @@ class Dispatch:
         if self.first_seen:
             return False
         self.first_seen = True
-        self.inst.queued_prefill_tokens -= self.uncached
+        self.inst.charge(0, -self.uncached)
         return True
 
     def first_byte(self, is_ttft: bool = True) -> None:
@@ -85,7 +84,7 @@ class Dispatch:
             return
         self.ended = True
         self._release_prefill()  # a request that failed, was retried or cancelled before its prefill was seen
-        self.inst.inflight -= 1
+        self.inst.charge(-1, 0)
         self.router.metrics.count_request(self.inst.id, self.router.policy_name, status)
         self.router.policy.on_finished(self.prepared.route, self.inst.id)
         self.on_progress()
