@@ -121,6 +121,32 @@ class _LoadWatch:
         self.handle = self.deadline = None
 
 
+class Routing:
+    """What a decision records (`Router.routed`, the proxy's cache metrics), run once its request is
+    on the wire, so the engine starts on it while the router does this bookkeeping. The upstream
+    client calls it right after the write, or before its first wait when it cannot write at once
+    (a new connection), and the proxy once more after the attempt (a no-op by then, unless the
+    attempt ended before sending): always before anything is awaited after the decision, so no
+    other decision comes in between and every decision is the one recording at once would make."""
+
+    __slots__ = ("proxy", "prepared", "choice")
+
+    def __init__(self, proxy: "Proxy", prepared: Prepared, choice: Choice) -> None:
+        self.proxy, self.prepared, self.choice = proxy, prepared, choice
+
+    def __call__(self) -> None:
+        choice = self.choice
+        if choice is None:
+            return
+        self.choice = None
+        self.proxy.router.routed(self.prepared, choice)
+        self.proxy._observe_choice(self.prepared, choice)
+
+
+def _nothing() -> None:
+    return None
+
+
 class Proxy:
     def __init__(self, router: Router, cluster: Cluster, session: aiohttp.ClientSession) -> None:
         self.router = router
@@ -145,24 +171,27 @@ class Proxy:
                 self.metrics.retries.inc()
             try:
                 choice = await self.router.decide(prepared, exclude=tried, record=True, roles=roles,
-                                                  forecast=None if attempt else forecast)
+                                                  forecast=None if attempt else forecast, route_later=True)
             except Unavailable as e:
                 last_error = e if not attempt else last_error
                 break
-            self._observe_choice(prepared, choice)
+            routing = Routing(self, prepared, choice)
             dispatch = Dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream,
                                 on_progress=self.router.on_progress)
             ids = forward_ids and self._tokenizes_like_us(choice.instance, prepared)
             if ids not in bodies:
                 bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)
             try:
-                result = await self._attempt(request, bodies[ids], prepared, dispatch)
+                result = await self._attempt(request, bodies[ids], prepared, dispatch, routing)
             except (asyncio.CancelledError, ClientGone):
+                routing()
                 dispatch.end("cancelled")
                 raise
             except BaseException:
+                routing()
                 dispatch.end("error")
                 raise
+            routing()
             if isinstance(result, web.StreamResponse):
                 return result
             dispatch.end("retried")
@@ -195,22 +224,26 @@ class Proxy:
             self._addresses[url] = (u.hostname, u.port or 80, u.path.rstrip("/")) if u.scheme == "http" else None
         return self._addresses[url]
 
-    async def _post(self, url: str, path: str, raw: bytes, stream: bool):
+    async def _post(self, url: str, path: str, raw: bytes, stream: bool, on_sent: Callable[[], None] = _nothing):
         """POST to an engine; the answer's head is in. Non-streamed answers arrive whole at the end,
-        so only a stream's reads are bounded by --read-timeout-s (a whole body by the caller)."""
+        so only a stream's reads are bounded by --read-timeout-s (a whole body by the caller).
+        `on_sent`: called once the request is written, or before the first wait (see `Routing`)."""
         address = self._address(url)
         if address is None:
+            on_sent()
             timeout = self.client_timeout() if stream else aiohttp.ClientTimeout(
                 total=None, connect=self.config.connect_timeout_s)
             return await self.session.post(url + path, data=raw, timeout=timeout,
                                            headers={"Content-Type": "application/json"})
         host, port, prefix = address
         read_timeout = self.config.read_timeout_s if stream else self.config.request_timeout_s
-        return await self.upstream.post(host, port, prefix + path, raw, self.config.connect_timeout_s, read_timeout)
+        return await self.upstream.post(host, port, prefix + path, raw, self.config.connect_timeout_s, read_timeout,
+                                        on_sent)
 
-    async def _attempt(self, request: web.Request, raw: bytes, prepared: Prepared,
-                       dispatch: Dispatch) -> web.StreamResponse | KVRouteError:
-        """Relay one attempt; a KVRouteError return means "try the next instance"."""
+    async def _attempt(self, request: web.Request, raw: bytes, prepared: Prepared, dispatch: Dispatch,
+                       on_sent: Callable[[], None] = _nothing) -> web.StreamResponse | KVRouteError:
+        """Relay one attempt; a KVRouteError return means "try the next instance". `on_sent`: called
+        once the request is written, before anything is awaited (see `Routing`)."""
         inst, stream = dispatch.inst, prepared.request.stream
         wait = self.config.first_byte_timeout_s if stream else self.config.request_timeout_s
         upstream = watch = None
@@ -218,11 +251,11 @@ class Proxy:
             async with asyncio.timeout(wait) as deadline:
                 if not stream:
                     watch = _LoadWatch(asyncio.get_running_loop(), inst, self.config.first_byte_timeout_s, deadline)
-                    upstream, body = await self._fetch_whole(inst, request.path, raw)
+                    upstream, body = await self._fetch_whole(inst, request.path, raw, on_sent)
                     if isinstance(body, KVRouteError):
                         return body
                 else:
-                    upstream = await self._post(inst.url, request.path, raw, stream)
+                    upstream = await self._post(inst.url, request.path, raw, stream, on_sent)
                     if upstream.status >= 500:
                         return await self._server_error(inst, upstream)
                     if upstream.status != 200:
@@ -265,11 +298,11 @@ class Proxy:
         finally:
             upstream.close()
 
-    async def _fetch_whole(self, inst, path: str, raw: bytes):
+    async def _fetch_whole(self, inst, path: str, raw: bytes, on_sent: Callable[[], None] = _nothing):
         """(upstream, body) of a non-streamed answer, or (upstream, the error) for a 5xx."""
         upstream = None
         try:
-            upstream = await self._post(inst.url, path, raw, False)
+            upstream = await self._post(inst.url, path, raw, False, on_sent)
             if upstream.status >= 500:
                 return upstream, await self._server_error(inst, upstream)
             return upstream, await upstream.read()
