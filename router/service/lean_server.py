@@ -150,7 +150,8 @@ class LeanConnection(BaseProtocol):
         self.body: LeanBody | None = None
         self.task: asyncio.Task | None = None
         self.head_deadline: asyncio.TimerHandle | None = None
-        self.idle: asyncio.TimerHandle | None = None  # the keep-alive timeout, or the end of lingering
+        self.idle: asyncio.TimerHandle | None = None  # the keep-alive timeout's check, or the end of lingering
+        self.idle_since: float | None = None  # loop time the connection last went idle; None while busy
         self.linger_left: int | None = None  # body bytes still to drop after an early answer
 
     def connection_made(self, transport) -> None:
@@ -198,16 +199,14 @@ class LeanConnection(BaseProtocol):
     # -- one request -------------------------------------------------------------------
 
     def _next(self, data: bytes) -> None:
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
-        if self.head_deadline is None:
-            self._await_head()  # the first byte of the next request on a kept-alive connection
+        self.idle_since = None  # busy: the keep-alive check, if armed, finds it so and lets go
         buf = self.buf + data if self.buf else data
         end = buf.find(b"\r\n\r\n")
         if end < 0:
             if len(buf) > MAX_HEAD:
                 return self._hand_over(buf)
+            if self.head_deadline is None:  # the next request on a kept-alive connection began, in pieces
+                self._await_head()
             self.buf = buf
             return
         self.buf = b""
@@ -215,8 +214,9 @@ class LeanConnection(BaseProtocol):
         if head is None:
             return self._hand_over(buf)
         handler, path, headers, length, keep_alive = head
-        self.head_deadline.cancel()
-        self.head_deadline = None
+        if self.head_deadline is not None:  # a head that came whole needs none (none is made for it)
+            self.head_deadline.cancel()
+            self.head_deadline = None
         self.body = body = LeanBody(self._loop, length or 0, hold=MAX_PENDING, resume=self._resume_body)
         rest = body.feed(buf[end + 4:]) if length else buf[end + 4:]
         self.pending = rest
@@ -284,12 +284,33 @@ class LeanConnection(BaseProtocol):
         if pending:
             self._next(pending)
         else:
-            self.idle = self._loop.call_later(self.front.idle_timeout_s, self.close)
+            self._rest()
+
+    def _rest(self) -> None:
+        """Idle from now: closed after --idle-timeout-s unless a request comes first. One timer per
+        idle spell at most, checked lazily: a request that comes meanwhile only marks the connection
+        busy (no timer made and cancelled per request); the check, when it fires, re-arms for what
+        is left of the latest idle spell, or lets go while busy (the next spell arms it again)."""
+        self.idle_since = now = self._loop.time()
+        if self.idle is None:
+            self.idle = self._loop.call_at(now + self.front.idle_timeout_s, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self.idle = None
+        since = self.idle_since
+        if since is None:
+            return
+        left = since + self.front.idle_timeout_s - self._loop.time()
+        if left <= 0:
+            self.close()
+        else:
+            self.idle = self._loop.call_later(left, self._idle_check)
 
     def _linger(self, left: int) -> None:
         """The answer went out before `left` more body bytes: stop writing, read and drop them
         (LINGER_S at most), then close."""
         self.linger_left = left
+        self._stop_timers()  # an idle check armed in an earlier spell: lingering ends the connection
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.transport.resume_reading()

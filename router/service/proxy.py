@@ -236,7 +236,7 @@ class Proxy:
             return await self.session.post(url + path, data=raw, timeout=timeout,
                                            headers={"Content-Type": "application/json"})
         host, port, prefix = address
-        read_timeout = self.config.read_timeout_s if stream else self.config.request_timeout_s
+        read_timeout = self.config.read_timeout_s if stream else None  # a whole body: the attempt's deadline
         return await self.upstream.post(host, port, prefix + path, raw, self.config.connect_timeout_s, read_timeout,
                                         on_sent)
 

@@ -9,7 +9,11 @@ a few headers, then the body whole or as it streams. This does exactly that:
 - one pool of idle connections per host:port, most recently used first; a connection
   idle for more than `idle_s` (below the engines' 75 s keep-alive) is closed, not reused;
 - bodies framed by Content-Length, chunked transfer encoding or the connection's end;
-- `readany()` waits at most `read_timeout_s` for the next bytes (asyncio.TimeoutError);
+- `readany()` waits at most `read_timeout_s` for the next bytes (asyncio.TimeoutError), timed by
+  one timer per answer, moved on lazily: a wait sets the deadline, and the timer, when it fires
+  early (the answer moved on since it was set), re-arms for the rest, so a stream of many chunks
+  does not make and cancel a timer per chunk; `read_timeout_s=None`: no timer (the caller bounds
+  the wait: the proxy's whole-answer deadline);
 - reading pauses when 1 MiB is buffered and nobody reads (a slow client), and resumes;
 - a reused connection that the engine closed before answering a single byte is retried
   once on a fresh connection (the engine closed an idle connection as the request went
@@ -78,8 +82,10 @@ class _Conn(asyncio.Protocol):
 class Response:
     """One answer: `status`, `headers`, then `read()` or `readany()` until b""; `close()` always."""
 
-    def __init__(self, conn: _Conn, pool: "Upstream", read_timeout_s: float) -> None:
+    def __init__(self, conn: _Conn, pool: "Upstream", read_timeout_s: float | None) -> None:
         self._conn, self._pool, self._read_timeout_s = conn, pool, read_timeout_s
+        self._deadline = 0.0  # loop time by which the bytes awaited now must come
+        self._timer: asyncio.TimerHandle | None = None
         self.status = 0
         self.headers = Headers()
         self._buf = bytearray()  # raw bytes not parsed yet
@@ -236,12 +242,27 @@ class Response:
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
-        timer = loop.call_later(self._read_timeout_s, _expire, waiter)
+        if self._read_timeout_s is not None:
+            self._deadline = loop.time() + self._read_timeout_s
+            if self._timer is None:
+                self._timer = loop.call_at(self._deadline, self._expire)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
+
+    def _expire(self) -> None:
+        """The read timer: the wait in progress times out if its deadline has passed; else the
+        timer moves on to it (no wait in progress: the next one arms it again)."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        loop = waiter.get_loop()
+        if loop.time() >= self._deadline:
+            waiter.set_exception(asyncio.TimeoutError())
+        else:
+            self._timer = loop.call_at(self._deadline, self._expire)
 
     # -- reading, by the caller ------------------------------------------------------
 
@@ -283,6 +304,9 @@ class Response:
 
     def close(self) -> None:
         """Done with the answer: the connection goes back to the pool if the body was read whole."""
+        if self._timer is not None:  # it holds this response until it fires: not for read_timeout_s more
+            self._timer.cancel()
+            self._timer = None
         conn, self._conn.response = self._conn, None
         if self._eof and self._reusable and not self._chunks and not conn.closed:
             self._pool._release(conn)
@@ -290,10 +314,6 @@ class Response:
             conn.transport.close()
 
 
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
 
 
 class Upstream:
@@ -304,7 +324,7 @@ class Upstream:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
 
     async def post(self, host: str, port: int, path: str, body: bytes, connect_timeout_s: float,
-                   read_timeout_s: float, on_sent: Callable[[], None] | None = None) -> Response:
+                   read_timeout_s: float | None, on_sent: Callable[[], None] | None = None) -> Response:
         """POST `body` (JSON) and wait for the answer's head; its body is read from the Response.
         `on_sent()`: run right after the request is written to a kept-alive connection, or before
         connecting when there is none, so before anything here is awaited."""
@@ -335,7 +355,7 @@ class Upstream:
             raise
         return response
 
-    async def _send(self, conn: _Conn, request: bytes, read_timeout_s: float) -> Response:
+    async def _send(self, conn: _Conn, request: bytes, read_timeout_s: float | None) -> Response:
         response = Response(conn, self, read_timeout_s)
         conn.response = response
         conn.transport.write(request)

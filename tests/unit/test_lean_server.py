@@ -144,6 +144,42 @@ async def test_idle_and_silent_lean_connections_are_closed(start_engine, start_r
     silent.close()
 
 
+async def test_the_idle_timeout_counts_from_the_last_answer_not_the_first(start_engine, start_router):
+    """One lazily re-armed check per idle spell: requests 0.15 s apart for 1.2 s keep a connection
+    with a 0.4 s idle timeout open (a check that closed on its first firing would cut it), and
+    0.4 s of silence after the last answer closes it."""
+    port, server = await _router(start_engine, start_router, idle_timeout_s=0.4, header_timeout_s=5.0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for i in range(8):
+        if i:
+            await asyncio.sleep(0.15)
+        writer.write(_post())
+        assert (await _answer(reader))[0] == 200
+    last = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert 0.3 < time.monotonic() - last < 3
+    writer.close()
+
+
+async def test_the_next_head_on_a_kept_alive_connection_has_the_header_timeout(start_engine, start_router):
+    """A head that comes whole needs no deadline (none is made); one that comes in pieces after an
+    answer on the same connection gets --header-timeout-s, not the (longer) idle timeout."""
+    port, server = await _router(start_engine, start_router, idle_timeout_s=30.0, header_timeout_s=0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for _ in range(3):
+        writer.write(_post())
+        assert (await _answer(reader))[0] == 200
+    writer.write(b"POST /v1/completions HTTP/1.1\r\n")
+    started = time.monotonic()
+    try:
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+    except ConnectionResetError:
+        pass
+    assert time.monotonic() - started < 3
+    assert server.runner.guard.closed["header_timeout"] == 1
+    writer.close()
+
+
 async def test_answers_match_aiohttps_byte_for_byte_but_the_date(start_engine, start_router):
     engine_url, _ = await start_engine(time_scale=FAST)
     answers = {}

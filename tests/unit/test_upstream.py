@@ -174,3 +174,39 @@ async def test_on_sent_runs_before_anything_is_awaited_on_fresh_and_pooled_conne
     finally:
         up.close()
         await server.close()
+
+
+async def test_the_read_timeout_bounds_each_wait_not_the_whole_stream():
+    """One timer per answer, moved on lazily: chunks 0.1 s apart for 0.8 s in all pass a 0.3 s read
+    timeout (a timer that did not move on would fire mid-stream), a 0.6 s stall does not, and
+    with no read timeout (the proxy's whole answers) nothing times the wait out here."""
+
+    async def paced(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for i in range(8):
+            await resp.write(b"chunk %d;" % i)
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.6)
+        await resp.write(b"late")
+        await resp.write_eof()
+        return resp
+
+    server = await serve({"/paced": paced})
+    up = Upstream()
+    try:
+        host, port = address(server)
+        r = await up.post(host, port, "/paced", b"{}", 1.0, 0.3)
+        got = bytearray()
+        with pytest.raises(asyncio.TimeoutError):
+            while chunk := await r.readany():
+                got += chunk
+        r.close()
+        assert got == b"".join(b"chunk %d;" % i for i in range(8))
+        assert r._timer is None  # closed: no timer left holding the answer
+        r = await up.post(host, port, "/paced", b"{}", 1.0, None)
+        assert (await r.read()).endswith(b"chunk 7;late")
+        r.close()
+    finally:
+        up.close()
+        await server.close()
