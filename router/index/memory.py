@@ -121,8 +121,10 @@ class MemoryIndex:
             return {}
         found = list(map(self._holders.get, blocks))
         first = found[0]
-        # where a block no instance holds is, every prefix ends before it
-        end = found.index(None) if None in found else len(found)
+        try:
+            end = found.index(None)  # no instance holds this block: every prefix ends before it
+        except ValueError:  # one scan either way (`None in found` first would scan a partial match twice)
+            end = len(found)
         # where the holders change: one identity comparison per block, in C (holder_maps.py)
         cuts = list(compress(range(1, end), map(is_not, islice(found, 1, end), found)))
         cuts.append(end)
