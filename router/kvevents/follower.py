@@ -38,7 +38,17 @@ log = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 0.1
 STALL_S = 10.0  # a subscriber whose poll loop has not turned for this long is stalled: restart its feed
 RESTART_MIN_S, RESTART_MAX_S = 0.1, 5.0  # backoff between restarts of a feed that keeps failing
+HEALTHY_RUN_S = 60.0  # a feed that ran this long before it failed starts its backoff over
 CAP_FACTOR = 4  # engine blocks kept per instance: this many times what it advertises
+
+
+def restart_delay(last_s: float | None, ran_s: float) -> float:
+    """The wait before restarting a feed that failed after running `ran_s` seconds; `last_s` is the
+    wait before its previous restart (None: it never failed). Doubles while the feed keeps failing
+    fast, up to RESTART_MAX_S; a feed that ran HEALTHY_RUN_S first is treated as failing anew."""
+    if last_s is None or ran_s >= HEALTHY_RUN_S:
+        return RESTART_MIN_S
+    return min(last_s * 2, RESTART_MAX_S)
 
 
 class InstanceFeed:
@@ -223,8 +233,9 @@ class ZmqFollower:
     async def _supervise(self, feed: InstanceFeed) -> None:
         """Run a feed for as long as it is wanted: one that dies or stalls is marked stale (its
         instance is routed on load alone), then restarted from an empty index after a backoff."""
-        delay = RESTART_MIN_S
+        delay = None
         while True:
+            started = time.monotonic()
             task = asyncio.create_task(feed.run(), name=f"zmq-feed-run-{feed.inst.url}")
             try:
                 while not task.done():
@@ -243,10 +254,10 @@ class ZmqFollower:
                     await asyncio.gather(task, return_exceptions=True)
             feed.restarts += 1
             feed.mark_stale(reason)
+            delay = restart_delay(delay, time.monotonic() - started)
             log.warning("KV event feed of %s %s; routing it on load alone and restarting in %.1fs",
                       feed.inst.id, reason, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, RESTART_MAX_S)
 
     def remove(self, inst: Instance) -> None:
         feed = inst.kv_feed
