@@ -88,7 +88,8 @@ def measure(num_instances: int, prompt_tokens: int, decisions: int, fast_k: int,
     for r in range(decisions):
         head = docs[r % SHARED_DOCS][: 3 * blocks // 4]
         route = tuple(head + chain(rng, blocks - len(head)))
-        requests.append(RouteRequest(prompt_tokens, route, BLOCK_SIZE, f"r{r}"))
+        requests.append(RouteRequest(num_tokens=prompt_tokens, block_hashes=route, block_size=BLOCK_SIZE,
+                                     request_id=f"r{r}"))
     row = {"instances": num_instances, "prompt_tokens": prompt_tokens, "blocks": blocks,
            "index_entries": index.size_sync(), "hash_us": hash_us}
     lookups = []

@@ -58,8 +58,9 @@ class SimAdmission:
 
     def predict(self, spec: RequestSpec, now: float) -> adm.Prediction:
         tokens = spec.prompt_ids
-        route = RouteRequest(len(tokens), tuple(block_hashes(tokens, self.block_size, self.hash_seed)),
-                             self.block_size, f"r{spec.index}")
+        route = RouteRequest(num_tokens=len(tokens),
+                             block_hashes=tuple(block_hashes(tokens, self.block_size, self.hash_seed)),
+                             block_size=self.block_size, request_id=f"r{spec.index}")
         matches = self.index.lookup_sync(route.block_hashes) if self.decision.policy.uses_index else {}
         try:
             routed = self.decision.choose(route, self.members(), matches, now)

@@ -95,7 +95,8 @@ class SimRouter:
         if self.window is not None:
             self.window.arrived(n, spec.max_tokens)
         hashes = block_hashes(tokens, self.block_size, self.hash_seed)
-        route = RouteRequest(n, tuple(hashes), self.block_size, f"r{spec.index}")
+        route = RouteRequest(num_tokens=n, block_hashes=tuple(hashes), block_size=self.block_size,
+                             request_id=f"r{spec.index}")
         routed, prefill, uncached = self.decide(route, now)
         decision = routed.decision
         i = routed.member

@@ -43,7 +43,7 @@ class InstanceState:
                    load.kv_free_blocks, load.kv_evictable, measured_at, tier_costs)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RouteRequest:
     num_tokens: int
     block_hashes: tuple[int, ...]

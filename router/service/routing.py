@@ -127,7 +127,8 @@ class Router:
             check_vocabulary(enc.data, limits)
         block_size = self.cluster.block_size(model)
         hashes = self.hashes.of(enc, block_size, hash_seed(model, req.cache_salt))
-        route = RouteRequest(len(ids), tuple(hashes), block_size, request_id=f"r{next(_request_ids)}")
+        route = RouteRequest(num_tokens=len(ids), block_hashes=tuple(hashes), block_size=block_size,
+                             request_id=f"r{next(_request_ids)}")
         asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
         trace = RequestTrace(model=model, stream=req.stream, prompt_tokens=len(ids), started=started,
                              max_tokens=asked)

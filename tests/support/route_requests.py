@@ -15,4 +15,5 @@ def chain(prefix: int, n: int, tail: int = 0, n_tail: int = 0) -> tuple[int, ...
 
 def req(blocks, num_tokens=None, request_id=""):
     blocks = tuple(blocks)
-    return RouteRequest(num_tokens if num_tokens is not None else len(blocks) * BS + 5, blocks, BS, request_id)
+    return RouteRequest(num_tokens=num_tokens if num_tokens is not None else len(blocks) * BS + 5, block_hashes=blocks,
+                        block_size=BS, request_id=request_id)

@@ -44,7 +44,7 @@ class Picky:
 
 
 def req(hashes=(11, 12, 13), num_tokens=48, block_size=16):
-    return RouteRequest(num_tokens, tuple(hashes), block_size)
+    return RouteRequest(num_tokens=num_tokens, block_hashes=tuple(hashes), block_size=block_size)
 
 
 def group(n=5, **inflight):

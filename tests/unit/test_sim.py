@@ -117,7 +117,7 @@ def test_load_view_fast_candidates():
     decision = RouteDecision(make_policy("kv_aware"), RouteSettings(fast_candidates=3, recent_ttl_s=1.0))
     for i in (0, 1, 2, 3):
         view.dispatched(i, 100)
-    route = RouteRequest(16, (77,), 16, "r")
+    route = RouteRequest(num_tokens=16, block_hashes=(77,), block_size=16, request_id="r")
     view.dispatched(4, 0)
     decision.routed(route, "i4", now=0.0)  # a recent sender of block 77
     view.first_token(0, 100)

@@ -26,7 +26,8 @@ def policy(**params):
 
 
 def credits(p, candidates, matches):
-    return p.credits(RouteRequest(len(BLOCKS) * BS + 3, BLOCKS, BS), candidates, matches)
+    return p.credits(RouteRequest(num_tokens=len(BLOCKS) * BS + 3, block_hashes=BLOCKS, block_size=BS), candidates,
+                     matches)
 
 
 def test_a_host_block_is_credited_by_compute_minus_load_time():
@@ -60,7 +61,7 @@ def test_tier_aware_routing_sends_a_returning_session_to_the_idle_instance_with_
     fast_store = costs(h2d_bps=2.5e10, store_bps=2.5e10, store=STORE)  # loads almost free
     cands = [InstanceState("busy", queued_prefill_tokens=1200, tier_costs=fast_store),
              InstanceState("idle", tier_costs=fast_store)]
-    request = RouteRequest(len(BLOCKS) * BS + 3, BLOCKS, BS)
+    request = RouteRequest(num_tokens=len(BLOCKS) * BS + 3, block_hashes=BLOCKS, block_size=BS)
     assert policy().select(request, cands, matches).instance == "idle"
     fixed = policy(tier_credit="fixed", host_credit=0.75, remote_credit=0.25)
     assert fixed.select(request, cands, matches).instance == "busy"  # 0.25 x the store's blocks looks poor
