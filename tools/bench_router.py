@@ -5,7 +5,8 @@
     python tools/bench_router.py instructions --out instructions.json [--requests 300]
 
 decision: the router's own prepare (limits, tokenize, hash) and decide (index lookup, candidates,
-kv_aware scoring, on_routed), in process: 8k- and 32k-token chats whose system prompt was seen
+kv_aware scoring, on_routed, of which on_routed is also shown alone: the proxy runs it once the
+request is on the wire), in process: 8k- and 32k-token chats whose system prompt was seen
 before, never-seen 8k-token completions, memory and Redis index at 64 instances (alternately tokenized
 in place, as an idle router does, and through the tokenizer pool, as with other requests in flight);
 token-id prompts at 64 and 1,024 instances. For never-seen prompts, the router's own work is prepare + decide less
@@ -139,38 +140,50 @@ async def hold_prefixes(index, ids: list[int], holders: int) -> None:
         await index.add(f"e{i}", "device", hashes[: len(hashes) * (i + 1) // holders])
 
 
-async def time_decisions(router, bodies, kind: str) -> tuple[list[float], list[float]]:
-    """Per body: (prepare = limits + tokenize + hash, decide = lookup + candidates + score), seconds."""
+async def time_decisions(router, bodies, kind: str,
+                         after: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """Per body: (prepare = limits + tokenize + hash, decide = lookup + candidates + score + the policy
+    learning its choice), seconds. The proxy has the policy learn the choice once the request is on
+    the wire (`route_later`), so that part is timed apart too, into `after` when given: decide less
+    `after` is what a request waits for before it is sent."""
     prep, dec = [], []
     for body in bodies:
         t0 = time.perf_counter()
         prepared = await router.prepare(body, kind)
         t1 = time.perf_counter()
-        choice = await router.decide(prepared, record=True)
-        dec.append(time.perf_counter() - t1)
+        choice = await router.decide(prepared, record=True, route_later=True)
+        t2 = time.perf_counter()
+        router.routed(prepared, choice)
+        t3 = time.perf_counter()
+        dec.append(t3 - t1)
         prep.append(t1 - t0)
+        if after is not None:
+            after.append(t3 - t2)
         router.policy.on_finished(prepared.route, choice.instance.id)
     return prep, dec
 
 
-def scenario(name, index_name, n_inst, tokens, prep, dec, alone=None) -> dict:
+def scenario(name, index_name, n_inst, tokens, prep, dec, after, alone=None) -> dict:
     total = [a + b for a, b in zip(prep, dec)]
     row = {"scenario": name, "index": index_name, "instances": n_inst, "prompt_tokens": tokens,
            "median_ms": statistics.median(total) * 1e3, "p99_ms": pct(total, 0.99) * 1e3,
-           "prepare_median_ms": statistics.median(prep) * 1e3, "decide_median_ms": statistics.median(dec) * 1e3}
+           "prepare_median_ms": statistics.median(prep) * 1e3, "decide_median_ms": statistics.median(dec) * 1e3,
+           "after_send_median_ms": statistics.median(after) * 1e3}
     if alone is not None:
         row["tokenizer_alone_median_ms"] = statistics.median(alone) * 1e3
     print(f"{name:<34} {index_name:<6} {n_inst:>5} inst {tokens:>6} tok: median {row['median_ms']:.3f} ms "
-          f"(prepare {row['prepare_median_ms']:.3f} + decide {row['decide_median_ms']:.3f}), "
+          f"(prepare {row['prepare_median_ms']:.3f} + decide {row['decide_median_ms']:.3f}, of which "
+          f"{row['after_send_median_ms']:.3f} after the send), "
           f"p99 {row['p99_ms']:.3f}" + (f", tokenizer alone {row['tokenizer_alone_median_ms']:.3f} ms"
                                          if alone else ""), flush=True)
     return row
 
 
-def never_seen(name: str, index_name: str, tokens: int, runs: list[tuple[float, float, float, float]]) -> dict:
-    """A never-seen row from (tokenizer alone, inside its calls, prepare, decide) per prompt."""
-    alone, inside, prep, dec = map(list, zip(*runs))
-    row = scenario(name, index_name, 64, tokens, prep, dec, alone)
+def never_seen(name: str, index_name: str, tokens: int,
+               runs: list[tuple[float, float, float, float, float]]) -> dict:
+    """A never-seen row from (tokenizer alone, inside its calls, prepare, decide, after the send) per prompt."""
+    alone, inside, prep, dec, after = map(list, zip(*runs))
+    row = scenario(name, index_name, 64, tokens, prep, dec, after, alone)
     row["tokenizer_inside_median_ms"] = statistics.median(inside) * 1e3
     row["own_median_ms"] = statistics.median(p + d - i for p, d, i in zip(prep, dec, inside)) * 1e3
     row["over_tokenizer_median_ms"] = statistics.median(p + d - a for p, d, a in zip(prep, dec, alone)) * 1e3
@@ -197,9 +210,10 @@ async def decision(args) -> dict:
                 await router.prepare({"messages": first, "max_tokens": 1}, "chat")  # the system prompt is seen
                 bodies = [{"messages": [system, {"role": "user", "content": f"question {i} about caches"}],
                            "max_tokens": 1} for i in range(args.reps)]
-                prep, dec = await time_decisions(router, bodies, "chat")
+                after = []
+                prep, dec = await time_decisions(router, bodies, "chat", after)
                 rows.append(scenario("chat, system prompt seen before", index_name, 64,
-                                     len(tok.encode_chat(bodies[0]["messages"])), prep, dec))
+                                     len(tok.encode_chat(bodies[0]["messages"])), prep, dec, after))
                 await index.close()
             tok, timed = timed_tokenizer(load_tokenizer(DATA_DIR))
             index = make_index(index_name, url=redis.url)
@@ -214,8 +228,9 @@ async def decision(args) -> dict:
                 timed.backend.encode_batch_fast([t], add_special_tokens=False)  # the tokenizer's fastest call
                 alone = time.perf_counter() - t0
                 before = timed.seconds
-                p, d = await time_decisions(router, [{"prompt": t, "max_tokens": 1}], "completion")
-                places[place].append((alone, timed.seconds - before, p[0], d[0]))
+                after = []
+                p, d = await time_decisions(router, [{"prompt": t, "max_tokens": 1}], "completion", after)
+                places[place].append((alone, timed.seconds - before, p[0], d[0], after[0]))
             for place, runs in places.items():
                 rows.append(never_seen(f"completion, never seen, {place}", index_name, len(tok.encode(texts[0])),
                                        runs))
@@ -227,8 +242,10 @@ async def decision(args) -> dict:
             base = text_of(1024, tok)
             await hold_prefixes(index, tok.encode(base), 8)
             bodies = [{"prompt": [*tok.encode(base), 5 + i % 50, 6, 7], "max_tokens": 1} for i in range(args.reps)]
-            prep, dec = await time_decisions(router, bodies, "completion")
-            rows.append(scenario("token ids, 8 holders", "memory", n_inst, len(bodies[0]["prompt"]), prep, dec))
+            after = []
+            prep, dec = await time_decisions(router, bodies, "completion", after)
+            rows.append(scenario("token ids, 8 holders", "memory", n_inst, len(bodies[0]["prompt"]), prep, dec,
+                                 after))
     finally:
         redis.stop()
     return {"decision": rows}

@@ -68,7 +68,10 @@ ENTRIES = (
           out="bench-quick", result="results.json", render=render.bench),
     Entry(name="decision", title="The router's decision time",
           about="In process: prepare (limits, tokenize, hash) plus decide (index lookup, candidates, kv_aware "
-                "scoring), medians of 200 decisions; 8 of the instances hold growing shares of the prompt's prefix. "
+                "scoring, the policy learning its choice), medians of 200 decisions; 8 of the instances hold growing "
+                "shares of the prompt's prefix. The proxy has the policy learn its choice once the request is on the "
+                "wire (pending blocks, reuse history): 'after the send' is that part of decide, which the request "
+                "does not wait for. "
                 "A seen system prompt costs a lookup in the segment cache instead of tokenizing; what is left grows "
                 "with the prompt's block count, not with the fleet. Never-seen prompts alternate between tokenizing in "
                 "place (what an idle router does) and through the tokenizer pool (with other requests in flight). "

@@ -122,12 +122,12 @@ def bench(runs: Sequence[Mapping[str, Any]]) -> str:
 
 def decision(out: Mapping[str, Any]) -> str:
     """tools/bench_router.py decision: the router's prepare + decide per case, in process."""
-    times = ("median_ms", "p99_ms", "prepare_median_ms", "decide_median_ms", "own_median_ms",
-             "over_tokenizer_median_ms")
+    times = ("median_ms", "p99_ms", "prepare_median_ms", "decide_median_ms", "after_send_median_ms",
+             "own_median_ms", "over_tokenizer_median_ms")
     rows = [[r.get("scenario"), r.get("index"), num(r.get("instances")), num(r.get("prompt_tokens")),
              *(num(r.get(k), digits=3) for k in times)] for r in out.get("decision", [])]
     head = ["case", "index", "instances", "prompt tokens", "median ms", "p99 ms", "prepare ms", "decide ms",
-            "outside the tokenizer, ms", "over the tokenizer alone, ms"]
+            "of which after the send, ms", "outside the tokenizer, ms", "over the tokenizer alone, ms"]
     return table(head, rows)
 
 
