@@ -7,11 +7,11 @@ import random
 import pytest
 
 from router.contract.tier_costs import Link, TierCosts
-from router.decision.policies import InstanceState, RouteRequest, make_policy
+from router.decision.policies import InstanceState, make_policy
 from router.decision.policies.kv_aware import KvAwareConfig
 from router.index.base import PrefixMatch
 from tests.support.clock import FakeClock
-from tests.support.route_requests import BS, chain
+from tests.support.route_requests import BS, chain, req
 
 BLOCKS = chain(9, 20)
 
@@ -21,8 +21,7 @@ def policy(**params):
 
 
 def credits(p, candidates, matches, blocks=BLOCKS):
-    return p.credits(RouteRequest(num_tokens=len(blocks) * BS + 3, block_hashes=blocks, block_size=BS), candidates,
-                     matches)
+    return p.credits(req(blocks, len(blocks) * BS + 3), candidates, matches)
 
 
 def test_device_blocks_count_device_credit_each():
@@ -39,7 +38,7 @@ def test_no_credit_for_an_incompatible_cache_or_nothing_cached():
 
 def test_pending_blocks_count_as_device_blocks_and_the_larger_credit_wins():
     p = policy(device_credit=0.5)
-    r = RouteRequest(num_tokens=len(BLOCKS) * BS + 3, block_hashes=BLOCKS, block_size=BS, request_id="r1")
+    r = req(BLOCKS, len(BLOCKS) * BS + 3, "r1")
     p.on_routed(r, "a")  # 20 blocks pending on a
     got = credits(p, [InstanceState("a"), InstanceState("b")], {"a": PrefixMatch({"device": 4}),
                                                                  "b": PrefixMatch({"device": 4})})
@@ -99,9 +98,8 @@ def test_fixed_tier_credit_is_explained_as_fixed_even_for_an_instance_that_adver
 
 def test_per_instance_rates_price_a_host_block_at_that_instances_compute():
     p = policy(per_instance_rate=True, rate_alpha=1.0, min_rate_sample_tokens=64, min_prefill_rate=50)
-    empty = RouteRequest(num_tokens=0, block_hashes=(), block_size=BS)
-    p.on_first_token(empty, "slow", ttft_s=1.0, uncached_tokens=1600)  # 10 ms a block
-    p.on_first_token(empty, "fast", ttft_s=0.1, uncached_tokens=16000)  # 0.1 ms a block
+    p.on_first_token(req((), 0), "slow", ttft_s=1.0, uncached_tokens=1600)  # 10 ms a block
+    p.on_first_token(req((), 0), "fast", ttft_s=0.1, uncached_tokens=16000)  # 0.1 ms a block
     link = TierCosts(5_000_000, {"h2d": Link(1e9, 0.0)}, True, "")  # 5 ms to load a block
     got = credits(p, [InstanceState("slow", tier_costs=link), InstanceState("fast", tier_costs=link)],
                   {"slow": PrefixMatch({"host": 4}), "fast": PrefixMatch({"host": 4})})

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from router.decision.base import InstanceState, RouteRequest
+from router.decision.base import InstanceState
 from router.decision.policies import make_policy
 from router.decision.scoring import kv_cost
 from router.decision.scoring.kv_cost import KvCostConfig
@@ -22,7 +22,7 @@ def kv(**params):
 
 
 def request(num_tokens=160, n_blocks=10, request_id=""):
-    return RouteRequest(num_tokens=num_tokens, block_hashes=chain(3, n_blocks), block_size=BS, request_id=request_id)
+    return req(chain(3, n_blocks), num_tokens, request_id)
 
 
 def test_wait_is_the_queue_over_the_rate_plus_the_larger_of_engine_load_and_inflight():
@@ -57,15 +57,13 @@ def test_evictions_count_the_blocks_queued_ahead_and_a_partial_last_block():
     cands = [InstanceState("ahead", queued_prefill_tokens=17, **full), InstanceState("one", **full),
              InstanceState("fits", kv_free_blocks=50)]
     # 20 uncached tokens: 2 fresh blocks; 17 queued tokens: 2 blocks ahead; 1 free
-    _, terms = p.score(RouteRequest(num_tokens=20, block_hashes=(), block_size=BS), cands, {}, clock.now)
+    _, terms = p.score(req((), 20), cands, {}, clock.now)
     assert terms["ahead"][3] == pytest.approx(2 * 0.5 * BS / 1000)  # depths [1, 3)
     assert terms["one"][3] == pytest.approx(1 * 0.5 * BS / 1000)  # depths [0, 1)
     assert terms["fits"][3] == 0.0
-    five = RouteRequest(num_tokens=5, block_hashes=(), block_size=BS)
-    _, terms = p.score(five, cands[1:2], {}, clock.now)  # 1 fresh block, 1 free
+    _, terms = p.score(req((), 5), cands[1:2], {}, clock.now)  # 1 fresh block, 1 free
     assert terms["one"][3] == 0.0
-    _, terms = p.score(five, [InstanceState("o", **{**full, "kv_free_blocks": 0})], {},
-                       clock.now)
+    _, terms = p.score(req((), 5), [InstanceState("o", **{**full, "kv_free_blocks": 0})], {}, clock.now)
     assert terms["o"][3] == pytest.approx(0.5 * BS / 1000)
 
 
@@ -82,14 +80,14 @@ def test_a_cheaper_candidate_beyond_the_tolerance_is_no_tie():
     p, clock = kv(prefill_rate=1000, evict_weight=0, replicate_weight=0)
     cheap, dear = InstanceState("cheap"), InstanceState("dear", queued_prefill_tokens=100)  # +0.1 s of 0.32
     for _ in range(3):
-        p.on_routed(RouteRequest(num_tokens=160, block_hashes=(), block_size=BS, request_id="x"), "cheap")
+        p.on_routed(req((), 160, "x"), "cheap")
     assert p.select(request(), [cheap, dear], {}).instance == "cheap"
 
 
 def test_one_more_credited_block_is_no_tie():
     p, clock = kv(prefill_rate=1000, evict_weight=0, replicate_weight=0, tie_tolerance=0.2)
     for _ in range(3):
-        p.on_routed(RouteRequest(num_tokens=160, block_hashes=(), block_size=BS, request_id="x"), "hit")
+        p.on_routed(req((), 160, "x"), "hit")
     cands = [InstanceState("hit"), InstanceState("miss")]
     r = request(num_tokens=800, n_blocks=50)
     assert p.select(r, cands, {"hit": PrefixMatch({"device": 1})}).instance == "hit"
@@ -97,8 +95,7 @@ def test_one_more_credited_block_is_no_tie():
 
 def test_a_tie_of_two_goes_to_the_one_sent_fewer_requests():
     p, clock = kv(evict_weight=0, replicate_weight=0)
-    no_blocks = RouteRequest(num_tokens=160, block_hashes=(), block_size=BS, request_id="x")
-    p.on_routed(no_blocks, "a")  # no blocks: no pending credit, only the share
+    p.on_routed(req((), 160, "x"), "a")  # no blocks: no pending credit, only the share
     assert {p.select(request(), [InstanceState("a"), InstanceState("b")], {}).instance for _ in range(5)} == {"b"}
 
 
@@ -226,6 +223,6 @@ def test_blocks_queued_ahead_are_whole_blocks_when_the_victims_span_entries():
     p.reuse.curve = lambda now: (lambda idle: 1.0 / (1.0 + idle))
     full = InstanceState("a", queued_prefill_tokens=17, kv_free_blocks=1, kv_evictable=((2, 1.0), (100, 5.0)),
                          kv_measured_at=clock.now)
-    _, terms = p.score(RouteRequest(num_tokens=20, block_hashes=(), block_size=BS), [full], {}, clock.now)
+    _, terms = p.score(req((), 20), [full], {}, clock.now)
     # 2 blocks ahead, 1 free: depths [1, 3), one block idle 1 s and one idle 5 s
     assert terms["a"][3] == pytest.approx((1 / 2 + 1 / 6) * BS / 1000)

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from router.index.base import PrefixMatch
-from router.decision.policies import POLICIES, InstanceState, RouteRequest, make_policy, policy_params
+from router.decision.policies import POLICIES, InstanceState, make_policy, policy_params
 from router.decision.scoring.recent import RecentBlocks
 from tests.support.clock import FakeClock
 from tests.support.route_requests import BS, chain, req
@@ -154,7 +154,7 @@ def test_prefix_hash_bounded_load_under_a_flood():
 def test_prefix_hash_without_a_full_block_goes_to_least_load():
     p = make_policy("prefix_hash", rng=random.Random(0))
     cands = [InstanceState("a", inflight=4), InstanceState("b", inflight=0), InstanceState("c", inflight=2)]
-    d = p.select(RouteRequest(num_tokens=7, block_hashes=(), block_size=BS), cands, {})
+    d = p.select(req((), 7), cands, {})
     assert d.instance == "b" and "least load" in d.explained()
 
 

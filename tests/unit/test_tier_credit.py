@@ -5,10 +5,10 @@ import random
 import pytest
 
 from router.index.base import PrefixMatch
-from router.decision.policies import InstanceState, RouteRequest, make_policy
+from router.decision.policies import InstanceState, make_policy
 from router.contract.tier_costs import Link, TierCosts, store_owner
+from tests.support.route_requests import BS, req
 
-BS = 16
 RATE = 10_000.0  # tokens/s: 1.6 ms of compute per block
 STORE = "redis://10.0.0.5:6379/0#ns"
 BLOCKS = tuple(range(1, 101))
@@ -26,8 +26,7 @@ def policy(**params):
 
 
 def credits(p, candidates, matches):
-    return p.credits(RouteRequest(num_tokens=len(BLOCKS) * BS + 3, block_hashes=BLOCKS, block_size=BS), candidates,
-                     matches)
+    return p.credits(req(BLOCKS, len(BLOCKS) * BS + 3), candidates, matches)
 
 
 def test_a_host_block_is_credited_by_compute_minus_load_time():
@@ -61,7 +60,7 @@ def test_tier_aware_routing_sends_a_returning_session_to_the_idle_instance_with_
     fast_store = costs(h2d_bps=2.5e10, store_bps=2.5e10, store=STORE)  # loads almost free
     cands = [InstanceState("busy", queued_prefill_tokens=1200, tier_costs=fast_store),
              InstanceState("idle", tier_costs=fast_store)]
-    request = RouteRequest(num_tokens=len(BLOCKS) * BS + 3, block_hashes=BLOCKS, block_size=BS)
+    request = req(BLOCKS, len(BLOCKS) * BS + 3)
     assert policy().select(request, cands, matches).instance == "idle"
     fixed = policy(tier_credit="fixed", host_credit=0.75, remote_credit=0.25)
     assert fixed.select(request, cands, matches).instance == "busy"  # 0.25 x the store's blocks looks poor
