@@ -140,13 +140,12 @@ async def hold_prefixes(index, ids: list[int], holders: int) -> None:
         await index.add(f"e{i}", "device", hashes[: len(hashes) * (i + 1) // holders])
 
 
-async def time_decisions(router, bodies, kind: str,
-                         after: list[float] | None = None) -> tuple[list[float], list[float]]:
+async def time_decisions(router, bodies, kind: str) -> tuple[list[float], list[float], list[float]]:
     """Per body: (prepare = limits + tokenize + hash, decide = lookup + candidates + score + the policy
-    learning its choice), seconds. The proxy has the policy learn the choice once the request is on
-    the wire (`route_later`), so that part is timed apart too, into `after` when given: decide less
-    `after` is what a request waits for before it is sent."""
-    prep, dec = [], []
+    learning its choice, the last part alone), seconds. The proxy has the policy learn the choice once
+    the request is on the wire (`route_later`): decide less that part is what a request waits for
+    before it is sent."""
+    prep, dec, after = [], [], []
     for body in bodies:
         t0 = time.perf_counter()
         prepared = await router.prepare(body, kind)
@@ -157,10 +156,9 @@ async def time_decisions(router, bodies, kind: str,
         t3 = time.perf_counter()
         dec.append(t3 - t1)
         prep.append(t1 - t0)
-        if after is not None:
-            after.append(t3 - t2)
+        after.append(t3 - t2)
         router.policy.on_finished(prepared.route, choice.instance.id)
-    return prep, dec
+    return prep, dec, after
 
 
 def scenario(name, index_name, n_inst, tokens, prep, dec, after, alone=None) -> dict:
@@ -210,8 +208,7 @@ async def decision(args) -> dict:
                 await router.prepare({"messages": first, "max_tokens": 1}, "chat")  # the system prompt is seen
                 bodies = [{"messages": [system, {"role": "user", "content": f"question {i} about caches"}],
                            "max_tokens": 1} for i in range(args.reps)]
-                after = []
-                prep, dec = await time_decisions(router, bodies, "chat", after)
+                prep, dec, after = await time_decisions(router, bodies, "chat")
                 rows.append(scenario("chat, system prompt seen before", index_name, 64,
                                      len(tok.encode_chat(bodies[0]["messages"])), prep, dec, after))
                 await index.close()
@@ -228,9 +225,8 @@ async def decision(args) -> dict:
                 timed.backend.encode_batch_fast([t], add_special_tokens=False)  # the tokenizer's fastest call
                 alone = time.perf_counter() - t0
                 before = timed.seconds
-                after = []
-                p, d = await time_decisions(router, [{"prompt": t, "max_tokens": 1}], "completion", after)
-                places[place].append((alone, timed.seconds - before, p[0], d[0], after[0]))
+                p, d, a = await time_decisions(router, [{"prompt": t, "max_tokens": 1}], "completion")
+                places[place].append((alone, timed.seconds - before, p[0], d[0], a[0]))
             for place, runs in places.items():
                 rows.append(never_seen(f"completion, never seen, {place}", index_name, len(tok.encode(texts[0])),
                                        runs))
@@ -242,8 +238,7 @@ async def decision(args) -> dict:
             base = text_of(1024, tok)
             await hold_prefixes(index, tok.encode(base), 8)
             bodies = [{"prompt": [*tok.encode(base), 5 + i % 50, 6, 7], "max_tokens": 1} for i in range(args.reps)]
-            after = []
-            prep, dec = await time_decisions(router, bodies, "completion", after)
+            prep, dec, after = await time_decisions(router, bodies, "completion")
             rows.append(scenario("token ids, 8 holders", "memory", n_inst, len(bodies[0]["prompt"]), prep, dec,
                                  after))
     finally:
