@@ -29,6 +29,7 @@ from aiohttp import web
 from router.fleet.cluster import Cluster
 from router.contract.errors import KVRouteError, Overloaded, Unavailable
 from router.contract.http import SSE_DONE, ClientGone, parse_retry_after, prepare_client, sse_error, write_client
+from router.service.attempt_deadlines import Deadlines
 from router.service.upstream_errors import describe_failure
 from router.service.routing import Choice, Forecast, Prepared, Router
 from router.service.steering import with_token_ids
@@ -90,37 +91,6 @@ class Dispatch:
         self.on_progress()
 
 
-class _LoadWatch:
-    """The silence watch on a non-streamed answer, which comes whole at the end: while the engine's
-    load reports keep arriving it is working and only the attempt's deadline (--request-timeout-s)
-    bounds the wait; once it has been silent for `patience_s` (--first-byte-timeout-s: hung, stopped)
-    the deadline is moved to now (`silent_s` says why), so the request is retried before anything
-    reached the client, as a stream without its first byte would be. One timer, re-armed from the
-    last report; an object, not a closure that re-arms itself (that would be a reference cycle per
-    request, left to the cyclic GC)."""
-
-    __slots__ = ("loop", "inst", "patience_s", "deadline", "handle", "silent_s")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, inst, patience_s: float, deadline: asyncio.Timeout) -> None:
-        self.loop, self.inst, self.patience_s, self.deadline = loop, inst, patience_s, deadline
-        self.silent_s: float | None = None
-        self.handle: asyncio.TimerHandle | None = loop.call_later(patience_s, self._check)
-
-    def _check(self) -> None:
-        silent = time.monotonic() - self.inst.load_seen
-        if silent >= self.patience_s:
-            self.silent_s = silent
-            self.handle = None
-            self.deadline.reschedule(self.loop.time())  # ends the awaited answer with TimeoutError
-        else:
-            self.handle = self.loop.call_later(self.patience_s - silent, self._check)
-
-    def cancel(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-        self.handle = self.deadline = None
-
-
 class Routing:
     """What a decision records (`Router.routed`, the proxy's cache metrics), run once its request is
     on the wire, so the engine starts on it while the router does this bookkeeping. The upstream
@@ -152,6 +122,7 @@ class Proxy:
         self.router = router
         self.cluster = cluster
         self.session = session
+        self.deadlines = Deadlines()  # the attempts' deadlines, on one timer (router/service/attempt_deadlines.py)
         self.upstream = Upstream()  # plain-http engines: the lean client (router/service/upstream.py)
         self._addresses: dict[str, tuple[str, int, str] | None] = {}  # engine URL -> (host, port, path prefix)
         self.metrics = router.metrics
@@ -246,11 +217,15 @@ class Proxy:
         once the request is written, before anything is awaited (see `Routing`)."""
         inst, stream = dispatch.inst, prepared.request.stream
         wait = self.config.first_byte_timeout_s if stream else self.config.request_timeout_s
-        upstream = watch = None
+        upstream = None
+        # a non-streamed answer comes whole at the end: while the engine's load reports keep coming it
+        # is working, and only --request-timeout-s bounds the wait; after --first-byte-timeout-s of
+        # silence (hung, stopped) it ends at once, retried before anything reached the client
+        deadline = self.deadlines.start(wait) if stream else self.deadlines.start(
+            wait, inst, self.config.first_byte_timeout_s)
         try:
-            async with asyncio.timeout(wait) as deadline:
+            with deadline:
                 if not stream:
-                    watch = _LoadWatch(asyncio.get_running_loop(), inst, self.config.first_byte_timeout_s, deadline)
                     upstream, body = await self._fetch_whole(inst, request.path, raw, on_sent)
                     if isinstance(body, KVRouteError):
                         return body
@@ -267,8 +242,8 @@ class Proxy:
                                                         request=True)
                             return Unavailable(f"instance {inst.id} closed the stream before the first byte")
         except TimeoutError:
-            if watch is not None and watch.silent_s is not None:  # the engine went silent: hung or stopped
-                why = f"no answer and no load report for {watch.silent_s:.1f}s"
+            if deadline.silent_s is not None:  # the engine went silent: hung or stopped
+                why = f"no answer and no load report for {deadline.silent_s:.1f}s"
                 self.cluster.report_failure(inst, why, request=True)
                 return Unavailable(f"instance {inst.id} timed out ({why}, --first-byte-timeout-s)")
             what = "no first byte" if stream else "no answer"
@@ -280,8 +255,6 @@ class Proxy:
             self.cluster.report_failure(inst, f"request failed: {why}", request=True)
             return Unavailable(f"instance {inst.id} failed: {why}")
         finally:
-            if watch is not None:
-                watch.cancel()
             if upstream is not None and (not stream or upstream.status != 200):
                 upstream.close()
         inst.request_ok()

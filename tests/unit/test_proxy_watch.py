@@ -1,4 +1,4 @@
-"""The silence watch on a non-streamed answer (router/service/proxy.py `_LoadWatch`), on loopback
+"""The silence watch on a non-streamed answer (router/service/attempt_deadlines.py), on loopback
 stubs: a load report that comes during the wait re-arms the watch, so an engine that then goes
 silent is still given up on at --first-byte-timeout-s of silence (not at --request-timeout-s), and
 no watch timer outlives the answer it watched."""
