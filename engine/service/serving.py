@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 
+import msgspec
 from aiohttp import web
 
 from engine.transfer.kv_transfer import TransferHandle, tail_hash
@@ -108,7 +109,7 @@ class CompletionService:
         first_text = None
         if isinstance(transfer, str):  # a granted prefill for a remote decode: `transfer` is our address
             sampling = dataclasses.replace(sampling, max_tokens=1)
-            req = dataclasses.replace(req, stream=False)
+            req = msgspec.structs.replace(req, stream=False)
             handle = self.engine.add_request(request_id, prompt_ids, sampling, seed, pin_kv=True)
             handle.seq.transfer_address = transfer
         elif transfer is not None and self._binds(transfer, prompt_ids, seed, request_id):

@@ -21,13 +21,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, Sequence
 
+import msgspec
 import tokenizers
 
 from router.contract.protocol import u32le
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Encoding:
+class Encoding(msgspec.Struct, frozen=True):
     ids: list[int]
     data: bytes  # `ids` as little-endian uint32
     prefix_key: tuple = ()

@@ -6,8 +6,9 @@ becomes a BadRequest naming the field.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
+
+import msgspec
 
 from router.contract.errors import BadRequest
 from router.contract.openai_sampling import sampling_fields
@@ -19,8 +20,7 @@ FORWARDED_IDS = "kvroute_prompt_token_ids"
 INT64 = 1 << 63  # `seed` is a signed 64-bit integer, as in vLLM
 
 
-@dataclasses.dataclass(frozen=True)
-class CompletionRequest:
+class CompletionRequest(msgspec.Struct, frozen=True):
     kind: str  # "completion" | "chat"
     body: dict
     model: str | None

@@ -36,6 +36,8 @@ import dataclasses
 import math
 from typing import Mapping
 
+import msgspec
+
 from router.decision.base import Decision
 from router.decision.fair_queue import FairQueue, QueueEntry
 
@@ -166,8 +168,7 @@ def over_share(tenant: str, weights: Mapping[str, float], rates: Mapping[str, fl
     return mine / total > fair + tolerance
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Prediction:
+class Prediction(msgspec.Struct, frozen=True, kw_only=True):
     ttft_s: float | None  # None: the policy predicts nothing (round_robin, least_load, ...): admit
     prefill_s: float = 0.0  # the request's own prefill, of ttft_s
 

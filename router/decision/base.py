@@ -7,18 +7,18 @@ to pick one. Hooks let a policy learn from what happened; they do nothing by def
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from typing import Callable, Mapping, Protocol, Sequence
+
+import msgspec
 
 from router.index.base import PrefixMatch
 from router.contract.protocol import LoadRecord
 from router.contract.tier_costs import TierCosts
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class InstanceState:
+class InstanceState(msgspec.Struct, frozen=True):
     """The router's view of one instance at decision time."""
 
     id: str
@@ -43,8 +43,7 @@ class InstanceState:
                    load.kv_free_blocks, load.kv_evictable, measured_at, tier_costs)
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RouteRequest:
+class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
     num_tokens: int
     block_hashes: tuple[int, ...]
     block_size: int
@@ -54,15 +53,14 @@ class RouteRequest:
 COST_TERMS = ("wait_s", "prefill_s", "compute_s", "evict_s")  # the parts of a kv_cost cost (kv_aware.py)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     instance: str
-    costs: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per candidate, for /router/explain
+    costs: Mapping[str, float] = msgspec.field(default_factory=dict)  # per candidate, for /router/explain
     reason: str = ""
     uncached_tokens: int | None = None  # predicted prompt tokens to prefill on `instance`; None: not predicted
-    terms: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # per candidate, COST_TERMS
+    terms: Mapping[str, tuple[float, ...]] = msgspec.field(default_factory=dict)  # per candidate, COST_TERMS
     # The reason, formatted only when asked (/router/explain): routing itself never builds the text.
-    reason_fn: Callable[[], str] | None = dataclasses.field(default=None, repr=False, compare=False)
+    reason_fn: Callable[[], str] | None = None
 
     def explained(self) -> str:
         return self.reason or (self.reason_fn() if self.reason_fn is not None else "")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Hashable, Mapping, Protocol, Sequence
 
+import msgspec
+
 from router.decision.base import Decision, InstanceState, Policy, RouteRequest
 from router.decision.candidates import LeastLoaded, RecentSenders, pick
 from router.index.base import PrefixMatch
@@ -54,8 +56,7 @@ class NoCandidates(Exception):
         self.overloaded = overloaded
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Routed:
+class Routed(msgspec.Struct, frozen=True):
     member: Hashable  # the chosen member (an Instance in the router, a position in the simulator)
     decision: Decision
     candidates: Sequence[Hashable]  # the members the policy chose among

@@ -13,12 +13,13 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
+import msgspec
+
 from router.planner.decide import EngineView, Observation
 from router.planner.demand import estimate
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Finished:
+class Finished(msgspec.Struct, frozen=True, kw_only=True):
     at: float
     model: str
     ok: bool

@@ -7,11 +7,12 @@ by the proxy and by POST /router/explain, so the explanation is the decision.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
 from typing import Callable, Mapping, Sequence
+
+import msgspec
 
 from router.fleet.cluster import Cluster
 from router.fleet.groups import Group
@@ -37,19 +38,17 @@ log = logging.getLogger(__name__)
 _request_ids = itertools.count()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Prepared:
+class Prepared(msgspec.Struct, frozen=True):
     request: CompletionRequest
     model: str
     num_tokens: int
     route: RouteRequest
     started: float
     trace: RequestTrace
-    token_ids: list[int] = dataclasses.field(default_factory=list, repr=False)
+    token_ids: list[int] = msgspec.field(default_factory=list)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Forecast:
+class Forecast(msgspec.Struct, frozen=True, kw_only=True):
     """A decision before its bookkeeping: the index's matches and the choice (admission predicts from it)."""
 
     routed: Routed
@@ -60,8 +59,7 @@ class Forecast:
         return predicted_ttft(self.routed.decision)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(msgspec.Struct, frozen=True):
     instance: Instance
     decision: Decision
     matches: Mapping[str, PrefixMatch]

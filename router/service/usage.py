@@ -14,18 +14,17 @@ whole lines without one is not even split), and a partial line is buffered up to
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
+import msgspec
 import orjson
 
 MAX_LINE_BYTES = 1 << 20
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None = None  # prompt_tokens_details.cached_tokens; None when not reported

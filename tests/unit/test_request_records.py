@@ -1,0 +1,65 @@
+"""The records a request makes on its way through the router (docs/architecture.md, "Records on
+the request path") are immutable, and the ones that cross into the shared decision or the planner
+are keyword-only, so a field added later breaks callers loudly instead of shifting them."""
+
+import pytest
+
+from router.contract.encoding import Encoding
+from router.contract.openai_request import parse_request
+from router.decision.admission import Prediction
+from router.decision.base import Decision, InstanceState, RouteRequest
+from router.decision.route import Routed
+from router.planner.recent import Finished
+from router.service.request_trace import RequestTrace
+from router.service.routing import Choice, Forecast, Prepared
+from router.service.usage import Usage
+
+
+def records():
+    request = parse_request({"prompt": "hi", "max_tokens": 2}, "completion")
+    route = RouteRequest(num_tokens=3, block_hashes=(1,), block_size=16)
+    decision = Decision("a", uncached_tokens=3)
+    state = InstanceState("a")
+    routed = Routed("a", decision, ["a"], state)
+    return {
+        "CompletionRequest": request,
+        "Encoding": Encoding([1, 2, 3], b"\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00"),
+        "RouteRequest": route,
+        "Decision": decision,
+        "InstanceState": state,
+        "Routed": routed,
+        "Prepared": Prepared(request, "m", 3, route, 0.0, RequestTrace(model="m", stream=False, prompt_tokens=3)),
+        "Forecast": Forecast(routed=routed, matches={}),
+        "Choice": Choice(object(), decision, {}, []),
+        "Usage": Usage(3, 2),
+        "Finished": Finished(at=1.0, model="m", ok=True, ttft=None, tpot=None, prompt_tokens=3, output_tokens=2),
+        "Prediction": Prediction(ttft_s=0.1),
+    }
+
+
+@pytest.mark.parametrize("name", list(records()))
+def test_a_request_record_cannot_be_changed(name):
+    record = records()[name]
+    field = type(record).__struct_fields__[0]
+    with pytest.raises(AttributeError):
+        setattr(record, field, getattr(record, field))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: RouteRequest(3, (1,), 16),
+    lambda: Finished(1.0, "m", True, None, None, 3, 2),
+    lambda: Forecast(None, {}),
+    lambda: Prediction(0.1),
+])
+def test_records_that_cross_into_the_decision_or_the_planner_are_keyword_only(make):
+    with pytest.raises(TypeError):
+        make()
+
+
+def test_equal_fields_make_equal_records_and_the_fields_are_kept():
+    a = RouteRequest(num_tokens=3, block_hashes=(1, 2), block_size=16, request_id="r1")
+    assert a == RouteRequest(num_tokens=3, block_hashes=(1, 2), block_size=16, request_id="r1")
+    assert (a.num_tokens, a.block_hashes, a.block_size, a.request_id) == (3, (1, 2), 16, "r1")
+    assert InstanceState("a") != InstanceState("a", inflight=1)
+    assert Prepared(None, "m", 0, None, 0.0, None).token_ids == []  # a fresh list per record
+    assert Prepared(None, "m", 0, None, 0.0, None).token_ids is not Prepared(None, "m", 0, None, 0.0, None).token_ids
