@@ -7,8 +7,9 @@ ordered writes (and unordered ones for a shared store's pseudo-instance, `event_
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable, Literal, Mapping, Protocol, Sequence
+
+import msgspec
 
 from router.contract.protocol import TIERS, KVEvent
 from router.contract.tier_costs import store_owner
@@ -16,8 +17,7 @@ from router.contract.tier_costs import store_owner
 TIER_RANK = {tier: i for i, tier in enumerate(TIERS)}  # lower is better: device < host < remote
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PrefixMatch:
+class PrefixMatch(msgspec.Struct, frozen=True):
     """One instance's consecutive cached prefix of a request's block chain.
 
     `by_tier[t]` counts the blocks of that prefix whose best tier is t; the prefix

@@ -69,7 +69,8 @@ def whole_response(resp: web.StreamResponse, keep_alive: bool) -> bytes | None:
     line, its headers, Content-Length, Date, Server, `Connection: close` when not kept alive), in
     one buffer; None for anything else (a stream, a payload, cookies, compression), which aiohttp's
     own classes write."""
-    if type(resp) is not web.Response or resp.prepared or resp.cookies or resp.compression:
+    # `resp.cookies` would make an empty cookie jar per answer (aiohttp makes it on first read)
+    if type(resp) is not web.Response or resp.prepared or getattr(resp, "_cookies", None) or resp.compression:
         return None
     body = resp.body
     if not isinstance(body, bytes) or resp.keep_alive is False:

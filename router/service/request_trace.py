@@ -13,19 +13,19 @@ token for kvroute and vLLM engines).
 
 from __future__ import annotations
 
-import dataclasses
 import time
+
+import msgspec
 
 from router.planner.recent import Finished, RecentWindow
 from router.service.usage import StreamUsage, Usage, usage_from_body
 
 
-@dataclasses.dataclass(slots=True, kw_only=True)
-class RequestTrace:
+class RequestTrace(msgspec.Struct, kw_only=True):
     model: str
     stream: bool
     prompt_tokens: int
-    started: float = dataclasses.field(default_factory=time.perf_counter)
+    started: float = msgspec.field(default_factory=time.perf_counter)
     max_tokens: int = -1  # as asked (-1: not given)
     predicted_cached: int = 0  # the router's prediction, when the engine reports no usage
     decided: bool = False  # its routing decision time was recorded

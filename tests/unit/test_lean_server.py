@@ -274,3 +274,18 @@ async def _send(writer, size: int) -> None:
     for _ in range(size // len(chunk)):
         writer.write(chunk)
         await writer.drain()
+
+
+def test_a_whole_answer_is_written_in_one_buffer_unless_it_carries_cookies():
+    from aiohttp import web
+
+    from router.service.lean_server import whole_response
+
+    plain = web.Response(body=b'{"ok":1}', status=200, headers={"Content-Type": "application/json"})
+    out = whole_response(plain, keep_alive=True)
+    assert out is not None and out.startswith(b"HTTP/1.1 200 OK\r\n") and out.endswith(b'\r\n\r\n{"ok":1}')
+    assert b"Content-Length: 8\r\n" in out and b"Connection: close" not in out
+    assert b"Connection: close\r\n" in whole_response(plain, keep_alive=False)
+    with_cookie = web.Response(body=b"x")
+    with_cookie.set_cookie("session", "1")
+    assert whole_response(with_cookie, keep_alive=True) is None  # aiohttp's writer sends Set-Cookie

@@ -9,6 +9,9 @@ from router.contract.openai_request import parse_request
 from router.decision.admission import Prediction
 from router.decision.base import Decision, InstanceState, RouteRequest
 from router.decision.route import Routed
+from router.decision.scoring.replication import Copy
+from router.decision.scoring.tier_credit import TierCredit
+from router.index.base import PrefixMatch
 from router.planner.recent import Finished
 from router.service.request_trace import RequestTrace
 from router.service.routing import Choice, Forecast, Prepared
@@ -34,6 +37,9 @@ def records():
         "Usage": Usage(3, 2),
         "Finished": Finished(at=1.0, model="m", ok=True, ttft=None, tpot=None, prompt_tokens=3, output_tokens=2),
         "Prediction": Prediction(ttft_s=0.1),
+        "PrefixMatch": PrefixMatch({"device": 2}),
+        "TierCredit": TierCredit({"device": 2}, {"device": 0.1}, 2.0),
+        "Copy": Copy(None, 7, 0.5),
     }
 
 

@@ -33,9 +33,10 @@ split between the holders by cost.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 from typing import Mapping, Sequence
+
+import msgspec
 
 from router.decision.base import InstanceState, RouteRequest
 
@@ -95,8 +96,7 @@ def benefit(count: float, delay_s: float, num_holders: int) -> float:
     return delay_s * count * math.log(2) / (num_holders + 1)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Copy:
+class Copy(msgspec.Struct, frozen=True):
     """A decision to copy the request's prefix onto `target` (or None), and what was measured."""
 
     target: InstanceState | None

@@ -21,8 +21,9 @@ with remote blocks.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
+
+import msgspec
 
 from router.index.base import PrefixMatch
 from router.contract.tier_costs import TierCosts, plan_runs, store_owner
@@ -30,8 +31,7 @@ from router.contract.tier_costs import TierCosts, plan_runs, store_owner
 LOWER_TIERS = ("host", "remote")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class TierCredit:
+class TierCredit(msgspec.Struct, frozen=True):
     """One candidate's cached prefix by tier and what it is worth."""
 
     blocks_by_tier: Mapping[str, int]
