@@ -60,14 +60,19 @@ class Entry:
         self.router.recent.arrived(prepared.trace)
         status = "error"
         try:
+            gated = self.gate.gated(ticket)  # else `enter` admits at once: nothing to make for it
             if self.split.active(prepared.model):
-                await self.gate.enter(ticket, no_prediction)
+                if gated:
+                    await self.gate.enter(ticket, no_prediction)
                 resp = await self.split.handle(request, body, prepared)
             else:
                 roles = self.cluster.colocated_roles(prepared.model)
-                kept = Kept()
-                await self.gate.enter(ticket, lambda: kept.predict(self.router, prepared, roles))
-                resp = await self.proxy.forward(request, raw, prepared, roles, forecast=kept.forecast)
+                forecast = None
+                if gated:
+                    kept = Kept()
+                    await self.gate.enter(ticket, lambda: kept.predict(self.router, prepared, roles))
+                    forecast = kept.forecast
+                resp = await self.proxy.forward(request, raw, prepared, roles, forecast=forecast)
             status = str(resp.status)
             return resp
         except (asyncio.CancelledError, ClientGone):

@@ -38,6 +38,7 @@ from router.service.upstream import Upstream
 log = logging.getLogger(__name__)
 
 INSTANCE_HEADER = "x-kvroute-instance"
+RELAYED_HEADERS = ("Content-Type", "Cache-Control", "Retry-After")  # of the engine's answer, to the client
 RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
@@ -326,7 +327,9 @@ class Proxy:
     @staticmethod
     def _headers(upstream, instance_id: str) -> dict:
         headers = {INSTANCE_HEADER: instance_id}
-        for name in ("Content-Type", "Cache-Control", "Retry-After"):
-            if name in upstream.headers:
-                headers[name] = upstream.headers[name]
+        get = upstream.headers.get
+        for name in RELAYED_HEADERS:
+            value = get(name)
+            if value is not None:
+                headers[name] = value
         return headers

@@ -55,8 +55,19 @@ def _parse(payload: bytes) -> Usage | None:
 
 
 def usage_from_body(raw: bytes) -> Usage | None:
-    """The usage of a non-streamed completion or chat-completion body."""
-    return _parse(raw) if _USAGE.search(raw) else None
+    """The usage of a non-streamed completion or chat-completion body. Only the body from its last
+    `"usage"` key on is parsed, as `{"usage": ...}`, when that is valid JSON: then it is the top-level
+    usage (a nested key would leave one brace too many; inside a JSON string the quotes are escaped),
+    and a body that ends with it (kvroute and SGLang engines write it last) costs the usage object's
+    parse, not the whole answer's; else the body is parsed whole (vLLM writes fields after it)."""
+    at = raw.rfind(b'"usage"')
+    if at < 0:
+        return None
+    try:
+        data = orjson.loads(b"{" + raw[at:])
+    except orjson.JSONDecodeError:
+        return _parse(raw) if _USAGE.search(raw) else None
+    return Usage.from_dict(data.get("usage"))
 
 
 class StreamUsage:

@@ -23,6 +23,26 @@ def test_usage_from_a_whole_body():
     assert usage_from_body(orjson.dumps({"usage": no_details})) == Usage(40, 5, None)
 
 
+
+def test_usage_from_a_whole_body_is_the_top_level_usage_wherever_the_key_sits():
+    other = {"prompt_tokens": 1, "completion_tokens": 1}
+
+    def whole(raw: bytes):  # the reference: the body parsed whole
+        data = orjson.loads(raw)
+        return Usage.from_dict(data.get("usage")) if isinstance(data, dict) else None
+
+    bodies = [
+        orjson.dumps({"id": "x", "choices": [{"text": 'say "usage": {}'}], "usage": USAGE}),  # last: kvroute, SGLang
+        orjson.dumps({"id": "x", "usage": USAGE, "kv_transfer_params": None}),  # fields after it: vLLM
+        orjson.dumps({"usage": USAGE, "meta": {"usage": other}}),  # a nested usage last
+        orjson.dumps({"meta": {"usage": other}, "usage": USAGE}) + b"\n",
+        orjson.dumps({"choices": [{"text": "x"}], "usage": None}),
+        orjson.dumps([{"usage": USAGE}]),  # not an object
+    ]
+    for raw in bodies:
+        assert usage_from_body(raw) == whole(raw), raw
+    assert [usage_from_body(raw) for raw in bodies[:4]] == [Usage(40, 5, 32)] * 4
+
 def test_stream_usage_in_any_chunking():
     raw = sse({"choices": [{"text": "a"}], "usage": None}, {"choices": [{"text": "b"}], "usage": None},
               {"choices": [], "usage": USAGE})
