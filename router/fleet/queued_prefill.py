@@ -20,7 +20,6 @@ queue (kvroute); others keep the old rule (released when the answer arrives).
 
 from __future__ import annotations
 
-import collections
 import time
 from typing import Protocol
 
@@ -37,7 +36,7 @@ class Pending(Protocol):
 class QueuedPrefill:
     def __init__(self, margin_s: float = MARGIN_S) -> None:
         self.margin_s = margin_s
-        self._sent: collections.deque[tuple[float, Pending]] = collections.deque()  # oldest first
+        self._sent: list[tuple[float, Pending]] = []  # oldest first
 
     def __len__(self) -> int:
         return len(self._sent)
@@ -46,21 +45,23 @@ class QueuedPrefill:
         self._sent.append((time.time() if now is None else now, dispatch))
 
     def release(self, load: LoadRecord) -> list[Pending]:
-        """The dispatches whose prefill `load` shows done (each returned once)."""
-        sent = self._sent
-        while sent and sent[0][1].first_seen:  # answered already
-            sent.popleft()
+        """The dispatches whose prefill `load` shows done (each returned once). The ones answered
+        already leave the queue here, wherever they are in it, so each load report walks only the
+        requests not yet answered or released (a request in flight at the front would otherwise
+        keep every answered one behind it, and every report would walk them all again)."""
+        sent = [(t, d) for t, d in self._sent if not d.first_seen]
         cutoff = load.ts - self.margin_s
-        older = [d for t, d in sent if t <= cutoff and not d.first_seen]
-        if not older:
-            return []
-        kept, done = 0, []
-        for d in reversed(older):
-            if kept < load.queued_prefill_tokens:
-                kept += d.uncached
-            else:
-                done.append(d)
+        older = [d for t, d in sent if t <= cutoff]
+        done = []
+        if older:
+            kept = 0
+            for d in reversed(older):
+                if kept < load.queued_prefill_tokens:
+                    kept += d.uncached
+                else:
+                    done.append(d)
         if done:
             gone = set(map(id, done))
-            self._sent = collections.deque((t, d) for t, d in sent if id(d) not in gone and not d.first_seen)
+            sent = [(t, d) for t, d in sent if id(d) not in gone]
+        self._sent = sent
         return done

@@ -40,6 +40,19 @@ def test_requests_answered_already_or_too_recent_are_left_alone():
     assert len(q) == 1
 
 
+
+def test_answered_requests_behind_one_still_in_flight_leave_at_the_next_report():
+    q = QueuedPrefill(margin_s=0.05)
+    waiting = Sent(100)
+    answered = [Sent(10) for _ in range(50)]
+    q.add(waiting, now=1.0)
+    for i, d in enumerate(answered):
+        q.add(d, now=1.1 + i * 0.01)
+        d.first_seen = True  # answered whole: its prefill was released with the body
+    assert q.release(load(3.0, queued=100)) == []  # `waiting` still makes up the engine's queue
+    assert len(q) == 1  # the answered ones behind it are gone, not walked again at every report
+    assert q.release(load(3.1, queued=0)) == [waiting] and len(q) == 0
+
 async def test_a_decoding_non_streamed_request_stops_counting_as_queued_prefill(start_engine, start_router, http):
     engine, _ = await start_engine(time_scale=3.0)
     router, server = await start_router([engine])
