@@ -21,7 +21,7 @@ ENGINE_ONLY_FIELDS = ("kv_transfer_params", FORWARDED_IDS)
 
 def strip_engine_fields(body: dict, raw: bytes) -> tuple[dict, bytes]:
     """`body` without engine-only fields, and the bytes to forward (the original when unchanged)."""
-    if not any(name in body for name in ENGINE_ONLY_FIELDS):
+    if body.keys().isdisjoint(ENGINE_ONLY_FIELDS):
         return body, raw
     clean = {k: v for k, v in body.items() if k not in ENGINE_ONLY_FIELDS}
     return clean, orjson.dumps(clean)

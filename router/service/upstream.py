@@ -142,17 +142,20 @@ class Response:
         if not version.startswith("HTTP/1."):
             raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         self.status = int(rest[:3])
+        headers = self.headers
         for line in lines[1:]:
             name, _, value = line.partition(":")
-            self.headers[name.strip().lower()] = value.strip()
+            headers[name.strip().lower()] = value.strip()
         self._head_done = True
-        connection = self.headers.get("connection", "").lower()
+        # the names are lower-case here: plain dict lookups, no case folding per lookup
+        connection = dict.get(headers, "connection", "").lower()
         if version == "HTTP/1.0" and connection != "keep-alive" or connection == "close":
             self._reusable = False
-        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+        length = dict.get(headers, "content-length")
+        if "chunked" in dict.get(headers, "transfer-encoding", "").lower():
             self._mode = "chunked"
-        elif "content-length" in self.headers:
-            self._mode, self._left = "length", int(self.headers["content-length"])
+        elif length is not None:
+            self._mode, self._left = "length", int(length)
         elif self.status in (204, 304) or 100 <= self.status < 200:
             self._mode, self._left = "length", 0
         else:
