@@ -121,7 +121,7 @@ class OraclePolicy(PolicyBase):
         ttft, uncached = self.predicted_ttft(request)
         i = self.lowest(ttft, candidates)
         best = ttft[i]
-        return Decision(self.ids[i], reason_fn=lambda: f"oracle: predicted TTFT {best:.4f} s",
+        return Decision(instance=self.ids[i], reason_fn=lambda: f"oracle: predicted TTFT {best:.4f} s",
                         uncached_tokens=int(uncached[i]))
 
     def lowest(self, cost: np.ndarray, candidates: Sequence[InstanceState]) -> int:

@@ -81,7 +81,7 @@ class FutureOraclePolicy(OraclePolicy):
         cost = ttft + np.array([self.recompute_s * self.lost_blocks(inst, int(u), now)
                                 for inst, u in zip(self.instances, uncached)])
         i = self.lowest(cost, candidates)
-        return Decision(self.ids[i], reason=f"oracle_future: predicted TTFT {ttft[i]:.4f} s + evictions "
+        return Decision(instance=self.ids[i], reason=f"oracle_future: predicted TTFT {ttft[i]:.4f} s + evictions "
                         f"{cost[i] - ttft[i]:.4f} s", uncached_tokens=int(uncached[i]))
 
     def lost_blocks(self, inst, uncached_tokens: int, now: float) -> int:

@@ -27,7 +27,7 @@ import tokenizers
 from router.contract.protocol import u32le
 
 
-class Encoding(msgspec.Struct, frozen=True):
+class Encoding(msgspec.Struct, frozen=True, kw_only=True):
     ids: list[int]
     data: bytes  # `ids` as little-endian uint32
     prefix_key: tuple = ()
@@ -38,7 +38,7 @@ class Encoding(msgspec.Struct, frozen=True):
         """Ids that did not come from the cache (a client's token ids, a full encode); `data`, when
         given, is `ids` packed already."""
         ids = list(ids)
-        return cls(ids, data or u32le(ids))
+        return cls(ids=ids, data=data or u32le(ids))
 
 
 class EncodePlan(Protocol):

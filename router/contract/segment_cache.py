@@ -186,4 +186,4 @@ class SegmentPlan:
             if first_miss == len(pieces):
                 key.append(self.tail)
                 prefix_tokens += len(self.tail)
-        return Encoding(ids, b"".join(data), tuple(key), prefix_tokens)
+        return Encoding(ids=ids, data=b"".join(data), prefix_key=tuple(key), prefix_tokens=prefix_tokens)

@@ -38,9 +38,11 @@ class InstanceState(msgspec.Struct, frozen=True):
            measured_at: float = 0.0, cache_ok: bool = True, tier_costs: TierCosts | None = None) -> "InstanceState":
         """The state from the router's own counts and the engine's last load record (None: none yet)."""
         if load is None:
-            return cls(id, inflight, queued_prefill_tokens, cache_ok=cache_ok, tier_costs=tier_costs)
-        return cls(id, inflight, queued_prefill_tokens, load.running, load.waiting, load.kv_usage, cache_ok,
-                   load.kv_free_blocks, load.kv_evictable, measured_at, tier_costs)
+            return cls(id, inflight=inflight, queued_prefill_tokens=queued_prefill_tokens, cache_ok=cache_ok,
+                       tier_costs=tier_costs)
+        return cls(id, inflight=inflight, queued_prefill_tokens=queued_prefill_tokens, running=load.running,
+                   waiting=load.waiting, kv_usage=load.kv_usage, cache_ok=cache_ok, kv_free_blocks=load.kv_free_blocks,
+                   kv_evictable=load.kv_evictable, kv_measured_at=measured_at, tier_costs=tier_costs)
 
 
 class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,7 +55,7 @@ class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
 COST_TERMS = ("wait_s", "prefill_s", "compute_s", "evict_s")  # the parts of a kv_cost cost (kv_aware.py)
 
 
-class Decision(msgspec.Struct, frozen=True):
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
     instance: str
     costs: Mapping[str, float] = msgspec.field(default_factory=dict)  # per candidate, for /router/explain
     reason: str = ""

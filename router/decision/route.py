@@ -56,7 +56,7 @@ class NoCandidates(Exception):
         self.overloaded = overloaded
 
 
-class Routed(msgspec.Struct, frozen=True):
+class Routed(msgspec.Struct, frozen=True, kw_only=True):
     member: Hashable  # the chosen member (an Instance in the router, a position in the simulator)
     decision: Decision
     candidates: Sequence[Hashable]  # the members the policy chose among
@@ -101,7 +101,7 @@ class RouteDecision:
             states, candidates = usable, [by_id[s.id] for s in usable]
         decision = self.policy.select(route, states, matches)
         member = members.by_id[decision.instance]
-        return Routed(member, decision, candidates, members.states((member,))[0])
+        return Routed(member=member, decision=decision, candidates=candidates, state=members.states((member,))[0])
 
     def routed(self, route: RouteRequest, instance: str, now: float) -> None:
         """The request was sent to `instance`: the policy learns it, and so do the recent senders."""

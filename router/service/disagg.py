@@ -206,7 +206,8 @@ class Disaggregation:
         prepared.trace.first(prefill.id)
         await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled)))
         prepared.trace.first(decode.id)  # the tokens after the first come from the decode engine
-        choice = Choice(decode, Decision(decode.id, uncached_tokens=0), {}, [decode], prepared.num_tokens)
+        choice = Choice(instance=decode, decision=Decision(instance=decode.id, uncached_tokens=0), matches={},
+                        candidates=[decode], prepared_tokens=prepared.num_tokens)
         dispatch = Dispatch(self.router, prepared, choice)
         status = "200"
         try:

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _request_ids = itertools.count()
 
 
-class Prepared(msgspec.Struct, frozen=True):
+class Prepared(msgspec.Struct, frozen=True, kw_only=True):
     request: CompletionRequest
     model: str
     num_tokens: int
@@ -59,7 +59,7 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
         return predicted_ttft(self.routed.decision)
 
 
-class Choice(msgspec.Struct, frozen=True):
+class Choice(msgspec.Struct, frozen=True, kw_only=True):
     instance: Instance
     decision: Decision
     matches: Mapping[str, PrefixMatch]
@@ -130,7 +130,8 @@ class Router:
         asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
         trace = RequestTrace(model=model, stream=req.stream, prompt_tokens=len(ids), started=started,
                              max_tokens=asked)
-        return Prepared(req, model, len(ids), route, started, trace, ids)
+        return Prepared(request=req, model=model, num_tokens=len(ids), route=route, started=started, trace=trace,
+                        token_ids=ids)
 
     def finish(self, trace: RequestTrace, status: str) -> None:
         """A client request ended (answered, failed or abandoned): metrics and the recent window."""
@@ -222,7 +223,8 @@ class Router:
 
     @staticmethod
     def choice(prepared: Prepared, routed: Routed, matches: Mapping[str, PrefixMatch]) -> Choice:
-        return Choice(routed.member, routed.decision, matches, routed.candidates, prepared_tokens=prepared.num_tokens)
+        return Choice(instance=routed.member, decision=routed.decision, matches=matches, candidates=routed.candidates,
+                      prepared_tokens=prepared.num_tokens)
 
     def _overloaded(self) -> Overloaded:
         self.metrics.errors.labels("overloaded").inc()

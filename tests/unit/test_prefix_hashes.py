@@ -14,7 +14,7 @@ def enc(lead: int, tail: int, n_lead: int = 8, n_tail: int = 5, pieces: int = 2)
     """A prompt of `n_lead` ids named by its leading pieces (`pieces` of them), then `n_tail` more."""
     ids = [lead] * n_lead + [tail] * n_tail
     key = tuple(f"piece{lead}.{k}" for k in range(pieces - 1)) + (n_lead,)
-    return Encoding(ids, u32le(ids), key, n_lead)
+    return Encoding(ids=ids, data=u32le(ids), prefix_key=key, prefix_tokens=n_lead)
 
 
 def test_a_known_prefix_is_hashed_once_and_counted():

@@ -36,7 +36,7 @@ class Picky:
     def select(self, request, candidates, matches):
         self.seen.append([c.id for c in candidates])
         self.asked.append((request, matches))
-        return Decision(self.choice or candidates[-1].id, uncached_tokens=self.uncached)
+        return Decision(instance=self.choice or candidates[-1].id, uncached_tokens=self.uncached)
 
     def on_routed(self, request, instance):
         self.routed.append(instance)
@@ -54,16 +54,16 @@ def group(n=5, **inflight):
 def test_uncached_tokens_is_the_policys_prediction_when_it_makes_one():
     state = InstanceState("a")
     matches = {"a": PrefixMatch({"device": 2})}
-    assert uncached_tokens(Decision("a", uncached_tokens=5), state, matches, 48, 16) == 5
-    assert uncached_tokens(Decision("a", uncached_tokens=0), state, matches, 48, 16) == 0
+    assert uncached_tokens(Decision(instance="a", uncached_tokens=5), state, matches, 48, 16) == 5
+    assert uncached_tokens(Decision(instance="a", uncached_tokens=0), state, matches, 48, 16) == 0
 
 
 def test_uncached_tokens_else_the_index_match_on_a_cache_compatible_instance():
     matches = {"a": PrefixMatch({"device": 2})}
-    assert uncached_tokens(Decision("a"), InstanceState("a"), matches, 48, 16) == 16
-    assert uncached_tokens(Decision("a"), InstanceState("a"), {"a": PrefixMatch({"device": 4})}, 48, 16) == 0
-    assert uncached_tokens(Decision("a"), InstanceState("a", cache_ok=False), matches, 48, 16) == 48
-    assert uncached_tokens(Decision("b"), InstanceState("b"), matches, 48, 16) == 48
+    assert uncached_tokens(Decision(instance="a"), InstanceState("a"), matches, 48, 16) == 16
+    assert uncached_tokens(Decision(instance="a"), InstanceState("a"), {"a": PrefixMatch({"device": 4})}, 48, 16) == 0
+    assert uncached_tokens(Decision(instance="a"), InstanceState("a", cache_ok=False), matches, 48, 16) == 48
+    assert uncached_tokens(Decision(instance="b"), InstanceState("b"), matches, 48, 16) == 48
 
 
 def test_the_fast_path_is_only_for_index_policies():

@@ -77,7 +77,8 @@ class RealSide:
 
     def decide(self, route: RouteRequest) -> tuple[str, int]:
         trace = RequestTrace(model=self.model, stream=False, prompt_tokens=route.num_tokens)
-        prepared = Prepared(None, self.model, route.num_tokens, route, time.perf_counter(), trace)
+        prepared = Prepared(request=None, model=self.model, num_tokens=route.num_tokens, route=route,
+                            started=time.perf_counter(), trace=trace)
         choice = None
         if self.disagg is not None and self.disagg.active(self.model):
             choice = run_now(self.disagg.plan(prepared))

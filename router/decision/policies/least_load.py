@@ -34,4 +34,4 @@ class LeastLoadPolicy(PolicyBase):
     ) -> Decision:
         chosen = least_loaded(candidates, self.rng)
         costs = {c.id: float(c.inflight) for c in candidates}
-        return Decision(chosen.id, costs=costs, reason=f"least load (inflight {chosen.inflight})")
+        return Decision(instance=chosen.id, costs=costs, reason=f"least load (inflight {chosen.inflight})")

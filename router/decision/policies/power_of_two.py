@@ -24,4 +24,4 @@ class PowerOfTwoPolicy(PolicyBase):
         pair = self.rng.sample(list(candidates), 2) if len(candidates) > 1 else list(candidates)
         chosen = least_loaded(pair, self.rng)
         costs = {c.id: float(c.inflight) for c in pair}
-        return Decision(chosen.id, costs=costs, reason=f"less loaded of {' and '.join(c.id for c in pair)}")
+        return Decision(instance=chosen.id, costs=costs, reason=f"less loaded of {' and '.join(c.id for c in pair)}")

@@ -88,7 +88,7 @@ class PrefixHashPolicy(PolicyBase):
         costs = {c.id: float(c.inflight) for c in candidates}
         if not request.block_hashes:
             chosen = least_loaded(candidates, self.rng)
-            return Decision(chosen.id, costs=costs, reason="no full block to hash: least load")
+            return Decision(instance=chosen.id, costs=costs, reason="no full block to hash: least load")
         last = request.block_hashes[min(self.config.prefix_blocks, len(request.block_hashes)) - 1]
         key = xxhash.xxh3_64_intdigest(_U64.pack(last))
         by_id = {c.id: c for c in candidates}
@@ -105,7 +105,7 @@ class PrefixHashPolicy(PolicyBase):
             reason = f"ring owner of the prefix (bound {bound})"
         else:
             reason = f"ring owner {owner} at bound {bound} (inflight {by_id[owner].inflight}); walked on to {inst}"
-        return Decision(inst, costs=costs, reason=reason)
+        return Decision(instance=inst, costs=costs, reason=reason)
 
     def _ring(self, ids: tuple[str, ...]) -> tuple[list[int], list[str]]:
         ring = self._rings.get(ids)

@@ -15,4 +15,4 @@ class RandomPolicy(PolicyBase):
     def select(
         self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
     ) -> Decision:
-        return Decision(self.rng.choice(candidates).id, reason="uniform random")
+        return Decision(instance=self.rng.choice(candidates).id, reason="uniform random")

@@ -30,7 +30,7 @@ class RoundRobinPolicy(PolicyBase):
         chosen = ids[0]
         if self._last is not None:
             chosen = next((i for i in ids if i > self._last), ids[0])
-        return Decision(chosen, reason=f"round robin after {self._last}")
+        return Decision(instance=chosen, reason=f"round robin after {self._last}")
 
     def on_routed(self, request: RouteRequest, instance: str) -> None:
         self._last = instance

@@ -168,7 +168,7 @@ class KvCostPolicy(PolicyBase):
             chosen = spill
         self._last = (request, candidates, copy)
         uncached = round(max(request.num_tokens - credits.get(chosen.id, 0.0) * request.block_size, 0.0))
-        return Decision(chosen.id, costs=costs, uncached_tokens=uncached, terms=terms, reason_fn=why)
+        return Decision(instance=chosen.id, costs=costs, uncached_tokens=uncached, terms=terms, reason_fn=why)
 
     def _cheapest(self, candidates: Sequence[InstanceState], costs: Mapping[str, float],
                   credits: Mapping[str, float], now: float) -> InstanceState:
