@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, ClassVar, Mapping, Protocol, Sequence
 
 import msgspec
 
@@ -94,8 +94,8 @@ class Policy(Protocol):
 class PolicyBase:
     """Default no-op hooks and the `rng` / `clock` injections; policies implement `select`."""
 
-    uses_index = False
-    config_class: type | None = None  # frozen dataclass of the policy's parameters, if it has any
+    uses_index: ClassVar[bool] = False
+    config_class: ClassVar[type | None] = None  # frozen dataclass of the policy's parameters, if it has any
 
     def __init__(self, *, rng: random.Random | None = None, clock: Callable[[], float] | None = None) -> None:
         self.rng = rng or random.Random()

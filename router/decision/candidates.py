@@ -70,23 +70,23 @@ class LeastLoaded:
 
 
 class RecentSenders:
-    """First block -> {member: expiry}, for `ttl_s`; expired entries purged in send order."""
+    """First block -> {instance id: expiry}, for `ttl_s`; expired entries purged in send order."""
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._table: dict[int, dict[Hashable, float]] = {}
-        self._order: collections.deque[tuple[float, int, Hashable]] = collections.deque()
+        self._table: dict[int, dict[str, float]] = {}
+        self._order: collections.deque[tuple[float, int, str]] = collections.deque()
 
     def __len__(self) -> int:
         return len(self._order)
 
-    def record(self, first_block: int, member: Hashable, now: float) -> None:
+    def record(self, first_block: int, member: str, now: float) -> None:
         self._purge(now)  # here too: a fleet that never needs match() must not grow the table
         expiry = now + self.ttl_s
         self._table.setdefault(first_block, {})[member] = expiry
         self._order.append((expiry, first_block, member))
 
-    def match(self, first_block: int, now: float) -> Iterable[Hashable]:
+    def match(self, first_block: int, now: float) -> Iterable[str]:
         self._purge(now)
         return self._table.get(first_block, ())
 

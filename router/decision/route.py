@@ -123,7 +123,7 @@ class RouteDecision:
         if not k or len(everyone) <= k:
             return everyone
         by_id, hashes = members.by_id, route.block_hashes
-        recent = self.recent.match(hashes[0], now) if hashes else ()
+        recent = self.recent.match(hashes[0], now) if hashes and self.recent is not None else ()
         return pick([by_id[i] for i in matches if i in by_id], [by_id[i] for i in recent if i in by_id],
                     members.load, k)
 

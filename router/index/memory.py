@@ -78,7 +78,8 @@ class MemoryIndex:
         """Set (or clear) `bit` in `instance`'s mask for each block; consecutive blocks held alike
         share one transition (`moves`: old map -> new)."""
         held = self._held.setdefault(instance, set())
-        holders_of, moves = self._holders, {}
+        holders_of = self._holders
+        moves: dict[HolderMap | None, HolderMap | None] = {}
         for h in blocks:
             old = holders_of.get(h)
             mask = old.masks.get(instance, 0) if old is not None else 0
@@ -111,7 +112,8 @@ class MemoryIndex:
 
     def clear_sync(self, instance: str) -> None:
         held = self._held.pop(instance, ())
-        holders_of, moves = self._holders, {}
+        holders_of = self._holders
+        moves: dict[HolderMap | None, HolderMap | None] = {}
         for h in held:
             self._move(h, holders_of[h], instance, 0, moves)
         self._entries -= len(held)
@@ -119,7 +121,7 @@ class MemoryIndex:
     def lookup_sync(self, blocks: Sequence[int]) -> dict[str, PrefixMatch]:
         if not blocks or blocks[0] not in self._holders:
             return {}
-        found = list(map(self._holders.get, blocks))
+        found: list = list(map(self._holders.get, blocks))  # HolderMap, then None where nobody holds a block
         first = found[0]
         try:
             end = found.index(None)  # no instance holds this block: every prefix ends before it

@@ -105,6 +105,7 @@ import dataclasses
 import random
 from typing import Callable, Mapping, Sequence
 
+from router.contract.tier_costs import TierCosts
 from router.index.base import PrefixMatch
 from router.decision.base import InstanceState, RouteRequest
 from router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
@@ -147,7 +148,8 @@ class KvAwarePolicy(KvCostPolicy):
         config = config or KvAwareConfig(**params)
         super().__init__(config, RecentBlocks(config.pending_ttl_s, config.pending_capacity), rng, clock)
         # per candidate of the last select, what its credit came from (for /router/explain)
-        self._detail: dict[str, tuple[dict, object, float]] = {}
+        self._detail: dict[str, tuple[dict, TierCosts | None, float]] = {}
+        self._measured = config.tier_credit == "measured"
 
     def credits(
         self, request: RouteRequest, candidates: Sequence[InstanceState], matches: Mapping[str, PrefixMatch]
@@ -155,7 +157,7 @@ class KvAwarePolicy(KvCostPolicy):
         pending = self.recent.match(request.block_hashes, self.clock())
         device, fallback = self.config.device_credit, self._tier_credit
         device_fallback = fallback["device"]
-        measured, bs = self.config.tier_credit == "measured", request.block_size
+        measured, bs = self._measured, request.block_size
         out: dict[str, float] = {}
         self._detail = detail = {}
         get_match, get_pending, rate_of = matches.get, pending.get, self.rates.get
@@ -185,5 +187,5 @@ class KvAwarePolicy(KvCostPolicy):
         if detail is None:
             return {}
         by_tier, costs, per_block = detail
-        tc = tier_credit(by_tier, costs, per_block, self._tier_credit, self.config.tier_credit == "measured")
+        tc = tier_credit(by_tier, costs, per_block, self._tier_credit, self._measured)
         return {"credited_blocks": tc.credit, "time_saved_s_by_tier": dict(tc.saved_s_by_tier)}

@@ -151,7 +151,7 @@ class KvCostPolicy(PolicyBase):
         credits = self.credits(request, candidates, matches)
         costs, terms = self.score(request, candidates, credits, now)
         chosen = self._cheapest(candidates, costs, credits, now)
-        why = lambda c=chosen: f"lowest cost {costs[c.id]:.4f} s ({credits.get(c.id, 0.0):g} cached blocks credited)"  # noqa: E731
+        why: Callable[..., str] = lambda c=chosen: f"lowest cost {costs[c.id]:.4f} s ({credits.get(c.id, 0.0):g} cached blocks credited)"  # noqa: E731
         copy = None
         if cfg.replicate_weight and credits:
             waits = {i: t[0] for i, t in terms.items()}

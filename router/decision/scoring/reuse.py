@@ -52,7 +52,7 @@ class ReuseHistory:
         self._open = IdleAges()
         self._gaps = [0.0] * (len(EDGES) + 1)  # weight of reuse gaps per bin: < EDGES[0], [EDGES[k], EDGES[k+1])
         self._never = 0.0
-        self._t0 = None  # weights are 2 ** ((start - t0) / halflife_s)
+        self._t0 = math.nan  # weights are 2 ** ((start - t0) / halflife_s); nan: nothing observed yet
         self._table: list[float] = [0.0] * len(EDGES)
         self._built_at = -math.inf
         self._fresh = 0
@@ -63,7 +63,7 @@ class ReuseHistory:
 
     def observe(self, hashes: Sequence[int], now: float) -> None:
         """A request for this block chain was routed at `now`."""
-        if self._t0 is None:
+        if math.isnan(self._t0):  # the first observation
             self._t0 = now
         sample, seen, gaps = self.sample, self._seen, self._gaps
         sampled = list(dict.fromkeys([h for h in hashes if not h % sample]))  # a hash twice counts once
@@ -121,7 +121,7 @@ class ReuseHistory:
 
     def table(self, now: float) -> list[float]:
         """reuse() at every idle time in EDGES."""
-        if self._t0 is not None and (now - self._built_at >= self.refresh_s or self._fresh >= self.refresh_after):
+        if not math.isnan(self._t0) and (now - self._built_at >= self.refresh_s or self._fresh >= self.refresh_after):
             self._table = self._build(now)
             self._built_at, self._fresh = now, 0
         return self._table
