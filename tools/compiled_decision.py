@@ -117,6 +117,9 @@ def main() -> None:
     ap.add_argument("--decision", action="store_true", help="also run the in-process decision bench in both trees")
     ap.add_argument("--work", default="", help="work folder (default: a new temporary one, removed at the end)")
     args = ap.parse_args()
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):  # before minutes of work, not after
+        fail(f"--out {args.out}: cannot write to {out_dir}")
     try:
         import mypyc  # noqa: F401
     except ImportError:
