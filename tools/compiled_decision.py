@@ -2,7 +2,7 @@
 
     python tools/compiled_decision.py [--out compiled_decision.json] [--latency] [--decision] [--work DIR]
 
-Copies this tree (its tracked files) to a work folder, compiles the decision modules there with
+Copies this working tree to a new or empty work folder, compiles the decision modules there with
 mypyc (MODULES: candidates, the route step, kv_aware's and approx_kv's scoring, the memory index), checks the
 compiled copy makes the same decisions (tests/unit/test_same_decisions.py and the sim/router
 parity test), then runs `tools/bench_router.py instructions` (with --latency also `latency`) for
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -26,6 +27,10 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools.mutation import scratch_copy  # noqa: E402
+from tools.procs import write_json  # noqa: E402
 
 MODULES = (
     "router/decision/base.py", "router/decision/route.py", "router/decision/candidates.py",
@@ -62,16 +67,12 @@ def fail(message: str) -> None:
 
 
 def copy_tree(dest: str) -> None:
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for rel in filter(None, files.decode().split("\0")):
-        src = os.path.join(ROOT, rel)
-        if os.path.isfile(src):
-            os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
-            shutil.copy2(src, os.path.join(dest, rel))
-    for so in ("router/contract/_chainhash",):  # the C hash chain, as this tree has it built
-        for name in os.listdir(os.path.join(ROOT, os.path.dirname(so))):
-            if name.startswith(os.path.basename(so)) and name.endswith(".so"):
-                shutil.copy2(os.path.join(ROOT, os.path.dirname(so), name), os.path.join(dest, os.path.dirname(so)))
+    """The working tree (tools/mutation.py's scratch copy), with the C hash chain as this tree has it built."""
+    scratch_copy(pathlib.Path(dest))
+    folder = os.path.join(ROOT, "router/contract")
+    for name in os.listdir(folder):
+        if name.startswith("_chainhash") and name.endswith(".so"):
+            shutil.copy2(os.path.join(folder, name), os.path.join(dest, "router/contract"))
 
 
 def prepare(dest: str) -> None:
@@ -126,8 +127,9 @@ def main() -> None:
         fail("needs mypyc: pip install mypy")
     if shutil.which("valgrind") is None:
         fail("needs valgrind (the instructions bench counts with callgrind)")
+    if args.work and os.path.isdir(args.work) and os.listdir(args.work):  # the copy replaces the folder
+        fail(f"--work {args.work}: not empty; name a new or empty folder")
     work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="kvroute-compiled-"))
-    os.makedirs(work, exist_ok=True)
     try:
         print(f"compiled copy in {work}", file=sys.stderr)
         copy_tree(work)
@@ -154,8 +156,7 @@ def main() -> None:
         for name in plain:
             if name in comp:
                 print(f"{kind:12} {name:60} python {summary(kind, plain[name]):34} compiled {summary(kind, comp[name])}")
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(args.out, result)
 
 
 def summary(kind: str, row: dict) -> str:
