@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 from typing import Callable, NamedTuple
 
+from engine.core.event_wait import wait_set
 from router.contract.protocol import KVEvent, new_epoch
 
 
@@ -94,8 +95,5 @@ class KVEventLog:
         if batch.events or batch.resync or timeout <= 0:
             return batch
         self._changed.clear()
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        await wait_set(self._changed, timeout)
         return self.read(since, epoch)

@@ -21,6 +21,7 @@ import time
 from engine.core.block_manager import BlockManager
 from engine.core.config import EngineConfig
 from engine.core.engine_core import NO_FIT, CoreConfig, EngineCore
+from engine.core.event_wait import wait_set
 from engine.core.kv_events import KVChange, KVEventLog
 from engine.core.scheduler import Step
 from engine.core.sequence import Sequence, SeqStatus
@@ -35,6 +36,8 @@ from router.contract.errors import KVRouteError, Overloaded, Unavailable
 from router.contract.protocol import LoadRecord
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 10.0  # how long stop() waits for the cancelled step loop to end
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,10 +108,12 @@ class LLMEngine:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            done, _ = await asyncio.wait({self._task}, timeout=STOP_TIMEOUT_S)
+            if not done:  # a loop that lost its cancel must not hold the shutdown forever
+                log.error("engine %s: the step loop did not stop within %.0f s of its cancel; shutting down without it",
+                          self.config.instance, STOP_TIMEOUT_S)
+            elif not self._task.cancelled() and (error := self._task.exception()) is not None:
+                raise error
         await self.remote.stop()
         if self.kv is not None:
             await self.kv.stop()
@@ -219,10 +224,7 @@ class LLMEngine:
                     await self.kv.run_copies()  # what the last step left planned (reads for the store)
                 self._wakeup.clear()
                 if self.pinned.pinned or self.remote.waiting:
-                    try:  # pins expire and waiting pulls time out even when nothing runs
-                        await asyncio.wait_for(self._wakeup.wait(), 0.5)
-                    except asyncio.TimeoutError:
-                        pass
+                    await wait_set(self._wakeup, 0.5)  # pins expire and waiting pulls time out even when nothing runs
                 else:
                     await self._wakeup.wait()
                 continue
@@ -238,10 +240,7 @@ class LLMEngine:
                 self._fail(Step(self.core.unschedulable(), []), NO_FIT)
                 if self.block_manager.has_pending_loads:  # waiting for store bytes: sleep until they come
                     self._wakeup.clear()
-                    try:
-                        await asyncio.wait_for(self._wakeup.wait(), 0.05)
-                    except asyncio.TimeoutError:
-                        pass
+                    await wait_set(self._wakeup, 0.05)
                 await asyncio.sleep(0)
                 continue
             t0 = time.perf_counter()

@@ -49,7 +49,8 @@ class GuardedStore:
             self.on_error(op)
             raise StoreUnavailable(f"store {self.store_id} is down (since {now - self.down_since:.1f}s)")
         try:
-            result = await asyncio.wait_for(call(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: in Python 3.11 it can turn a cancel into a timeout
+                result = await call()
         except Exception as e:  # transport errors of any backend, and timeouts
             self.on_error(op)
             self.failures += 1
