@@ -1,6 +1,6 @@
 """The attempts' deadlines on one timer (router/service/attempt_deadlines.py): each attempt ends
-as `asyncio.timeout` would end it, a silent engine's sooner, a cancel from elsewhere stays a
-cancel, and many attempts share one timer."""
+as `asyncio.timeout` would end it, one on an engine not seen moving sooner (silent, or reporting
+without progress), a cancel from elsewhere stays a cancel, and many attempts share one timer."""
 
 import asyncio
 import time
@@ -12,7 +12,7 @@ from router.service.attempt_deadlines import Deadlines
 
 class Inst:
     def __init__(self) -> None:
-        self.load_seen = time.monotonic()
+        self.load_seen = self.progress_seen = time.monotonic()  # a load report; one that showed it moving
 
 
 async def test_an_attempt_past_its_deadline_raises_timeout_error():
@@ -44,17 +44,36 @@ async def test_a_silent_engine_ends_the_attempt_before_its_deadline():
             await asyncio.sleep(5)
     assert time.monotonic() - t0 < 1.0
     assert deadline.silent_s is not None and deadline.silent_s >= 0.05
+    assert deadline.silence == "no load report"
 
 
-async def test_load_reports_keep_the_attempt_alive_until_its_deadline():
+async def _reporting(inst, moving: bool) -> None:
+    while True:
+        inst.load_seen = time.monotonic()
+        if moving:
+            inst.progress_seen = inst.load_seen
+        await asyncio.sleep(0.01)
+
+
+async def test_load_reports_without_progress_end_the_attempt_before_its_deadline():
     deadlines, inst = Deadlines(), Inst()
+    reporter = asyncio.create_task(_reporting(inst, moving=False))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            with deadlines.start(5.0, inst, 0.05) as deadline:
+                await asyncio.sleep(5)
+    finally:
+        reporter.cancel()
+    assert time.monotonic() - t0 < 1.0
+    assert deadline.silent_s >= 0.05 and deadline.silence == "no progress"
 
-    async def reports():
-        while True:
-            inst.load_seen = time.monotonic()
-            await asyncio.sleep(0.01)
 
-    reporter = asyncio.create_task(reports())
+async def test_load_reports_showing_progress_keep_the_attempt_alive_until_its_deadline():
+    deadlines, inst = Deadlines(), Inst()
+    reports = _reporting(inst, moving=True)
+
+    reporter = asyncio.create_task(reports)
     t0 = time.monotonic()
     try:
         with pytest.raises(TimeoutError):
