@@ -60,6 +60,7 @@ class EngineCore:
         self.scheduler = Scheduler(SchedulerConfig(config.max_batched_tokens, config.max_running,
                                                    config.max_model_len), block_manager, stop_token_ids)
         self.max_fresh = -(-config.max_batched_tokens // block_manager.block_size)  # blocks a step may take
+        self.progress = 0  # tokens the finished steps computed (prefill and decode): the load record's `progress`
 
     # -- requests -----------------------------------------------------------------
 
@@ -83,6 +84,7 @@ class EngineCore:
 
     def finish_step(self, step: Step, tokens: list[int | None]) -> StepEnd:
         sched = self.scheduler
+        self.progress += sum(step.num_tokens)
         advanced = sched.postprocess(step, tokens)
         pinned = sched.pinned_out
         if pinned:
@@ -112,11 +114,12 @@ class EngineCore:
         """What GET /load reports. `waiting` counts the remote-prefilled requests waiting for blocks to pull
         their K/V into (`remote_waiting`) with the scheduler's queue: both are requests this engine accepted
         and has not started, and a router choosing a decode engine must see that backlog (the simulator and
-        the engine report it alike)."""
+        the engine report it alike). `progress` only grows while steps finish: a router watching a request
+        here tells a hung step loop (a live HTTP server, no progress) from a busy one."""
         bm, sched = self.block_manager, self.scheduler
         kv_free, kv_evictable = bm.kv_load()
         return LoadRecord(instance=self.config.instance, running=len(sched.running),
                           waiting=len(sched.waiting) + remote_waiting, kv_used_blocks=bm.num_used,
                           kv_total_blocks=bm.num_blocks, queued_prefill_tokens=sched.queued_prefill_tokens, ts=ts,
                           state=state, role=role, kv_free_blocks=kv_free, kv_evictable=kv_evictable,
-                          kv_tiers=kv_tiers if kv_tiers is not None else {})
+                          kv_tiers=kv_tiers if kv_tiers is not None else {}, progress=self.progress)

@@ -2,31 +2,37 @@
 
 The record is refreshed every `refresh_s` under a key that expires after `ttl_s`, so an
 engine that dies without a word (kill -9) lapses within the TTL and routers treat it like
-one that stopped answering. A Redis that is unreachable costs a log line per outage and
+one that stopped answering. Every record written is new (its `ts` and `nonce`) and, with the
+fleet secret, signed here; the "leave" announces a record whose state is "left", so that only a
+leave the engine signed can drop it, and routers refuse any record older than the newest they
+believed (router/fleet/registry_trust.py). A Redis that is unreachable costs a log line per outage and
 nothing else: the engine keeps serving, and re-registers when Redis is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from router.contract.registry_record import CHANNEL, IDS, EngineRecord, announcement, engine_key
+from router.contract.registry_record import CHANNEL, IDS, LEFT, EngineRecord, announcement, engine_key
 
 log = logging.getLogger(__name__)
 
 
 class Registration:
     def __init__(self, url: str, record: Callable[[], EngineRecord], refresh_s: float = 1.0,
-                 ttl_s: float = 3.0) -> None:
+                 ttl_s: float = 3.0, secret: str | None = None) -> None:
+        """`record`: the engine's record now, unsigned (a new one each call); `secret`: the fleet
+        secret that signs what is written (None: unsigned)."""
         if not 0 < refresh_s < ttl_s:
             raise ValueError("the registry refresh interval must be positive and shorter than the TTL")
         self.client = aioredis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        self.record = record
+        self.record, self.secret = record, secret
         self.refresh_s, self.ttl_ms = refresh_s, int(ttl_s * 1000)
         self.left = False
         self._task: asyncio.Task | None = None
@@ -43,7 +49,7 @@ class Registration:
                 await self._write(None)
 
     async def _write(self, announce: str | None) -> bool:
-        record = self.record()
+        record = self.record().signed(self.secret)
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.set(engine_key(record.instance_id), record.to_json(), px=self.ttl_ms)
@@ -71,7 +77,7 @@ class Registration:
         if self.left:
             return
         self.left = True
-        record = self.record()
+        record = dataclasses.replace(self.record(), state=LEFT).signed(self.secret)
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.delete(engine_key(record.instance_id))

@@ -88,7 +88,7 @@ async def _redis_ctx(app: web.Application):
 async def _registry_ctx(app: web.Application):
     config = app[CONFIG]
     registration = Registration(config.registry, lambda: registry_record(app), config.registry_refresh_s,
-                                config.registry_ttl_s)
+                                config.registry_ttl_s, secret_from(config.kv_secret))
     await registration.start()
     app[REGISTRATION] = registration
     log.info("registered as %s at %s in %s", config.instance, registry_record(app).url, redact(config.registry))
@@ -109,10 +109,11 @@ async def _flush_events(app: web.Application) -> None:
 
 
 def registry_record(app: web.Application) -> EngineRecord:
+    """The engine's registry record now, unsigned (engine/service/registration.py signs it)."""
     config, engine = app[CONFIG], app[ENGINE]
     return EngineRecord(instance_id=config.instance, url=config.advertise, role=engine.role, model=model_name(app),
                         cluster_id=config.cluster, epoch=engine.events.epoch,
-                        state="draining" if engine.draining else "ready").signed(secret_from(config.kv_secret))
+                        state="draining" if engine.draining else "ready")
 
 
 def kv_info(app: web.Application) -> dict:

@@ -211,6 +211,7 @@ class LoadRecord:
     kv_free_blocks: int = -1  # blocks holding nothing; -1: not reported
     kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
     kv_tiers: dict = dataclasses.field(default_factory=dict)  # measured tier links, router/contract/tier_costs.py
+    progress: int = -1  # grows while the engine works (tokens its steps computed); -1: not reported
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not asdict: no deep copy
@@ -235,9 +236,9 @@ class LoadRecord:
             elif f.name == "kv_tiers":
                 if not isinstance(value, dict):
                     raise ValueError(f"malformed load record: kv_tiers must be an object, got {value!r}")
-            elif f.name == "kv_free_blocks":  # -1: not reported
+            elif f.name in _UNREPORTED_FIELDS:  # -1: not reported
                 if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-                    raise ValueError(f"malformed load record: kv_free_blocks must be an integer >= -1, got {value!r}")
+                    raise ValueError(f"malformed load record: {f.name} must be an integer >= -1, got {value!r}")
             elif want is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                     raise ValueError(f"malformed load record: {f.name} must be a non-negative number, got {value!r}")
@@ -256,6 +257,7 @@ class LoadRecord:
 
 
 _NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
+_UNREPORTED_FIELDS = frozenset({"kv_free_blocks", "progress"})  # integers where -1 means "not reported"
 
 
 def _evictable(value: object) -> tuple[tuple[int, float], ...]:

@@ -18,6 +18,7 @@ from router.fleet.kinds import assign_kinds, discover_info, poll_load
 from router.fleet.kinds.http import EngineHTTP
 from router.fleet.fleet_shape import FleetShape
 from router.fleet.groups import Group, Groups
+from router.fleet.progress import ProgressWatch
 from router.contract.limits import Limits
 from router.service.metrics import RouterMetrics
 from router.contract.protocol import LoadRecord
@@ -53,6 +54,7 @@ class Cluster:
         self.engine_http = EngineHTTP(session, config.connect_timeout_s)  # discovery and load polling
         self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
         self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
+        self.progress = ProgressWatch(config.first_byte_timeout_s, metrics)  # stalled engines out, and back
         metrics.watch_inflight(self.inflight)
 
     def inflight(self) -> list[tuple[str, int]]:
@@ -300,6 +302,7 @@ class Cluster:
     def observe_load(self, inst: Instance, load: LoadRecord) -> None:
         was_draining = inst.draining
         role = inst.observe_load(load)
+        self.progress.observe(inst)
         if inst.kind == "kvroute" and inst.nonstreamed:
             for dispatch in inst.nonstreamed.release(load):
                 dispatch.first_byte(is_ttft=False)  # its prefill is over (router/fleet/queued_prefill.py)

@@ -7,6 +7,7 @@ import time
 
 from router.decision.base import InstanceState
 from router.contract.protocol import LoadRecord
+from router.fleet.progress import moved
 from router.fleet.queued_prefill import QueuedPrefill
 from router.contract.tier_costs import TierCosts
 
@@ -37,7 +38,7 @@ class EngineInfo:
             raise ValueError(f"malformed /kv/info: {e}") from None
 
 
-_ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed"})
+_ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed", "stalled"})
 _STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info", "feed_stale"})  # what state() reads
 _UNSET = object()
 _ID_FIELDS = frozenset({"info", "url"})  # what `id` is made of: the engine's instance id, else the URL
@@ -80,7 +81,9 @@ class Instance:
         self.mismatch: list[str] = []
         self.queued_prefill_tokens = 0
         self.load: LoadRecord | None = None
-        self.load_seen = 0.0  # time.monotonic() when the last load record arrived (the engine is alive)
+        self.load_seen = 0.0  # time.monotonic() when the last load record arrived (its HTTP server is alive)
+        self.progress_seen = 0.0  # time.monotonic() when a load record last showed it moving (router/fleet/progress.py)
+        self.stalled = False  # holds work and has not moved for --first-byte-timeout-s: out until it moves
         self.epoch: int | None = None
         self.seq = 0
         self.needs_resync = True
@@ -140,12 +143,15 @@ class Instance:
 
     @property
     def routable(self) -> bool:
-        return self.info is not None and self.healthy and self.reachable and not self.draining
+        return self.info is not None and self.healthy and self.reachable and not self.draining and not self.stalled
 
     def observe_load(self, load: LoadRecord) -> str | None:
         """Take a load record (polled or sent with events); returns the new role if it changed."""
+        now = time.monotonic()
+        if moved(self.load, load):
+            self.progress_seen = now
         self.load = load
-        self.load_seen = time.monotonic()
+        self.load_seen = now
         self.draining = load.state == "draining"
         if load.role and self.info is not None and load.role != self.info.role:
             self.info = dataclasses.replace(self.info, role=load.role)
@@ -236,6 +242,7 @@ class Instance:
             "healthy": self.healthy,
             "reachable": self.reachable,
             "draining": self.draining,
+            "stalled": self.stalled,
             "sources": sorted(self.sources),
             "routable": self.routable,
             "model": self.info.model if self.info else None,

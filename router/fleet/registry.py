@@ -6,7 +6,10 @@ announcements at once (Redis pub/sub) and re-reads the registry every `poll_s`, 
 also catches what an announcement cannot say: an engine killed without a word, whose key
 lapsed. A lapsed or departed engine leaves the fleet as one that stopped answering does,
 and its index entries go (the registry's word is fleet-wide, unlike one router's view).
-Every router replica given the same registry sees the same fleet.
+Every router replica given the same registry sees the same fleet. What it believes of the
+registry is router/fleet/registry_trust.py's: a record it refuses changes nothing, so a key
+overwritten with a refused record leaves the engine as its last believed record said, until that
+record expires.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from redis.exceptions import RedisError
 
 from router.fleet.cluster import Cluster
 from router.contract.redact import redact
-from router.contract.registry_record import CHANNEL, IDS, EngineRecord, engine_key
+from router.contract.registry_record import CHANNEL, IDS, LEFT, EngineRecord, engine_key
+from router.fleet.registry_trust import RegistryTrust
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ class RegistryFollower:
         self.client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self.poll_s = poll_s
         self.secret, self.on_refused = secret, on_refused
+        self.trust = RegistryTrust(secret)
         self.records: dict[str, EngineRecord] = {}  # instance id -> its registration
         self.refused: collections.Counter[str] = collections.Counter()  # reason -> records not believed
         self._refusal_logged = float("-inf")
@@ -52,9 +57,10 @@ class RegistryFollower:
             log.warning("fleet registry %s is unauthenticated: any record written there is believed "
                         "(give the fleet secret, --kv-secret or KVROUTE_KV_SECRET, to routers and engines)", redact(url))
 
-    def believed(self, record: EngineRecord) -> bool:
-        """Whether this record may change the fleet; a refused one is counted and logged (rate-limited)."""
-        reason = record.refusal(self.secret, time.time())
+    def believed(self, record: EngineRecord, kind: str | None = None) -> bool:
+        """Whether this record (announced as `kind`, or None: read from its key) may change the fleet;
+        a refused one is counted and logged (rate-limited)."""
+        reason = self.trust.refusal(record, time.time(), kind)
         if reason is None:
             return True
         self.refused[reason] += 1
@@ -104,17 +110,25 @@ class RegistryFollower:
         ids = sorted(m.decode() if isinstance(m, bytes) else m for m in await self.client.smembers(IDS))
         raws = await self.client.mget([engine_key(i) for i in ids]) if ids else []
         live: dict[str, EngineRecord] = {}
+        now = time.time()
+        self.trust.forget_old(now)
         for instance_id, raw in zip(ids, raws):
             if raw is None:
                 await self.client.srem(IDS, instance_id)  # lapsed: its key expired
                 continue
             try:
                 record = EngineRecord.from_json(raw)
+                if record.instance_id != instance_id:
+                    raise ValueError(f"its record names {record.instance_id!r}")
             except ValueError as e:
                 log.warning("skipping registry entry %s: %s", instance_id, e)
-                continue
-            if self.believed(record):
-                live[instance_id] = record
+                record = None
+            known = self.records.get(instance_id)
+            if record is not None and self.believed(record):
+                if record.state != LEFT:
+                    live[instance_id] = record
+            elif known is not None and known.valid_at(now):  # a refused record changes nothing
+                live[instance_id] = known
         if self._outage:
             log.info("fleet registry reachable again: %d engines registered", len(live))
             self._outage = False
@@ -130,9 +144,9 @@ class RegistryFollower:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             log.warning("skipping malformed registry announcement: %s", e)
             return
-        if not self.believed(record):
+        if not self.believed(record, kind):
             return
-        if kind == "leave":
+        if kind == "leave" or record.state == LEFT:
             if self.records.pop(record.instance_id, None) is not None:
                 await self._left(record, "it left (draining)")
         else:

@@ -3,9 +3,10 @@
 An attempt (router/service/proxy.py) is bounded as `asyncio.timeout` would bound it: when its
 deadline passes, the task running it is cancelled and the attempt's `with` block raises
 TimeoutError (a cancel from anyone else, a client that left, stays a CancelledError). A
-non-streamed attempt is also watched for silence: once the engine has sent no load report for
-`patience_s` (a hung or stopped engine) it ends at once, `silent_s` saying why, instead of at
-its deadline.
+non-streamed attempt is also watched for progress: once the engine has not been seen moving for
+`patience_s` (no load report at all: stopped; reports whose progress counter stands still while it
+holds work: a hung step loop; router/fleet/progress.py) it ends at once, `silent_s` and `silence`
+saying why, instead of at its deadline.
 
 `asyncio.timeout` makes and cancels a timer per attempt, and the silence watch made a second one;
 here one timer serves every attempt in flight. Starting an attempt adds it to a set and moves the
@@ -24,9 +25,11 @@ import time
 
 class Deadline:
     """One attempt's deadline, a sync context manager around the attempt's awaits (the task that
-    enters it is the one cancelled). `silent_s` is set when the silence watch ended it."""
+    enters it is the one cancelled). `silent_s` is set when the progress watch ended it, and `silence`
+    says what was missing ("no load report", "no progress")."""
 
-    __slots__ = ("owner", "task", "cancelling", "when", "inst", "patience_s", "due", "expired", "silent_s")
+    __slots__ = ("owner", "task", "cancelling", "when", "inst", "patience_s", "due", "expired", "silent_s",
+                 "silence")
 
     def __init__(self, owner: "Deadlines", when: float, inst, patience_s: float) -> None:
         self.owner, self.when, self.inst, self.patience_s = owner, when, inst, patience_s
@@ -35,6 +38,7 @@ class Deadline:
         self.due = when  # loop time of the next look at this attempt
         self.expired = False
         self.silent_s: float | None = None
+        self.silence = ""
 
     def __enter__(self) -> "Deadline":
         task = self.task = asyncio.current_task()
@@ -50,11 +54,13 @@ class Deadline:
     def _look(self, now: float) -> bool:
         """True when it ends now (the task is cancelled); else `due` is moved to the next look."""
         if now < self.when and self.inst is not None:
-            silent = time.monotonic() - self.inst.load_seen
+            inst, clock = self.inst, time.monotonic()
+            silent = clock - inst.progress_seen
             if silent < self.patience_s:
                 self.due = min(self.when, now + self.patience_s - silent)
                 return False
             self.silent_s = silent
+            self.silence = "no load report" if clock - inst.load_seen >= self.patience_s else "no progress"
         elif now < self.when:
             self.due = self.when
             return False
@@ -75,8 +81,8 @@ class Deadlines:
         return len(self._live)
 
     def start(self, wait_s: float, inst=None, patience_s: float = math.inf) -> Deadline:
-        """A deadline `wait_s` from now; with `inst`, also ended after `patience_s` without a load
-        report from it (`inst.load_seen`, time.monotonic()). Enter it (`with`) to start it."""
+        """A deadline `wait_s` from now; with `inst`, also ended after `patience_s` without seeing it
+        move (`inst.progress_seen`, time.monotonic()). Enter it (`with`) to start it."""
         now = asyncio.get_running_loop().time()
         deadline = Deadline(self, now + wait_s, inst, patience_s)
         if inst is not None and patience_s < wait_s:

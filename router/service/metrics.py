@@ -72,9 +72,11 @@ class RouterMetrics:
         self.retries = PlainCounter("kvroute_router_retries", "Requests retried on another instance.", registry=r)
         self.errors = Counter("kvroute_router_errors", "Errors, by kind.", ["kind"], registry=r)
         self.ejections = Counter("kvroute_router_ejections", "Instances ejected by health checks.", registry=r)
+        self.stalls = Counter("kvroute_router_stalls", "Instances taken out of routing for holding work without "
+                              "progress for --first-byte-timeout-s.", registry=r)
         self.registry_refused = Counter("kvroute_router_registry_refused",
                                         "Fleet registry records not believed, by reason (unsigned, bad_signature, "
-                                        "expired).", ["reason"], registry=r)
+                                        "expired, future, stale, replayed, kind_mismatch).", ["reason"], registry=r)
         self.healthy = Gauge("kvroute_router_instance_routable", "1 when the instance takes requests.",
                              ["instance"], registry=r)
         self.mismatch = Gauge("kvroute_router_instance_mismatch",

@@ -5,9 +5,9 @@ retried on the next-best instance (at most `max_retries` times). Once bytes have
 reached the client, a broken upstream ends the stream with an SSE error event and
 [DONE]. Every upstream wait is bounded: the first byte of a stream by
 `first_byte_timeout_s`, each later chunk by `read_timeout_s`, a whole non-streamed
-answer by `request_timeout_s` while the engine's load reports keep coming and by
-`first_byte_timeout_s` of silence when they stop (a hung engine); a timeout counts as a
-failure of that engine.
+answer by `request_timeout_s` while the engine's load reports show it moving and by
+`first_byte_timeout_s` without progress when they stop or stand still (a hung engine,
+router/fleet/progress.py); a timeout counts as a failure of that engine.
 
 Blame: upstream reads and client writes are kept apart. A client that leaves (a
 write to its closed connection, or the handler cancelled by aiohttp) ends the
@@ -219,9 +219,9 @@ class Proxy:
         inst, stream = dispatch.inst, prepared.request.stream
         wait = self.config.first_byte_timeout_s if stream else self.config.request_timeout_s
         upstream = None
-        # a non-streamed answer comes whole at the end: while the engine's load reports keep coming it
-        # is working, and only --request-timeout-s bounds the wait; after --first-byte-timeout-s of
-        # silence (hung, stopped) it ends at once, retried before anything reached the client
+        # a non-streamed answer comes whole at the end: while the engine's load reports show it moving it
+        # is working, and only --request-timeout-s bounds the wait; after --first-byte-timeout-s without
+        # progress (hung, stopped) it ends at once, retried before anything reached the client
         deadline = self.deadlines.start(wait) if stream else self.deadlines.start(
             wait, inst, self.config.first_byte_timeout_s)
         try:
@@ -244,7 +244,7 @@ class Proxy:
                             return Unavailable(f"instance {inst.id} closed the stream before the first byte")
         except TimeoutError:
             if deadline.silent_s is not None:  # the engine went silent: hung or stopped
-                why = f"no answer and no load report for {deadline.silent_s:.1f}s"
+                why = f"no answer and {deadline.silence} for {deadline.silent_s:.1f}s"
                 self.cluster.report_failure(inst, why, request=True)
                 return Unavailable(f"instance {inst.id} timed out ({why}, --first-byte-timeout-s)")
             what = "no first byte" if stream else "no answer"

@@ -5,9 +5,11 @@ import time
 
 from aiohttp import web
 
+from engine.service.app_keys import ENGINE
 from router.service.app import CLUSTER, METRICS
 from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import stub_engine
+from tests.support.waiting import wait_for
 
 FAST = 0.01
 
@@ -80,3 +82,34 @@ async def test_a_slow_but_alive_engine_is_waited_for(start_router, http):
             assert r.status == 200 and (await r.json())["choices"][0]["text"] == "ok"
     finally:
         await engine.close()
+
+
+STUCK = 1e6  # --time-scale of an engine whose first step never ends: a stuck step loop, a live HTTP server
+
+
+async def test_whole_requests_fail_over_from_an_engine_whose_step_loop_is_stuck(start_engine, start_router, http):
+    """Finding 8 of issue 36: an engine whose /load and /kv/events keep answering while its step loop
+    is stuck held whole requests: 3 of 6 through a round_robin router with --first-byte-timeout-s 3
+    were unanswered after 12 s, because load reports counted as proof of life. Its progress counter
+    stands still now, so each is failed over within the first-byte timeout plus 1 s, and the engine
+    stays out of routing while it holds work without moving."""
+    patience = 2.0
+    good_url, _ = await start_engine(time_scale=FAST, instance_id="good")
+    stuck_url, stuck_server = await start_engine(time_scale=STUCK, instance_id="stuck")
+    url, router = await start_router([good_url, stuck_url], policy="round_robin", first_byte_timeout_s=patience)
+    cluster = router.app[CLUSTER]
+    assert await wait_for(lambda: all(i.routable and i.load is not None for i in cluster.instances))
+
+    async def ask(n):
+        started = time.monotonic()
+        async with http.post(url + "/v1/completions", json={"prompt": f"question {n}", "max_tokens": 2}) as r:
+            return r.status, r.headers.get("x-kvroute-instance"), time.monotonic() - started
+
+    answers = await asyncio.wait_for(asyncio.gather(*(ask(n) for n in range(6))), 3 * patience + 5)
+    assert [(status, who) for status, who, _ in answers] == [(200, "good")] * 6
+    assert max(took for _, _, took in answers) <= patience + 1.0, answers
+    stuck = cluster.by_id("stuck")
+    assert stuck_server.app[ENGINE].scheduler.has_work()  # it still holds them, stuck in its first step
+    assert time.monotonic() - stuck.load_seen < 1.0  # and still reports its load
+    assert await wait_for(lambda: stuck.stalled and not stuck.routable)
+    assert router.app[METRICS].registry.get_sample_value("kvroute_router_stalls_total") == 1

@@ -27,6 +27,11 @@ vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",enable_pref
 vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.001",model_name="{model}"}} 0.0
 vllm:time_to_first_token_seconds_count{{engine="0",model_name="{model}"}} 0.0
 """
+VLLM_COUNTERS = """# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{engine="0",model_name="{model}"}} {prompt_tokens}
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{engine="0",model_name="{model}"}} {generation_tokens}
+"""
 
 SGLANG_METRICS = """# TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{{model_name="{model}"}} {running}
@@ -35,15 +40,24 @@ sglang:num_queue_reqs{{model_name="{model}"}} {waiting}
 # TYPE sglang:token_usage gauge
 sglang:token_usage{{model_name="{model}"}} {usage}
 """
+# generation_tokens_total counts finished requests only (no progress signal); realtime_tokens_total runs
+SGLANG_COUNTERS = """# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{{model_name="{model}"}} {generation_tokens}
+# TYPE sglang:realtime_tokens_total counter
+sglang:realtime_tokens_total{{model_name="{model}",mode="prefill_compute"}} {prompt_tokens}
+sglang:realtime_tokens_total{{model_name="{model}",mode="decode"}} {realtime_tokens}
+"""
 
 
 class StubEngine:
     """State the stub reports; change it between polls."""
 
-    def __init__(self, kind, tokenizer, model="m", block_size=16, num_blocks=1000, metrics=True):
+    def __init__(self, kind, tokenizer, model="m", block_size=16, num_blocks=1000, metrics=True, counters=True):
+        """`counters`: /metrics has the token counters the router reads as progress."""
         self.kind, self.tokenizer, self.model = kind, tokenizer, model
-        self.block_size, self.num_blocks, self.metrics = block_size, num_blocks, metrics
+        self.block_size, self.num_blocks, self.metrics, self.counters = block_size, num_blocks, metrics, counters
         self.running, self.waiting, self.usage = 0, 0, 0.0
+        self.prompt_tokens = self.generation_tokens = self.realtime_tokens = 0  # vLLM's; SGLang's realtime decode
         self.completions = 0
 
     def app(self) -> web.Application:
@@ -66,9 +80,14 @@ class StubEngine:
 
     async def prometheus(self, request):
         page = VLLM_METRICS if self.kind == "vllm" else SGLANG_METRICS
+        if self.counters:
+            page += VLLM_COUNTERS if self.kind == "vllm" else SGLANG_COUNTERS
         return web.Response(text=page.format(model=self.model, running=float(self.running),
                                              waiting=float(self.waiting), usage=self.usage,
-                                             block_size=self.block_size, num_blocks=self.num_blocks),
+                                             block_size=self.block_size, num_blocks=self.num_blocks,
+                                             prompt_tokens=float(self.prompt_tokens),
+                                             generation_tokens=float(self.generation_tokens),
+                                             realtime_tokens=float(self.realtime_tokens)),
                             content_type="text/plain")
 
     async def tokenize(self, request):

@@ -1,6 +1,6 @@
 """The attempts' deadlines on one timer (router/service/attempt_deadlines.py): each attempt ends
-as `asyncio.timeout` would end it, a silent engine's sooner, a cancel from elsewhere stays a
-cancel, and many attempts share one timer."""
+as `asyncio.timeout` would end it, one on an engine not seen moving sooner (silent, or reporting
+without progress), a cancel from elsewhere stays a cancel, and many attempts share one timer."""
 
 import asyncio
 import time
@@ -12,7 +12,7 @@ from router.service.attempt_deadlines import Deadlines
 
 class Inst:
     def __init__(self) -> None:
-        self.load_seen = time.monotonic()
+        self.load_seen = self.progress_seen = time.monotonic()  # a load report; one that showed it moving
 
 
 async def test_an_attempt_past_its_deadline_raises_timeout_error():
@@ -44,26 +44,37 @@ async def test_a_silent_engine_ends_the_attempt_before_its_deadline():
             await asyncio.sleep(5)
     assert time.monotonic() - t0 < 1.0
     assert deadline.silent_s is not None and deadline.silent_s >= 0.05
+    assert deadline.silence == "no load report"
 
 
-async def test_load_reports_keep_the_attempt_alive_until_its_deadline():
+async def _reporting(inst, moving: bool) -> None:
+    while True:
+        inst.load_seen = time.monotonic()
+        if moving:
+            inst.progress_seen = inst.load_seen
+        await asyncio.sleep(0.01)
+
+
+# (the engine's load reports show it moving, the attempt's deadline, when it ends, why)
+REPORTS = [(False, 5.0, (0.0, 1.0), "no progress"),  # reports, but the counter stands still: ends early
+           (True, 0.3, (0.29, 5.0), None)]  # looked at several times, never still: ends at its deadline
+
+
+@pytest.mark.parametrize("moving,wait_s,ends_within,silence", REPORTS)
+async def test_an_attempt_lasts_while_load_reports_show_progress(moving, wait_s, ends_within, silence):
     deadlines, inst = Deadlines(), Inst()
-
-    async def reports():
-        while True:
-            inst.load_seen = time.monotonic()
-            await asyncio.sleep(0.01)
-
-    reporter = asyncio.create_task(reports())
+    reporter = asyncio.create_task(_reporting(inst, moving))
     t0 = time.monotonic()
     try:
         with pytest.raises(TimeoutError):
-            with deadlines.start(0.3, inst, 0.05) as deadline:
+            with deadlines.start(wait_s, inst, 0.05) as deadline:
                 await asyncio.sleep(5)
     finally:
         reporter.cancel()
-    assert time.monotonic() - t0 >= 0.29  # looked at several times, silent never
-    assert deadline.silent_s is None
+    assert ends_within[0] <= time.monotonic() - t0 < ends_within[1]
+    assert (deadline.silence or None) == silence and (deadline.silent_s is None) == (silence is None)
+    if silence:
+        assert deadline.silent_s >= 0.05
 
 
 async def test_a_cancel_from_elsewhere_stays_a_cancel_even_when_the_deadline_passed_too():

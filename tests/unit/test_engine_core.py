@@ -54,6 +54,21 @@ def test_load_record_counts_remote_prefills_in_waiting():
     assert record.kv_total_blocks == 16 and record.kv_free_blocks == 16 and record.instance == "e0"
 
 
+def test_progress_counts_every_token_a_finished_step_computed():
+    core = make_core()
+    core.add(seq(range(10, 19), max_tokens=3, request_id="a"))
+    core.add(seq(range(30, 43), max_tokens=3, request_id="b"))
+    assert core.load_record(ts=0.0).progress == 0
+    expected = 0
+    while core.has_work():
+        start = core.begin_step()
+        assert core.load_record(ts=0.0).progress == expected  # a step in flight has not progressed yet
+        core.finish_step(start.step, [7] * len(start.step.seqs))
+        expected += sum(start.step.num_tokens)
+        assert core.load_record(ts=0.0).progress == expected
+    assert expected == 9 + 13 + 2 * 2  # both prompts, then two decode tokens each (the first came with the prefill)
+
+
 def test_queue_full_and_a_prompt_that_never_fits():
     core = make_core(num_blocks=2, max_waiting=1)
     big = seq(range(10, 30))  # 5 blocks, the pool has 2

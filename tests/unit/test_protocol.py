@@ -119,6 +119,19 @@ def test_load_record_eviction_profile_is_checked():
         LoadRecord.from_dict({**base, "kv_free_blocks": "many"})
 
 
+@pytest.mark.parametrize("value,ok", [(0, True), (12345, True), (-1, True), (-2, False), (1.5, False), (True, False),
+                                      ("7", False), (None, False)])
+def test_load_record_progress_is_an_integer_or_minus_one(value, ok):
+    base = LoadRecord(instance="e1", running=1, waiting=0, kv_used_blocks=0, kv_total_blocks=8,
+                      queued_prefill_tokens=0, ts=1.0).to_dict()
+    assert base["progress"] == -1  # not reported unless the engine says
+    if ok:
+        assert LoadRecord.from_dict({**base, "progress": value}).progress == value
+    else:
+        with pytest.raises(ValueError, match="progress must be an integer >= -1"):
+            LoadRecord.from_dict({**base, "progress": value})
+
+
 def test_encoding_matches_the_written_spec():
     import struct
 

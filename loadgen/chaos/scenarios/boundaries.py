@@ -30,7 +30,8 @@ HEADER_TIMEOUT_S = ConnectionLimits().header_timeout_s  # the fleet's routers ru
 HANG_FIRST_BYTE_S = 2.0  # --first-byte-timeout-s of engine-hang-whole's own router
 
 
-async def _up(ctx: Context, proc, path: str = "/health", routable: int = 0) -> None:
+async def until_up(ctx: Context, proc, path: str = "/health", routable: int = 0) -> None:
+    """Until `proc` answers `path` (a router: until it has `routable` routable instances, if given)."""
     deadline = time.monotonic() + ctx.config.wait_s
     while time.monotonic() < deadline and proc.alive:
         rows = await instances(ctx.session, proc.url) if routable else None
@@ -41,7 +42,8 @@ async def _up(ctx: Context, proc, path: str = "/health", routable: int = 0) -> N
     raise RuntimeError(f"{proc.name} did not come up; see {proc.log_path}")
 
 
-async def _post(ctx: Context, url: str, body: dict, headers: dict | None = None) -> tuple[int, dict, dict]:
+async def post_completion(ctx: Context, url: str, body: dict, headers: dict | None = None) -> tuple[int, dict, dict]:
+    """(status, headers, JSON body) of one non-streamed completion at `url`."""
     async with ctx.session.post(url + "/v1/completions", json=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=60)) as r:
         return r.status, dict(r.headers), await r.json(content_type=None)
@@ -93,7 +95,7 @@ class IntrospectionAuth:
         proc = ctx.fleet.spawn("router-apikey", ["router", *engines, "--api-key", key, "--log-level", "WARNING"])
         checks = ok = 0
         try:
-            await _up(ctx, proc)
+            await until_up(ctx, proc)
             paths = [("POST", "/router/explain", {"prompt": "hello"}), ("GET", "/router/instances", None),
                      ("GET", "/router/stats", None), ("GET", "/router/engines", None), ("GET", "/workers", None)]
             for method, path, body in paths:
@@ -126,13 +128,13 @@ class RogueRegistry:
         client = aioredis.Redis.from_url(redis_url)
         served: dict[str, int] = {}
         try:
-            await _up(ctx, rogue)
+            await until_up(ctx, rogue)
             record = EngineRecord(instance_id="e-rogue", url=rogue.url)  # unsigned: no secret to sign it with
             await client.set(engine_key("e-rogue"), record.to_json(), px=120_000)
             await client.sadd(IDS, "e-rogue")
-            await _up(ctx, router, routable=1)
+            await until_up(ctx, router, routable=1)
             for i in range(30):
-                status, headers, _ = await _post(ctx, router.url, {"prompt": f"tenant prompt {i}", "max_tokens": 2})
+                status, headers, _ = await post_completion(ctx, router.url, {"prompt": f"tenant prompt {i}", "max_tokens": 2})
                 who = headers.get("x-kvroute-instance", str(status))
                 served[who] = served.get(who, 0) + 1
             refused = await metric(ctx.session, router.url, "kvroute_router_registry_refused_total")
@@ -160,7 +162,7 @@ class EngineHangWhole:
         router = ctx.fleet.spawn("router-hang", ["router", *engines, "--policy", "round_robin",
                                                  "--first-byte-timeout-s", str(HANG_FIRST_BYTE_S),
                                                  "--log-level", "WARNING"])
-        await _up(ctx, router, routable=len(ctx.fleet.engines))
+        await until_up(ctx, router, routable=len(ctx.fleet.engines))
         victim.freeze()
         t0 = time.monotonic()
 
@@ -168,7 +170,7 @@ class EngineHangWhole:
             t = time.monotonic()
             prompt = [rng.randrange(5, 8000) for _ in range(64)]
             try:
-                status, _, _ = await _post(ctx, router.url, {"prompt": prompt, "max_tokens": 4})
+                status, _, _ = await post_completion(ctx, router.url, {"prompt": prompt, "max_tokens": 4})
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 status = 0
             return status, time.monotonic() - t
@@ -202,14 +204,14 @@ class HandleReplay:
         rng = random.Random(ctx.config.seed)
         full = [rng.randrange(5, 8000) for _ in range(96)]
         try:
-            await _up(ctx, prefill)
-            await _up(ctx, decode)
+            await until_up(ctx, prefill)
+            await until_up(ctx, decode)
             grant = make_grant(ctx.fleet.secret, "e-prefill", prefill.url)
-            status, _, pre = await _post(ctx, prefill.url, {"prompt": full + [11] * 9, "max_tokens": 1,
+            status, _, pre = await post_completion(ctx, prefill.url, {"prompt": full + [11] * 9, "max_tokens": 1,
                                                             "kv_transfer_params": grant})
             out.require(status == 200, "handle-issued", self.name, f"prefill answered {status}")
             handle = pre.get("kv_transfer_params")
-            status, _, _ = await _post(ctx, decode.url, {"prompt": full + [12] * 9, "max_tokens": 4,
+            status, _, _ = await post_completion(ctx, decode.url, {"prompt": full + [12] * 9, "max_tokens": 4,
                                                          "kv_transfer_params": handle})
             mismatches = await metric(ctx.session, decode.url, "kvroute_engine_kv_pull_failures_total") or 0
             pulled = await metric(ctx.session, decode.url, "kvroute_engine_kv_pull_blocks_total") or 0

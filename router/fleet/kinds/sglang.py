@@ -5,6 +5,12 @@ fraction) when the engine runs with `--enable-metrics`; otherwise `GET /get_load
 (`num_reqs`, `num_waiting_reqs`, `num_tokens`; one object, or a list of them per
 data-parallel rank, summed). The source that answered first is kept per instance.
 `/get_server_info` gives `page_size` and `max_total_num_tokens` when served.
+
+Progress (router/fleet/progress.py): `sglang:realtime_tokens_total` (every mode), which the
+scheduler counts at each log interval while it runs. Not `sglang:generation_tokens_total`: SGLang
+counts that when a request finishes, so it stands still during one long generation. An SGLang
+without the realtime counter (or read through /get_load) reports none, and is watched by its
+load reports' presence alone.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from __future__ import annotations
 from router.fleet.instance import EngineInfo
 from router.fleet.kinds.http import EngineHTTP, NotServed, optional
 from router.contract.prometheus_text import metric_max, metric_sum
-from router.fleet.kinds.vllm import discover_foreign, load_record
+from router.fleet.kinds.vllm import discover_foreign, load_record, progress_of
 from router.contract.protocol import LoadRecord
+
+SGLANG_PROGRESS = ("sglang:realtime_tokens_total",)  # counted by the scheduler while it runs, all modes
 
 
 def _get_load_sum(data, key: str) -> float:
@@ -51,7 +59,8 @@ class SglangKind:
             if running is not None:
                 inst.kind_state["load_source"] = "/metrics"
                 waiting = metric_sum(text, "sglang:num_queue_reqs") or 0.0
-                return load_record(inst, running, waiting, metric_max(text, "sglang:token_usage"))
+                return load_record(inst, running, waiting, metric_max(text, "sglang:token_usage"),
+                                   progress=progress_of(text, SGLANG_PROGRESS))
             if inst.kind_state.get("load_source") == "/metrics":
                 raise ValueError(f"{inst.url}/metrics has no sglang:num_running_reqs")
         data = await http.json(inst.url + "/get_load")

@@ -4,7 +4,9 @@ Load: `vllm:num_requests_running`, `vllm:num_requests_waiting` and
 `vllm:kv_cache_usage_perc` (a fraction; `vllm:gpu_cache_usage_perc` before vLLM 0.10),
 summed over data-parallel engines. `vllm:cache_config_info` gives the engine's block size
 and `num_gpu_blocks`, so the usage converts to blocks; vLLM does not export queued
-prefill tokens (the router's own count of what it sent covers that).
+prefill tokens (the router's own count of what it sent covers that). Progress
+(router/fleet/progress.py): `vllm:prompt_tokens_total` plus `vllm:generation_tokens_total`,
+which vLLM counts at every engine step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from router.contract.prometheus_text import metric_labels, metric_max, metric_su
 from router.contract.protocol import LoadRecord, hash_seed
 
 USAGE_SCALE_BLOCKS = 10_000  # kv_total_blocks when the engine does not say how many it has
+VLLM_PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")  # counted per engine step
 
 
 def instance_id(url: str) -> str:
@@ -32,11 +35,20 @@ async def discover_foreign(http: EngineHTTP, inst, config) -> EngineInfo:
     return EngineInfo(instance_id(inst.url), model, config.kv_event_block_size, hash_seed(model), fingerprint)
 
 
-def load_record(inst, running: float, waiting: float, usage: float | None, queued_tokens: int = 0) -> LoadRecord:
+def load_record(inst, running: float, waiting: float, usage: float | None, queued_tokens: int = 0,
+                progress: int = -1) -> LoadRecord:
     total = int(inst.kind_state.get("num_blocks") or USAGE_SCALE_BLOCKS)
     used = round(min(max(usage or 0.0, 0.0), 1.0) * total)
     return LoadRecord(instance=inst.id, running=int(running), waiting=int(waiting), kv_used_blocks=used,
-                      kv_total_blocks=total, queued_prefill_tokens=int(queued_tokens), ts=time.time())
+                      kv_total_blocks=total, queued_prefill_tokens=int(queued_tokens), ts=time.time(),
+                      progress=progress)
+
+
+def progress_of(text: str, names: tuple[str, ...]) -> int:
+    """The sum of those of the counters `names` that the page has (the load record's `progress`);
+    -1 when it has none of them."""
+    values = [v for v in (metric_sum(text, name) for name in names) if v is not None and v >= 0]
+    return int(sum(values)) if values else -1
 
 
 class VllmKind:
@@ -58,4 +70,4 @@ class VllmKind:
             raise ValueError(f"{inst.url}/metrics has no vllm:num_requests_running")
         waiting = metric_sum(text, "vllm:num_requests_waiting") or 0.0
         usage = metric_max(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-        return load_record(inst, running, waiting, usage)
+        return load_record(inst, running, waiting, usage, progress=progress_of(text, VLLM_PROGRESS))
