@@ -23,7 +23,7 @@ class TenantSpec:
     slo_ttft_s: float | None = None  # overrides --slo-ttft-s
     rate: float | None = None  # requests/s admitted at most (token bucket); None: no limit
     burst: float | None = None  # bucket size; None: max(1, rate)
-    max_concurrency: int | None = None  # admitted requests in flight at most; None: no limit
+    max_concurrency: int | None = None  # requests in flight at most, counted from arrival; None: no limit
     keys: tuple[str, ...] = ()  # API keys that name this tenant
     allow_request_slo: bool = False  # a request may tighten its SLO (x-kvroute-slo-ttft-s), never loosen it
 

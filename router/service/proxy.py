@@ -81,13 +81,12 @@ class Proxy:
         self.config = cluster.config
 
     async def forward(self, request: web.Request, raw: bytes, prepared: Prepared, roles: tuple[str, ...] | None,
-                      charges: Charges, exclude: tuple[str, ...] = (), forward_ids: bool = True,
-                      forecast: Forecast | None = None) -> web.StreamResponse:
-        """Send the request whole to one instance (of `roles`), retrying on the next-best. With
-        `forward_ids`, an engine that tokenizes as the router does gets the router's token ids.
-        `forecast`: the first attempt's decision, made by admission just now (Router.decide).
-        Each attempt's charge on its instance is `charges`' until it ends (router/service/charges.py)."""
-        tried: list[str] = list(exclude)
+                      charges: Charges, forecast: Forecast | None = None) -> web.StreamResponse:
+        """Send the request whole to one instance (of `roles`), retrying on the next-best. An engine
+        that tokenizes as the router does gets the router's token ids. `forecast`: the first attempt's
+        decision, made by admission just now (Router.decide). Each attempt's charge on its instance is
+        `charges`' until it ends (router/service/charges.py)."""
+        tried: list[str] = []
         bodies = {False: raw}
         last_error: KVRouteError | None = None
         for attempt in range(self.config.max_retries + 1):
@@ -99,8 +98,8 @@ class Proxy:
             except Unavailable as e:
                 last_error = e if not attempt else last_error
                 break
-            result = await self.attempt(request, self._body_for(choice.instance, prepared, bodies, forward_ids),
-                                        prepared, choice, charges)
+            result = await self.attempt(request, self._body_for(choice.instance, prepared, bodies), prepared, choice,
+                                        charges)
             if isinstance(result, web.StreamResponse):
                 return result
             tried.append(choice.instance.id)
@@ -124,9 +123,9 @@ class Proxy:
             self.router.policy.on_failed(prepared.route, choice.instance.id)
         return result
 
-    def _body_for(self, inst, prepared: Prepared, bodies: dict[bool, bytes], forward_ids: bool) -> bytes:
+    def _body_for(self, inst, prepared: Prepared, bodies: dict[bool, bytes]) -> bytes:
         """The bytes for `inst`: the router's token ids where it tokenizes as the router does (made once)."""
-        ids = forward_ids and self._tokenizes_like_us(inst, prepared)
+        ids = self._tokenizes_like_us(inst, prepared)
         if ids not in bodies:
             bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)
         return bodies[ids]
