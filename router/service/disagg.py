@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from typing import Collection
 
 import orjson
@@ -38,13 +37,13 @@ from router.service.upstream_errors import describe_failure
 from router.fleet.instance import Instance
 from router.decision.base import Decision
 from router.service.charges import Charges, Dispatch
+from router.service.prefilled import first_chunk, parse_prefilled, usage_chunk, valid_handle
 from router.service.proxy import INSTANCE_HEADER, RETRYABLE, Proxy
 from router.service.routing import Choice, Prepared
 
 log = logging.getLogger(__name__)
 
 PREFILL_HEADER = "x-kvroute-prefill-instance"
-HANDLE_MARGIN_S = 1.0  # a handle this close to its expiry is not sent again: the retry goes whole
 
 
 def pick_decode(cluster: Cluster, model: str, rng: random.Random, exclude: Collection[str] = ()) -> Instance:
@@ -55,30 +54,6 @@ def pick_decode(cluster: Cluster, model: str, rng: random.Random, exclude: Colle
         what = " that was not tried already" if exclude else ""
         raise Unavailable(f"no healthy decode instance serves {model!r}{what}")
     return picked
-
-
-def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) -> dict:
-    """The stream chunk carrying the prefill's first token, with its logprobs (and its end, if it
-    was the last); usage goes in a chunk of its own (`usage_chunk`), as OpenAI streams it."""
-    choice = prefilled["choices"][0]
-    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
-    logprobs = choice.get("logprobs")
-    if kind == "chat":
-        text = (choice.get("message") or {}).get("content") or ""
-        chunk["object"] = "chat.completion.chunk"
-        chunk["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                             "finish_reason": finish_reason}]
-    else:
-        chunk["object"] = "text_completion"
-        chunk["choices"] = [{"index": 0, "text": choice.get("text", ""), "logprobs": logprobs,
-                             "finish_reason": finish_reason}]
-    return chunk
-
-
-def usage_chunk(kind: str, prefilled: dict) -> dict:
-    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
-    chunk["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    return {**chunk, "choices": [], "usage": prefilled.get("usage")}
 
 
 class Disaggregation:
@@ -177,7 +152,7 @@ class Disaggregation:
         if status != 200:
             return web.Response(body=data, status=status, content_type="application/json",
                                 headers={INSTANCE_HEADER: inst.id})
-        prefilled = _parse_prefilled(data)
+        prefilled = parse_prefilled(data)
         if prefilled is None:
             self.cluster.report_failure(inst, "malformed prefill answer", request=True, exclude=False)
             return None
@@ -219,7 +194,7 @@ class Disaggregation:
                 except Unavailable:
                     break
                 self.router.metrics.retries.inc()
-            params = _valid_handle(prefilled)
+            params = valid_handle(prefilled)
             raw = orjson.dumps({**body, "kv_transfer_params": params} if params else body)
             result = await self.proxy.attempt(request, raw, prepared, _decode_choice(prepared, decode, params),
                                               charges)
@@ -281,28 +256,6 @@ def _decode_choice(prepared: Prepared, decode: Instance, handle) -> Choice:
     """The decode stage's choice, charged with no prefill when it has a handle, else the whole prompt."""
     return Choice(instance=decode, decision=Decision(instance=decode.id, uncached_tokens=0 if handle else None),
                   matches={}, candidates=[decode], prepared_tokens=prepared.num_tokens)
-
-
-def _valid_handle(prefilled: dict) -> dict | None:
-    """The prefill's transfer params while its handle is valid (HANDLE_MARGIN_S before it expires)."""
-    params = prefilled["kv_transfer_params"]
-    expires = params["handle"].get("expires")
-    if isinstance(expires, (int, float)) and expires < time.time() + HANDLE_MARGIN_S:
-        return None
-    return params
-
-
-def _parse_prefilled(data: bytes) -> dict | None:
-    """A prefill answer with one choice and, if present, a handle object; None if malformed."""
-    try:
-        prefilled = orjson.loads(data)
-        choice = prefilled["choices"][0]
-        params = prefilled.get("kv_transfer_params")
-        if not isinstance(choice, dict) or (params and not isinstance(params.get("handle"), dict)):
-            return None
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-    return prefilled
 
 
 class _UpstreamStatus(Exception):

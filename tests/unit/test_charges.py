@@ -58,9 +58,9 @@ COLOCATED = [
 DISAGGREGATED = COLOCATED[:2] + [
     ("grant", disagg, "make_grant", False, BOTH),
     ("prefill choice metrics", proxy.Proxy, "_observe_choice", False, BOTH),
-    ("prefill answer", disagg, "_parse_prefilled", False, BOTH),
+    ("prefill answer", disagg, "parse_prefilled", False, BOTH),
     ("decode choice", disagg, "pick_decode", False, BOTH),
-    ("handle check", disagg, "_valid_handle", False, WHOLE),
+    ("handle check", disagg, "valid_handle", False, WHOLE),
     ("first token to the client", disagg, "first_chunk", False, STREAM),
     ("decode stream", disagg.Disaggregation, "_decode_stream", True, STREAM),
     ("whole decode attempt", proxy.Proxy, "_fetch_whole", True, WHOLE),

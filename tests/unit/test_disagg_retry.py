@@ -7,7 +7,7 @@ import time
 import pytest
 from aiohttp import web
 
-from router.service import disagg
+from router.service import disagg, prefilled
 from router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.router_cluster import FAST
@@ -56,6 +56,6 @@ async def test_whole_requests_survive_a_decode_engine_that_dies_before_answering
 
 def test_a_handle_about_to_expire_is_not_sent_again():
     handle = {"kv_transfer_params": {"handle": {"expires": time.time() + 60}}}
-    assert disagg._valid_handle(handle) is handle["kv_transfer_params"]
-    handle["kv_transfer_params"]["handle"]["expires"] = time.time() + disagg.HANDLE_MARGIN_S / 2
-    assert disagg._valid_handle(handle) is None  # the retry goes whole: the decode engine computes it
+    assert prefilled.valid_handle(handle) is handle["kv_transfer_params"]
+    handle["kv_transfer_params"]["handle"]["expires"] = time.time() + prefilled.HANDLE_MARGIN_S / 2
+    assert prefilled.valid_handle(handle) is None  # the retry goes whole: the decode engine computes it
