@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 STATUS = {PayloadTooLarge: 413, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404, Conflict: 409,
           Unavailable: 503}
 READ_CHUNK = 1 << 16
+STARTED = web.RequestKey("started", web.StreamResponse)  # a streamed answer whose head was sent (prepare_client)
 CONTROL_BODY_LIMIT = 1 << 20  # admin, transfer and tokenize bodies
 
 
@@ -58,6 +59,7 @@ async def prepare_client(resp: web.StreamResponse, request: web.Request) -> None
         await resp.prepare(request)
     except ConnectionResetError:
         raise ClientGone(resp) from None
+    request[STARTED] = resp
 
 
 async def write_client(resp: web.StreamResponse, data: bytes | None = None) -> None:
@@ -72,10 +74,12 @@ async def write_client(resp: web.StreamResponse, data: bytes | None = None) -> N
 
 
 def make_error_middleware(on_error: Callable[[int], None] | None = None):
-    """Every error leaves as an OpenAI-shaped body; anything unexpected is a logged 500.
-    A client that left gets its (already started) response back, which aiohttp closes
-    quietly: no traceback for a client that hangs up. `on_error(status)` is told of every
-    error answered here (the router counts the requests it rejects itself)."""
+    """Every error leaves as an OpenAI-shaped body; anything unexpected is a logged 500, or,
+    in a stream whose head was sent already, an SSE error event and [DONE] ending it (a
+    second answer on the connection would leave the client waiting for the rest of the
+    first). A client that left gets its (already started) response back, which aiohttp
+    closes quietly: no traceback for a client that hangs up. `on_error(status)` is told of
+    every error answered here (the router counts the requests it rejects itself)."""
 
     def answered(response: web.Response) -> web.Response:
         if on_error is not None:
@@ -102,9 +106,22 @@ def make_error_middleware(on_error: Callable[[int], None] | None = None):
         except Exception as exc:
             log.exception("unexpected error in %s %s", request.method, request.path)
             err = KVRouteError(f"internal error: {type(exc).__name__}", code="internal_error")
+            started = request.get(STARTED)
+            if started is not None:
+                return await _end_stream(started, err)
             return answered(json_response(err.to_dict(), status=500))
 
     return error_middleware
+
+
+async def _end_stream(resp: web.StreamResponse, err: KVRouteError) -> web.StreamResponse:
+    """End a started stream with `err` as its last event (nothing if the client has left)."""
+    try:
+        await resp.write(sse_error(err) + SSE_DONE)
+        await resp.write_eof()
+    except (ConnectionResetError, RuntimeError):
+        pass
+    return resp
 
 
 error_middleware = make_error_middleware()

@@ -9,7 +9,7 @@ running + waiting, then KV usage; ties at random.
 from __future__ import annotations
 
 import random
-from typing import Hashable
+from typing import Collection, Hashable
 
 from router.decision.route import Members
 
@@ -18,10 +18,13 @@ PREFILL_ROLES = ("prefill",)
 COLOCATED_ROLES = ("both",)  # whole requests, when the fleet is not disaggregated and has any
 
 
-def pick_decode_member(decodes: Members, rng: random.Random) -> Hashable:
+def pick_decode_member(decodes: Members, rng: random.Random, exclude: Collection[str] = ()) -> Hashable | None:
     """The member of `decodes` (a router/decision/route.py `Members`) with the least decode load,
-    read from its `InstanceState`; at random among ties."""
-    states = decodes.states(decodes.members)
+    read from its `InstanceState`; at random among ties. Members named in `exclude` (tried already)
+    are not chosen; None when no other is left."""
+    states = [s for s in decodes.states(decodes.members) if s.id not in exclude]
+    if not states:
+        return None
     loads = [(s.inflight if s.inflight > s.running + s.waiting else s.running + s.waiting, s.kv_usage)
              for s in states]
     best = min(loads)

@@ -23,8 +23,9 @@ class TenantSpec:
     slo_ttft_s: float | None = None  # overrides --slo-ttft-s
     rate: float | None = None  # requests/s admitted at most (token bucket); None: no limit
     burst: float | None = None  # bucket size; None: max(1, rate)
-    max_concurrency: int | None = None  # admitted requests in flight at most; None: no limit
+    max_concurrency: int | None = None  # requests in flight at most, counted from arrival; None: no limit
     keys: tuple[str, ...] = ()  # API keys that name this tenant
+    allow_request_slo: bool = False  # a request may tighten its SLO (x-kvroute-slo-ttft-s), never loosen it
 
     def __post_init__(self) -> None:
         if not NAME.match(self.name):
@@ -39,6 +40,17 @@ class TenantSpec:
             raise ValueError(f"tenant {self.name}: max_concurrency must be at least 1, got {self.max_concurrency}")
         if any(not isinstance(k, str) or not k for k in self.keys):
             raise ValueError(f"tenant {self.name}: keys must be non-empty strings")
+        if not isinstance(self.allow_request_slo, bool):
+            raise ValueError(f"tenant {self.name}: allow_request_slo must be true or false")
+
+    def slo_for(self, asked_s: float | None, default_s: float | None) -> float | None:
+        """A request's TTFT SLO: the tenant's, else the router's (`default_s`). Its own (`asked_s`, the
+        x-kvroute-slo-ttft-s header) counts only where the tenant file allows it, and only to tighten:
+        a client can make admission stricter for itself, never looser."""
+        base = self.slo_ttft_s or default_s
+        if asked_s is None or not self.allow_request_slo:
+            return base
+        return asked_s if base is None else min(asked_s, base)
 
     def share(self, workers: int) -> TenantSpec:
         """What one of `workers` router processes enforces (each takes about 1/workers of the
@@ -52,7 +64,9 @@ class TenantSpec:
 
 
 class Limits:
-    """Per tenant: a token bucket of admissions and the admitted requests in flight."""
+    """Per tenant: a token bucket of admissions and the requests in flight, each counted from the
+    moment it holds a place (before it is tokenized) to its end, so that no interleaving of
+    arrivals takes more than the limits allow."""
 
     def __init__(self) -> None:
         self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, as of)
@@ -66,8 +80,12 @@ class Limits:
             return "rate_limit"
         return None
 
+    @staticmethod
+    def _size(spec: TenantSpec) -> float:
+        return spec.burst or max(1.0, spec.rate)
+
     def _tokens(self, spec: TenantSpec, now: float) -> float:
-        size = spec.burst or max(1.0, spec.rate)
+        size = self._size(spec)
         tokens, since = self._buckets.get(spec.name, (size, now))
         return min(size, tokens + (now - since) * spec.rate)
 
@@ -76,10 +94,17 @@ class Limits:
             return 1.0
         return max(1.0, (1.0 - self._tokens(spec, now)) / spec.rate)
 
-    def admitted(self, spec: TenantSpec, now: float) -> None:
+    def take(self, spec: TenantSpec, now: float) -> None:
+        """A request of `spec`'s tenant holds a place (in flight) and spent a token of its bucket."""
         if spec.rate is not None:
             self._buckets[spec.name] = (self._tokens(spec, now) - 1.0, now)
         self.inflight[spec.name] = self.inflight.get(spec.name, 0) + 1
+
+    def give_back(self, spec: TenantSpec, now: float) -> None:
+        """`take` undone: the request was refused or failed before it was admitted."""
+        if spec.rate is not None:
+            self._buckets[spec.name] = (min(self._size(spec), self._tokens(spec, now) + 1.0), now)
+        self.finished(spec.name)
 
     def finished(self, tenant: str) -> None:
         left = self.inflight.get(tenant, 0) - 1

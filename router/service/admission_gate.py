@@ -1,11 +1,15 @@
 """The router's admission gate: the pure decision (router/decision/admission.py) on live traffic.
 
-`enter` predicts the request's TTFT (the routing decision without recording it), then
-admits it, refuses it (raises `Overloaded`: 429 or 503 with Retry-After) or queues it. A
-queued request waits on a future; `poke` (a load report, a first token, a finish) wakes
-the queue's head, which predicts again and goes, waits, or is refused because its deadline
-can no longer be met. A client that leaves while queued leaves the queue. `done` ends an
-admitted request: its tenant's concurrency, and predicted vs observed TTFT.
+`reserve` takes the request's tenant slot (a place in its concurrency limit, a token of its
+rate) before the request is tokenized, or refuses it at once; the slot is the request's until
+`release`, so no interleaving of arrivals admits more than the tenant's limits, whatever the
+prompts' lengths. `enter` predicts the request's TTFT (the routing decision without recording
+it), then admits it, refuses it (raises `Overloaded`: 429 or 503 with Retry-After) or queues it.
+A queued request waits on a future; `poke` (a load report, a first token, a finish) wakes the
+queue's head, which predicts again and goes, waits, or is refused because its deadline can no
+longer be met. A client that leaves while queued leaves the queue. `release` ends the request
+(router/service/charges.py calls it, once, whatever happened): its tenant's place, the rate
+token too if it was never admitted, and predicted vs observed TTFT.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class Ticket:
     predicted_s: float | None = None  # at dispatch
     dispatched: float = 0.0  # time.perf_counter() at dispatch (the traces' clock)
     queued: bool = False
+    held: bool = False  # its tenant's slot is taken (`reserve`) and not given back yet (`release`)
 
 
 class AdmissionGate:
@@ -65,8 +70,8 @@ class AdmissionGate:
                     self._shares.clear()
                 shared = self._shares[spec] = spec.share(self.workers)
             spec = shared
-        slo = slo_s or spec.slo_ttft_s or self.config.slo_ttft_s
-        return Ticket(spec=spec, band=band_of(priority, self.config.priority_edges), slo_s=slo, arrived=self.clock())
+        return Ticket(spec=spec, band=band_of(priority, self.config.priority_edges),
+                      slo_s=spec.slo_for(slo_s, self.config.slo_ttft_s), arrived=self.clock())
 
     def gated(self, ticket: Ticket) -> bool:
         spec = ticket.spec
@@ -81,10 +86,11 @@ class AdmissionGate:
     def weights(self) -> dict[str, float]:
         return {name: spec.weight for name, spec in self.book.tenants.items()}
 
-    def precheck(self, ticket: Ticket) -> None:
-        """Refuse (Overloaded) what the tenant's limits or the queue alone refuse, before the request
-        is tokenized and predicted."""
-        if not self.gated(ticket):
+    def reserve(self, ticket: Ticket) -> None:
+        """Take the tenant's slot before the request is tokenized and predicted, or refuse it
+        (Overloaded) when the tenant's limits or the queue alone say so. Checked and taken in one
+        step, so no other request comes in between; held until `release`."""
+        if ticket.held or not self.gated(ticket):
             return
         now = self.clock()
         limited = self.limits.check(ticket.spec, now)
@@ -95,11 +101,15 @@ class AdmissionGate:
                                             self.weights(), now)
             if verdict is not None:
                 raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
+        self.limits.take(ticket.spec, now)
+        ticket.held = True
 
     async def enter(self, ticket: Ticket, predict: Predict) -> None:
-        """Return when `ticket` is admitted; Overloaded when it is refused. `precheck` first."""
+        """Return when `ticket` is admitted; Overloaded when it is refused (`reserve` first, if not
+        reserved already). `release` ends it either way."""
         if not self.gated(ticket):
             return
+        self.reserve(ticket)
         if ticket.slo_s is None:  # limits only: checked by precheck, counted here
             return self._admit(ticket, adm.NO_PREDICTION, self.clock())
         predicted = await predict()
@@ -217,7 +227,6 @@ class AdmissionGate:
     def _admit(self, ticket: Ticket, predicted: adm.Prediction, now: float, reason: str = "fits") -> None:
         ticket.predicted_s, ticket.dispatched = predicted.ttft_s, time.perf_counter()
         self.rates.add(ticket.spec.name, now)
-        self.limits.admitted(ticket.spec, now)
         how = "probe" if reason == "probe" else "queued" if ticket.queued else "fits"
         self.metrics.decided(ticket.spec.name, ticket.band, "admitted", how)
         if predicted.ttft_s is not None:
@@ -233,10 +242,15 @@ class AdmissionGate:
         return Overloaded(f"tenant {ticket.spec.name}'s request {message} ({reason})", retry_after=retry_after_s,
                           too_many=status == 429, code=reason)
 
-    def done(self, ticket: Ticket | None, first_token: float | None) -> None:
-        """An admitted request ended; `first_token` is its trace's (time.perf_counter()) or None."""
-        if ticket is None or not ticket.dispatched:
+    def release(self, ticket: Ticket, first_token: float | None) -> None:
+        """A request ended, admitted or not: its tenant's slot is given back (the rate token too when
+        it was never admitted). `first_token` is its trace's (time.perf_counter()) or None."""
+        if not ticket.held:
             return
+        ticket.held = False
+        if not ticket.dispatched:
+            self.limits.give_back(ticket.spec, self.clock())
+            return self.poke()
         self.limits.finished(ticket.spec.name)
         if first_token is not None and ticket.predicted_s is not None:
             self.metrics.observed(ticket.spec.name, first_token - ticket.dispatched)

@@ -17,7 +17,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router.service import admin, lean_server, tenant_admin
 from router.fleet.cluster import Cluster
-from router.decision.tenants import DEFAULT_TENANT
 from router.service.admission_gate import AdmissionGate
 from router.service.admission_metrics import AdmissionMetrics
 from router.service.app_keys import CLUSTER, CONFIG, DISAGG, ENTRY, GATE, METRICS, PROXY, ROUTER, TENANTS, ZMQ
@@ -71,7 +70,10 @@ async def auth_middleware(request: web.Request, handler):
     elif path.startswith(ADMIN_PATHS) and (config.admin_key or book.has_keys):
         ok = bool(config.admin_key) and _authorized(request, config.admin_key)
         if not ok and (not config.admin_key or path == EXPLAIN_PATH):
-            ok = book.tenant_of_key(request.headers.get("Authorization", "")) is not None
+            tenant = book.tenant_of_key(request.headers.get("Authorization", ""))
+            ok = tenant is not None
+            if ok and path == EXPLAIN_PATH:
+                request[TENANT_KEY] = tenant  # explained as the key's tenant, as its request would be
         if not ok:
             which = "admin key" if config.admin_key else "API key"
             raise Unauthorized(f"missing or invalid {which} (Authorization: Bearer <key>): "
@@ -231,8 +233,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app = web.Application(middlewares=[make_error_middleware(metrics.observe_rejected), auth_middleware],
                           client_max_size=1 << 40)
     app[CONFIG], app[METRICS] = config, metrics
-    keys = config.api_keys or (((DEFAULT_TENANT, config.api_key),) if config.api_key else ())
-    app[TENANTS] = TenantBook(config.tenants, keys, config.tenant_header)
+    app[TENANTS] = TenantBook(config.tenants, config.tenant_keys(), config.tenant_header, config.trust_tenant_header)
     app[CONNECTION_LIMITS] = config.connection_limits()
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)

@@ -44,10 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1/*; NAME=KEY makes the key tenant NAME's "
                         "(repeat for each key)")
     p.add_argument("--tenants", default=None, metavar="FILE",
-                   help="tenant file (JSON or TOML: weight, slo_ttft_s, rate, burst, max_concurrency, keys); "
-                        "reloaded on SIGHUP and POST /admin/tenants/reload (docs/admission.md)")
+                   help="tenant file (JSON or TOML: weight, slo_ttft_s, rate, burst, max_concurrency, keys, "
+                        "allow_request_slo); reloaded on SIGHUP and POST /admin/tenants/reload (docs/admission.md)")
     p.add_argument("--tenant-header", default=None, metavar="NAME",
-                   help="behind a trusted gateway: the request header that names the tenant")
+                   help="the request header that names the tenant, among those of --tenants FILE (any other "
+                        "value: the default tenant); refused beside API keys without --trust-tenant-header")
+    p.add_argument("--trust-tenant-header", action="store_true",
+                   help="with API keys and --tenant-header: a gateway in front sets the header (and drops the "
+                        "clients' own), so it may name the tenant instead of the key")
     p.add_argument("--slo-ttft-s", type=float, default=None,
                    help="admission: the default TTFT SLO; requests predicted to miss it wait or are refused "
                         "with 429/503 + Retry-After (default: off)")
@@ -101,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenize-workers", type=int, default=d["tokenize_workers"].default,
                    help="threads that tokenize long prompts off the event loop")
     p.add_argument("--tokenize-queue", type=int, default=d["tokenize_queue"].default,
-                   help="long prompts that may wait for a tokenizer thread; beyond it, 503 + Retry-After")
+                   help="long prompts of one tenant that may wait for a tokenizer thread (tenants are served "
+                        "fairly); beyond it, 503 + Retry-After for that tenant")
     p.add_argument("--tokenize-idle-inline-chars", type=int, default=d["tokenize_idle_inline_chars"].default,
                    help="prompts shorter than this are tokenized on the event loop while no other request is "
                         "in flight (no thread hop); 0 = long prompts always go to the tokenizer threads")
@@ -155,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         from router.contract.tokenizer import load_tokenizer
 
         load_tokenizer(config.tokenizer)
-        if config.tenants:
-            TenantBook(config.tenants)
+        TenantBook(config.tenants, config.tenant_keys(), config.tenant_header, config.trust_tenant_header)
     except (ValueError, OSError) as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 2

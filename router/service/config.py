@@ -6,6 +6,7 @@ import dataclasses
 
 from router.contract.connections import ConnectionLimits
 from router.decision.admission import AdmissionConfig
+from router.decision.tenants import DEFAULT_TENANT
 
 EVENT_SOURCES = ("poll", "redis")
 HTTP_SERVERS = ("lean", "aiohttp")
@@ -51,7 +52,7 @@ class RouterConfig:
     max_body_bytes: int = 0
     max_prompt_chars: int = 0
     tokenize_workers: int = 2  # threads tokenizing long prompts off the event loop
-    tokenize_queue: int = 64  # long prompts that may wait for them; beyond, 503 + Retry-After
+    tokenize_queue: int = 64  # long prompts of one tenant that may wait for them; beyond, 503 + Retry-After
     # shorter prompts are tokenized on the event loop while nothing else is in flight
     # (router/contract/tokenize_pool.py): ~16k tokens, ~10 ms here; 0 = long prompts always in the pool
     tokenize_idle_inline_chars: int = 65536
@@ -85,7 +86,8 @@ class RouterConfig:
     # Admission and tenants (docs/admission.md): off while no SLO is set (here, per tenant or per request).
     api_keys: tuple[tuple[str, str], ...] = ()  # (tenant, key) from --api-key [NAME=]KEY
     tenants: str | None = None  # the tenant file (JSON or TOML), reloaded on SIGHUP
-    tenant_header: str | None = None  # behind a trusted gateway: the header naming the tenant
+    tenant_header: str | None = None  # the header naming the tenant, among the tenant file's
+    trust_tenant_header: bool = False  # with API keys too: a gateway in front sets the header (else refused)
     slo_ttft_s: float | None = None
     admission_margin: float = -0.4
     admission_queue: int = 1024
@@ -152,6 +154,10 @@ class RouterConfig:
             raise ValueError("--kv-event-replay-timeout-s must be positive")
         return (parse_kinds(self.engine_kinds, self.engines),
                 parse_sources(self.kv_event_sources, self.kv_event_replay_sources, self.engines))
+
+    def tenant_keys(self) -> tuple[tuple[str, str], ...]:
+        """(tenant, key) of every --api-key (a plain key is the default tenant's)."""
+        return self.api_keys or (((DEFAULT_TENANT, self.api_key),) if self.api_key else ())
 
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(slo_ttft_s=self.slo_ttft_s, margin=self.admission_margin,

@@ -12,7 +12,9 @@ prompt (on the best prefill engine) is at least `pd_min_uncached` tokens goes:
 
 Shorter uncached prompts skip step 1 and go whole to a decode engine (chosen by the
 policy: decode engines cache prefixes too). A prefill failure before any token reached
-the client is retried on another prefill engine, then whole on a decode engine.
+the client is retried on another prefill engine, then whole on a decode engine. A whole
+(non-streamed) request whose decode engine fails before answering is retried on another
+decode engine, with the handle while it is valid, else whole.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from typing import Collection
 
 import orjson
 from aiohttp import web
@@ -33,7 +36,9 @@ from router.service.steering import with_token_ids
 from router.service.upstream_errors import describe_failure
 from router.fleet.instance import Instance
 from router.decision.base import Decision
-from router.service.proxy import INSTANCE_HEADER, RETRYABLE, Dispatch, Proxy
+from router.service.charges import Charges, Dispatch
+from router.service.prefilled import first_chunk, parse_prefilled, usage_chunk, valid_handle
+from router.service.proxy import INSTANCE_HEADER, RETRYABLE, Proxy
 from router.service.routing import Choice, Prepared
 
 log = logging.getLogger(__name__)
@@ -41,37 +46,14 @@ log = logging.getLogger(__name__)
 PREFILL_HEADER = "x-kvroute-prefill-instance"
 
 
-def pick_decode(cluster: Cluster, model: str, rng: random.Random) -> Instance:
+def pick_decode(cluster: Cluster, model: str, rng: random.Random, exclude: Collection[str] = ()) -> Instance:
     """Decode load: fewest requests (router in-flight, engine running + waiting), then KV usage
-    (router/decision/decode_choice.py, the simulator's rule too)."""
-    group = cluster.group(model, DECODE_ROLES)
-    if not group.members:
-        raise Unavailable(f"no healthy decode instance serves {model!r}")
-    return pick_decode_member(group, rng)
-
-
-def first_chunk(kind: str, prefilled: dict, finish_reason: str | None = None) -> dict:
-    """The stream chunk carrying the prefill's first token, with its logprobs (and its end, if it
-    was the last); usage goes in a chunk of its own (`usage_chunk`), as OpenAI streams it."""
-    choice = prefilled["choices"][0]
-    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
-    logprobs = choice.get("logprobs")
-    if kind == "chat":
-        text = (choice.get("message") or {}).get("content") or ""
-        chunk["object"] = "chat.completion.chunk"
-        chunk["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                             "finish_reason": finish_reason}]
-    else:
-        chunk["object"] = "text_completion"
-        chunk["choices"] = [{"index": 0, "text": choice.get("text", ""), "logprobs": logprobs,
-                             "finish_reason": finish_reason}]
-    return chunk
-
-
-def usage_chunk(kind: str, prefilled: dict) -> dict:
-    chunk = {k: prefilled.get(k) for k in ("id", "created", "model")}
-    chunk["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    return {**chunk, "choices": [], "usage": prefilled.get("usage")}
+    (router/decision/decode_choice.py, the simulator's rule too); none of `exclude` (tried already)."""
+    picked = pick_decode_member(cluster.group(model, DECODE_ROLES), rng, exclude)
+    if picked is None:
+        what = " that was not tried already" if exclude else ""
+        raise Unavailable(f"no healthy decode instance serves {model!r}{what}")
+    return picked
 
 
 class Disaggregation:
@@ -108,35 +90,40 @@ class Disaggregation:
             out["prefill"] = self.router.explain(prepared, prefill)
         return out
 
-    async def handle(self, request: web.Request, body: dict, prepared: Prepared) -> web.StreamResponse:
+    async def handle(self, request: web.Request, body: dict, prepared: Prepared,
+                     charges: Charges) -> web.StreamResponse:
+        """Serve the request in two stages; each stage's charge on its engine is `charges`'
+        (router/service/charges.py), released by it whatever fails."""
         tried: list[str] = []
         for attempt in range(self.cluster.config.max_retries + 1):
             prefill = await self.plan(prepared, exclude=tuple(tried))
             if prefill is None:
                 break
-            result = await self._prefill(request, body, prepared, prefill)
+            result = await self._prefill(request, body, prepared, prefill, charges)
             if isinstance(result, web.StreamResponse):
                 return result
             if isinstance(result, dict):
                 # Decode load is read now, not at arrival: requests whose prefills overlapped
                 # would otherwise all pick the decode engine that was idlest back then.
                 decode = pick_decode(self.cluster, prepared.model, self.rng)
-                return await self._decode(request, body, prepared, prefill.instance, decode, result)
+                if not prepared.request.stream:
+                    return await self._decode_whole(request, body, prepared, decode, result, charges)
+                return await self._decode(request, body, prepared, prefill.instance, decode, result, charges)
             tried.append(prefill.instance.id)
             self.router.metrics.retries.inc()
         # Short uncached prompt, or no prefill engine could take it: whole on a decode engine.
-        return await self.proxy.forward(request, orjson.dumps(body), prepared, DECODE_ROLES)
+        return await self.proxy.forward(request, orjson.dumps(body), prepared, DECODE_ROLES, charges)
 
-    async def _prefill(self, request: web.Request, body: dict, prepared: Prepared,
-                       choice: Choice) -> dict | web.StreamResponse | None:
+    async def _prefill(self, request: web.Request, body: dict, prepared: Prepared, choice: Choice,
+                       charges: Charges) -> dict | web.StreamResponse | None:
         """The prefill's JSON (with a handle); a final response to relay; None to retry elsewhere."""
         inst = choice.instance
-        self.proxy._observe_choice(prepared, choice)
-        dispatch = Dispatch(self.router, prepared, choice)
         grant = make_grant(self.secret, inst.id, inst.url)
         p_body = {**body, "stream": False, "kv_transfer_params": grant}
         if self.proxy._tokenizes_like_us(inst, prepared):  # the prefill engine need not tokenize again
             p_body = orjson.loads(with_token_ids(p_body, prepared.request.kind, prepared.token_ids))
+        self.proxy._observe_choice(prepared, choice)
+        dispatch = charges.dispatch(self.router, prepared, choice)
         wait = self.cluster.config.first_byte_timeout_s
         try:
             async with asyncio.timeout(wait):
@@ -165,7 +152,7 @@ class Disaggregation:
         if status != 200:
             return web.Response(body=data, status=status, content_type="application/json",
                                 headers={INSTANCE_HEADER: inst.id})
-        prefilled = _parse_prefilled(data)
+        prefilled = parse_prefilled(data)
         if prefilled is None:
             self.cluster.report_failure(inst, "malformed prefill answer", request=True, exclude=False)
             return None
@@ -192,23 +179,43 @@ class Disaggregation:
         await write_client(resp)
         return resp
 
+    async def _decode_whole(self, request: web.Request, body: dict, prepared: Prepared, decode: Instance,
+                            prefilled: dict, charges: Charges) -> web.StreamResponse:
+        """A whole (non-streamed) answer from a decode engine. One that fails before answering is
+        replaced, as a colocated attempt is, by the next decode engine by decode load among those not
+        tried; the handle goes with it while it is valid (a decode engine whose pull finds the blocks
+        gone computes the prompt itself), else the request goes whole."""
+        last: KVRouteError | None = None
+        tried: list[str] = []
+        for attempt in range(self.cluster.config.max_retries + 1):
+            if attempt:
+                try:
+                    decode = pick_decode(self.cluster, prepared.model, self.rng, exclude=tried)
+                except Unavailable:
+                    break
+                self.router.metrics.retries.inc()
+            params = valid_handle(prefilled)
+            raw = orjson.dumps({**body, "kv_transfer_params": params} if params else body)
+            result = await self.proxy.attempt(request, raw, prepared, _decode_choice(prepared, decode, params),
+                                              charges)
+            if isinstance(result, web.StreamResponse):
+                return result
+            tried.append(decode.id)
+            last = result
+        self.router.metrics.errors.labels("upstream").inc()
+        raise last or Unavailable(f"no decode instance could take the request for {prepared.model!r}")
+
     async def _decode(self, request: web.Request, body: dict, prepared: Prepared, prefill: Instance,
-                      decode: Instance, prefilled: dict) -> web.StreamResponse:
+                      decode: Instance, prefilled: dict, charges: Charges) -> web.StreamResponse:
         d_body = orjson.dumps({**body, "kv_transfer_params": prefilled["kv_transfer_params"]})
         headers = {INSTANCE_HEADER: decode.id, PREFILL_HEADER: prefill.id}
-        if not prepared.request.stream:
-            return await self.proxy.forward(request, d_body, prepared, DECODE_ROLES, forward_ids=False,
-                                            exclude=tuple(i.id for i in self.cluster.routable(
-                                                prepared.model, DECODE_ROLES) if i is not decode))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **headers})
         await prepare_client(resp, request)
         prepared.trace.first(prefill.id)
         await write_client(resp, sse_line(first_chunk(prepared.request.kind, prefilled)))
         prepared.trace.first(decode.id)  # the tokens after the first come from the decode engine
-        choice = Choice(instance=decode, decision=Decision(instance=decode.id, uncached_tokens=0), matches={},
-                        candidates=[decode], prepared_tokens=prepared.num_tokens)
-        dispatch = Dispatch(self.router, prepared, choice)
+        dispatch = charges.dispatch(self.router, prepared, _decode_choice(prepared, decode, handle=True))
         status = "200"
         try:
             status = await self._decode_stream(request, d_body, decode, resp, dispatch)
@@ -245,17 +252,10 @@ class Disaggregation:
             r.close()
 
 
-def _parse_prefilled(data: bytes) -> dict | None:
-    """A prefill answer with one choice and, if present, a handle object; None if malformed."""
-    try:
-        prefilled = orjson.loads(data)
-        choice = prefilled["choices"][0]
-        params = prefilled.get("kv_transfer_params")
-        if not isinstance(choice, dict) or (params and not isinstance(params.get("handle"), dict)):
-            return None
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-    return prefilled
+def _decode_choice(prepared: Prepared, decode: Instance, handle) -> Choice:
+    """The decode stage's choice, charged with no prefill when it has a handle, else the whole prompt."""
+    return Choice(instance=decode, decision=Decision(instance=decode.id, uncached_tokens=0 if handle else None),
+                  matches={}, candidates=[decode], prepared_tokens=prepared.num_tokens)
 
 
 class _UpstreamStatus(Exception):

@@ -12,11 +12,12 @@ from router.contract.errors import KVRouteError
 from router.contract.http import ClientGone, parse_json, read_body, status_of
 from router.fleet.cluster import Cluster
 from router.service.admission_gate import AdmissionGate, Ticket, no_prediction
+from router.service.charges import Charges
 from router.service.proxy import Proxy
 from router.service.request_class import priority_of, slo_of
 from router.decision.admission import NO_PREDICTION, Prediction
 from router.service.routing import Forecast, Prepared, Router
-from router.service.steering import strip_engine_fields
+from router.service.steering import forwardable
 from router.service.tenant_book import TENANT_KEY
 
 
@@ -25,7 +26,8 @@ class SplitServing(Protocol):
 
     def active(self, model: str) -> bool: ...
 
-    async def handle(self, request: web.Request, body: dict, prepared: Prepared) -> web.StreamResponse: ...
+    async def handle(self, request: web.Request, body: dict, prepared: Prepared,
+                     charges: Charges) -> web.StreamResponse: ...
 
 
 class Kept:
@@ -52,27 +54,19 @@ class Entry:
         return self.gate.ticket(tenant, priority_of(body, request.headers), slo_of(request.headers))
 
     async def handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        """Read, prepare and serve one request. Everything it charges (its tenant's slot from before it
+        is tokenized, each attempt's instance) is owned by one `Charges`, released here whatever fails."""
         raw = await read_body(request, self.cluster.max_body_bytes)
-        body, raw = strip_engine_fields(parse_json(raw), raw)
+        body, raw = forwardable(parse_json(raw), raw)
         ticket = self.ticket(request, body)
-        self.gate.precheck(ticket)
-        prepared = await self.router.prepare(body, kind)
-        self.router.recent.arrived(prepared.trace)
-        status = "error"
+        charges = Charges(self.gate, ticket)
+        trace, status = None, "error"
         try:
-            gated = self.gate.gated(ticket)  # else `enter` admits at once: nothing to make for it
-            if self.split.active(prepared.model):
-                if gated:
-                    await self.gate.enter(ticket, no_prediction)
-                resp = await self.split.handle(request, body, prepared)
-            else:
-                roles = self.cluster.colocated_roles(prepared.model)
-                forecast = None
-                if gated:
-                    kept = Kept()
-                    await self.gate.enter(ticket, lambda: kept.predict(self.router, prepared, roles))
-                    forecast = kept.forecast
-                resp = await self.proxy.forward(request, raw, prepared, roles, forecast=forecast)
+            charges.reserve()
+            prepared = await self.router.prepare(body, kind, tenant=ticket.spec.name)
+            trace = prepared.trace
+            self.router.recent.arrived(trace)
+            resp = await self._serve(request, body, raw, prepared, ticket, charges)
             status = str(resp.status)
             return resp
         except (asyncio.CancelledError, ClientGone):
@@ -82,6 +76,21 @@ class Entry:
             status = str(status_of(e))
             raise
         finally:
-            self.gate.done(ticket, prepared.trace.first_token)
-            # metrics and the recent window once the answer is on its way (the next loop step)
-            asyncio.get_running_loop().call_soon(self.router.finish, prepared.trace, status)
+            charges.close(status, trace.first_token if trace is not None else None)
+            if trace is not None:  # metrics and the recent window once the answer is on its way (next loop step)
+                asyncio.get_running_loop().call_soon(self.router.finish, trace, status)
+
+    async def _serve(self, request: web.Request, body: dict, raw: bytes, prepared: Prepared, ticket: Ticket,
+                     charges: Charges) -> web.StreamResponse:
+        gated = self.gate.gated(ticket)  # else `enter` admits at once: nothing to make for it
+        if self.split.active(prepared.model):
+            if gated:
+                await self.gate.enter(ticket, no_prediction)
+            return await self.split.handle(request, body, prepared, charges)
+        roles = self.cluster.colocated_roles(prepared.model)
+        forecast = None
+        if gated:
+            kept = Kept()
+            await self.gate.enter(ticket, lambda: kept.predict(self.router, prepared, roles))
+            forecast = kept.forecast
+        return await self.proxy.forward(request, raw, prepared, roles, charges, forecast=forecast)

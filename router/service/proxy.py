@@ -12,14 +12,14 @@ router/fleet/progress.py); a timeout counts as a failure of that engine.
 Blame: upstream reads and client writes are kept apart. A client that leaves (a
 write to its closed connection, or the handler cancelled by aiohttp) ends the
 request as `cancelled` and never counts against the engine.
-Router-side load (in flight, queued prefill tokens) is kept per instance here.
+Router-side load (in flight, queued prefill tokens) is charged per attempt through the
+request's owner of charges (router/service/charges.py), which releases whatever a failure leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import urllib.parse
 from typing import Callable
 
@@ -30,6 +30,7 @@ from router.fleet.cluster import Cluster
 from router.contract.errors import KVRouteError, Overloaded, Unavailable
 from router.contract.http import SSE_DONE, ClientGone, parse_retry_after, prepare_client, sse_error, write_client
 from router.service.attempt_deadlines import Deadlines
+from router.service.charges import Charges, Dispatch
 from router.service.upstream_errors import describe_failure
 from router.service.routing import Choice, Forecast, Prepared, Router
 from router.service.steering import with_token_ids
@@ -40,56 +41,6 @@ log = logging.getLogger(__name__)
 INSTANCE_HEADER = "x-kvroute-instance"
 RELAYED_HEADERS = ("Content-Type", "Cache-Control", "Retry-After")  # of the engine's answer, to the client
 RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
-
-
-class Dispatch:
-    """Router-side load of one request on one instance, from dispatch to the end."""
-
-    def __init__(self, router: Router, prepared: Prepared, choice: Choice, whole_body: bool = False,
-                 on_progress: Callable[[], None] = lambda: None) -> None:
-        """`whole_body`: a non-streamed answer; where the engine reports its prefill queue, the
-        prefill is released by its load reports (router/fleet/queued_prefill.py), not by the body.
-        `on_progress`: its prefill was seen done, or it ended (the admission gate's news)."""
-        self.router, self.prepared, self.choice = router, prepared, choice
-        self.on_progress = on_progress
-        self.inst = choice.instance
-        self.uncached = choice.uncached_tokens
-        self.sent = time.monotonic()
-        self.first_seen = False
-        self.ended = False
-        self.inst.charge(1, self.uncached)
-        if whole_body and self.uncached and self.inst.kind == "kvroute":
-            self.inst.nonstreamed.add(self)
-
-    def _release_prefill(self) -> bool:
-        """Stop charging the instance with this request's prefill; False if that happened already
-        (once only: a first byte, a load report and the end may each try)."""
-        if self.first_seen:
-            return False
-        self.first_seen = True
-        self.inst.charge(0, -self.uncached)
-        return True
-
-    def first_byte(self, is_ttft: bool = True) -> None:
-        """The prefill is done. `is_ttft=False` for whole (non-streamed) bodies, whose arrival
-        time includes the decode and must not teach the policy a prefill rate."""
-        if not self._release_prefill():
-            return
-        self.on_progress()
-        if is_ttft:
-            ttft = time.monotonic() - self.sent
-            self.router.metrics.observe_first_token(self.prepared.model, self.inst.id, ttft)
-            self.router.policy.on_first_token(self.prepared.route, self.inst.id, ttft, self.uncached)
-
-    def end(self, status: str) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        self._release_prefill()  # a request that failed, was retried or cancelled before its prefill was seen
-        self.inst.charge(-1, 0)
-        self.router.metrics.count_request(self.inst.id, self.router.policy_name, status)
-        self.router.policy.on_finished(self.prepared.route, self.inst.id)
-        self.on_progress()
 
 
 class Routing:
@@ -129,13 +80,13 @@ class Proxy:
         self.metrics = router.metrics
         self.config = cluster.config
 
-    async def forward(self, request: web.Request, raw: bytes, prepared: Prepared,
-                      roles: tuple[str, ...] | None, exclude: tuple[str, ...] = (),
-                      forward_ids: bool = True, forecast: Forecast | None = None) -> web.StreamResponse:
-        """Send the request whole to one instance (of `roles`), retrying on the next-best. With
-        `forward_ids`, an engine that tokenizes as the router does gets the router's token ids.
-        `forecast`: the first attempt's decision, made by admission just now (Router.decide)."""
-        tried: list[str] = list(exclude)
+    async def forward(self, request: web.Request, raw: bytes, prepared: Prepared, roles: tuple[str, ...] | None,
+                      charges: Charges, forecast: Forecast | None = None) -> web.StreamResponse:
+        """Send the request whole to one instance (of `roles`), retrying on the next-best. An engine
+        that tokenizes as the router does gets the router's token ids. `forecast`: the first attempt's
+        decision, made by admission just now (Router.decide). Each attempt's charge on its instance is
+        `charges`' until it ends (router/service/charges.py)."""
+        tried: list[str] = []
         bodies = {False: raw}
         last_error: KVRouteError | None = None
         for attempt in range(self.config.max_retries + 1):
@@ -147,31 +98,37 @@ class Proxy:
             except Unavailable as e:
                 last_error = e if not attempt else last_error
                 break
-            routing = Routing(self, prepared, choice)
-            dispatch = Dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream,
-                                on_progress=self.router.on_progress)
-            ids = forward_ids and self._tokenizes_like_us(choice.instance, prepared)
-            if ids not in bodies:
-                bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)
-            try:
-                result = await self._attempt(request, bodies[ids], prepared, dispatch, routing)
-            except (asyncio.CancelledError, ClientGone):
-                routing()
-                dispatch.end("cancelled")
-                raise
-            except BaseException:
-                routing()
-                dispatch.end("error")
-                raise
-            routing()
+            result = await self.attempt(request, self._body_for(choice.instance, prepared, bodies), prepared, choice,
+                                        charges)
             if isinstance(result, web.StreamResponse):
                 return result
-            dispatch.end("retried")
-            self.router.policy.on_failed(prepared.route, choice.instance.id)
             tried.append(choice.instance.id)
             last_error = result
         self.metrics.errors.labels("upstream").inc()
         raise last_error or Unavailable("no instance could take the request")
+
+    async def attempt(self, request: web.Request, raw: bytes, prepared: Prepared, choice: Choice,
+                      charges: Charges) -> web.StreamResponse | KVRouteError:
+        """One attempt on `choice`'s instance: the answer, or the error to retry elsewhere on (the
+        attempt's charge released, the policy told); the policy learns the choice once the request is
+        on the wire (`Routing`)."""
+        routed = Routing(self, prepared, choice)
+        dispatch = charges.dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream)
+        try:
+            result = await self._attempt(request, raw, prepared, dispatch, routed)
+        finally:
+            routed()  # a no-op once the request was on the wire
+        if isinstance(result, KVRouteError):
+            dispatch.end("retried")
+            self.router.policy.on_failed(prepared.route, choice.instance.id)
+        return result
+
+    def _body_for(self, inst, prepared: Prepared, bodies: dict[bool, bytes]) -> bytes:
+        """The bytes for `inst`: the router's token ids where it tokenizes as the router does (made once)."""
+        ids = self._tokenizes_like_us(inst, prepared)
+        if ids not in bodies:
+            bodies[ids] = with_token_ids(prepared.request.body, prepared.request.kind, prepared.token_ids)
+        return bodies[ids]
 
     def _tokenizes_like_us(self, inst, prepared: Prepared) -> bool:
         info = inst.info

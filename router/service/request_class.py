@@ -3,7 +3,8 @@
 `priority` is vLLM's field (an integer, lower is more urgent, default 0); the body's wins
 over the `x-kvroute-priority` header. The body is forwarded unchanged, so engines that
 schedule by priority (vLLM `--scheduling-policy priority`) see the same value; the header
-is the router's alone. `x-kvroute-slo-ttft-s` sets the request's own TTFT SLO.
+is the router's alone. `x-kvroute-slo-ttft-s` asks for a tighter TTFT SLO than the tenant's, where
+the tenant file allows it (router/decision/tenants.py `TenantSpec.slo_for`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
 from router.decision.scoring.tier_credit import with_store
 from router.decision.prefix_hashes import PrefixHashes
 from router.decision.route import NoCandidates, RouteDecision, Routed, RouteSettings, uncached_tokens
+from router.decision.tenants import DEFAULT_TENANT
 from router.contract.protocol import hash_seed
 from router.service.request_trace import RecentRequests, RequestTrace
 from router.contract.tokenize_pool import TokenizePool
@@ -110,15 +111,16 @@ class Router:
             raise Unavailable("no engine instance is available yet")
         return models[0]
 
-    async def prepare(self, body: dict, kind: str) -> Prepared:
-        """Validate, check limits, tokenize (off the loop when much is left to encode), hash: in
-        that order, so no work is done for a request that a cheaper check can refuse."""
+    async def prepare(self, body: dict, kind: str, tenant: str = DEFAULT_TENANT) -> Prepared:
+        """Validate, check limits, tokenize (off the loop when much is left to encode, the pool
+        shared fairly by `tenant`), hash: in that order, so no work is done for a request that a
+        cheaper check can refuse."""
         started = time.perf_counter()
         req = parse_request(body, kind)
         model = self.resolve_model(req.model)
         limits = self.cluster.limits_for(model)
         chars = check_prompt_chars(req, limits)
-        enc = await self._tokenize(req, chars)
+        enc = await self._tokenize(req, chars, tenant)
         ids = enc.ids
         check_token_count(len(ids), limits)
         if req.prompt_ids is not None:  # ids from this router's tokenizer are in its vocabulary
@@ -141,7 +143,7 @@ class Router:
                                       trace.first_token, trace.last_byte)
         self.recent.add(trace)
 
-    async def _tokenize(self, req: CompletionRequest, chars: int) -> Encoding:
+    async def _tokenize(self, req: CompletionRequest, chars: int, tenant: str) -> Encoding:
         """Look the prompt's pieces up here; encode what is missing inline or in the pool, by its size."""
         if req.prompt_ids is not None:
             return Encoding.of(req.prompt_ids, req.prompt_ids_le)
@@ -152,7 +154,7 @@ class Router:
                 plan = self.tokenizer.plan(req.prompt)
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
-        return await self.pool.run(plan.finish, chars=plan.missing_chars, idle=self.cluster.idle)
+        return await self.pool.run(plan.finish, chars=plan.missing_chars, idle=self.cluster.idle, tenant=tenant)
 
     async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
                      roles: Sequence[str] | None = None, forecast: Forecast | None = None,

@@ -4,6 +4,12 @@ The tenant file (`--tenants FILE`, JSON or TOML, format in docs/admission.md) na
 with their weight, SLO, limits and API keys; `--api-key NAME=KEY` adds keys on the command
 line (a plain `--api-key KEY` is the default tenant's). `reload()` rereads the file (SIGHUP,
 POST /admin/tenants/reload); a file that does not parse leaves the book as it was.
+
+With keys, the key decides the tenant: `--tenant-header` beside keys would let any key holder
+name another tenant (and its limits), so the two together are refused unless
+`--trust-tenant-header` says a gateway in front sets the header itself. The header only ever
+selects among the tenants the file names; any other value is the `default` tenant, one bucket,
+so header values cannot make new tenants (new fair-queue shares, new metric series).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from router.decision.tenants import DEFAULT_TENANT, NAME, TenantSpec
 log = logging.getLogger(__name__)
 
 TENANT_KEY = web.RequestKey("tenant", str)  # the request's tenant by API key, as the auth middleware found it
-FIELDS = {"weight", "slo_ttft_s", "rate", "burst", "max_concurrency", "keys"}
+FIELDS = {"weight", "slo_ttft_s", "rate", "burst", "max_concurrency", "keys", "allow_request_slo"}
 
 
 def split_keys(values: list[str] | tuple[str, ...]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
@@ -60,12 +66,27 @@ def parse_tenants(text: str, suffix: str) -> dict[str, TenantSpec]:
     return out
 
 
+def check_header(header: str | None, path: pathlib.Path | None, keyed: bool, trusted: bool) -> None:
+    """ValueError unless `--tenant-header` can be believed: it selects among a file's tenants, and
+    beside API keys only behind a gateway the operator trusts."""
+    if header is None:
+        return
+    if path is None:
+        raise ValueError("--tenant-header selects among the tenants of a tenant file: give --tenants FILE")
+    if keyed and not trusted:
+        raise ValueError("--tenant-header with API keys would let any key holder name another tenant (the key "
+                         "decides the tenant); add --trust-tenant-header only if a gateway in front sets the "
+                         "header and drops the clients' own")
+
+
 class TenantBook:
     def __init__(self, path: str | None, cli_keys: tuple[tuple[str, str], ...] = (),
-                 header: str | None = None) -> None:
+                 header: str | None = None, trust_header: bool = False) -> None:
+        """ValueError when the file cannot be read or `header` cannot be believed (`check_header`)."""
         self.path = pathlib.Path(path) if path else None
         self.cli_keys = cli_keys
         self.header = header
+        self.trust_header = trust_header
         self.tenants: dict[str, TenantSpec] = {}
         self.keys: dict[bytes, str] = {}
         self.reload()
@@ -80,6 +101,7 @@ class TenantBook:
         keys = {f"Bearer {key}".encode(): name for name, key in self.cli_keys}
         for spec in tenants.values():
             keys.update({f"Bearer {key}".encode(): spec.name for key in spec.keys})
+        check_header(self.header, self.path, bool(keys), self.trust_header)
         self.tenants, self.keys = tenants, keys
         return tenants
 
@@ -96,9 +118,10 @@ class TenantBook:
         return found
 
     def tenant_of(self, headers: Mapping[str, str], key_tenant: str | None) -> str:
-        """The request's tenant: the gateway's header when configured and given, else its key's."""
+        """The request's tenant: the gateway's header when configured and given (a tenant of the file,
+        else `default`), else its key's, else `default`."""
         if self.header:
             value = headers.get(self.header)
             if value:
-                return value if NAME.match(value) else DEFAULT_TENANT
+                return value if value in self.tenants else DEFAULT_TENANT
         return key_tenant or DEFAULT_TENANT

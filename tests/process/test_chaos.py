@@ -115,3 +115,18 @@ def test_quick_run_holds_every_invariant(tmp_path):
     assert kill["memory_mb"]["router0"]["peak"] > 0
     assert (out / "results.md").read_text().startswith("| scenario |")
     assert (out / "logs" / "router0.log").exists()
+
+
+
+def test_request_limit_scenarios_hold_their_invariants(tmp_path):
+    """Two of issue 36's scenarios end to end (the others run in `kvroute chaos`)."""
+    out = tmp_path / "chaos"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "kvroute_cli", "chaos", "--engines", "2", "--routers", "1",
+                           "--rate", "5", "--settle-s", "0", "--scenarios", "poisoned-bodies,pd-decode-kill",
+                           "--out", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in json.loads((out / "results.json").read_text())["rows"] if r["traffic"] != "background load"]
+    poison, normal, pd = rows
+    assert poison["statuses"] == {"400": 1000} and poison["detail"]["charged"] == 0 and normal["ok"] == 20
+    assert pd["ok"] == pd["sent"] == 12 and pd["detail"]["held_at_kill"] >= 1

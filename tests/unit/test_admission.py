@@ -150,10 +150,10 @@ def test_tenant_limits_rate_and_concurrency():
     spec, limits = TenantSpec(name="a", rate=2.0, burst=2.0, max_concurrency=3), Limits()
     for _ in range(2):
         assert limits.check(spec, 0.0) is None
-        limits.admitted(spec, 0.0)
+        limits.take(spec, 0.0)
     assert limits.check(spec, 0.0) == "rate_limit" and limits.retry_after(spec, 0.0) >= 1.0
     assert limits.check(spec, 0.5) is None
-    limits.admitted(spec, 0.5)
+    limits.take(spec, 0.5)
     assert limits.check(spec, 10.0) == "concurrency"
     limits.finished("a")
     assert limits.check(spec, 10.0) is None
@@ -169,7 +169,7 @@ def test_each_router_worker_enforces_its_share_of_a_tenants_limits():
     limits = Limits()
     for _ in range(2):
         assert limits.check(half, 0.0) is None
-        limits.admitted(half, 0.0)
+        limits.take(half, 0.0)
     assert limits.check(half, 0.0) == "concurrency"
 
 

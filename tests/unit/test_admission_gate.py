@@ -51,7 +51,7 @@ async def test_a_queued_request_goes_when_news_says_it_fits():
     g.poke()
     await asyncio.wait_for(task, 5)
     assert len(g.queue) == 0 and ticket.dispatched and ticket.predicted_s == pytest.approx(1.01)
-    g.done(ticket, None)
+    g.release(ticket, None)
     assert g.limits.inflight == {}
 
 
@@ -114,11 +114,11 @@ async def test_a_tenant_with_limits_and_no_slo_is_counted_not_queued():
     g = gate(slo=None)
     g.book.tenants = {"a": TenantSpec(name="a", max_concurrency=1)}
     first = g.ticket("a", 0, None)
-    g.precheck(first)
+    g.reserve(first)
     await g.enter(first, Fleet(wait=99.0).predict())
     assert first.dispatched and len(g.queue) == 0
     with pytest.raises(Overloaded) as refused:
-        g.precheck(g.ticket("a", 0, None))
+        g.reserve(g.ticket("a", 0, None))
     assert refused.value.too_many and refused.value.code == "concurrency"
-    g.done(first, None)
-    g.precheck(g.ticket("a", 0, None))  # room again
+    g.release(first, None)
+    g.reserve(g.ticket("a", 0, None))  # room again

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from router.service.app import CLUSTER, ROUTER
-from router.service.proxy import Dispatch
+from router.service.charges import Dispatch
 from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import answer_ok, close_all, stub_engine, stub_router
 from tests.support.waiting import wait_for

@@ -80,7 +80,7 @@ def test_a_failed_non_streamed_request_is_uncharged_once():
 
     from router.fleet.instance import Instance
     from router.service.metrics import RouterMetrics
-    from router.service.proxy import Dispatch
+    from router.service.charges import Dispatch
 
     inst = Instance("http://127.0.0.1:9")
     inst.kind = "kvroute"

@@ -8,15 +8,19 @@ from loadgen.chaos.scenarios.boundaries import (EngineHangWhole, HandleReplay, I
 from loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
 from loadgen.chaos.scenarios.feeds import FeedFlood, FeedPoison
 from loadgen.chaos.scenarios.fuzzing import Fuzz
+from loadgen.chaos.scenarios.pd_decode_kill import PdDecodeKill
 from loadgen.chaos.scenarios.progress import EngineStuckStep, RegistryReplay
 from loadgen.chaos.scenarios.redis_faults import REDIS_FREEZE, REDIS_KILL
+from loadgen.chaos.scenarios.request_limits import (KeyBoundTenant, PoisonedBodies, SloHeader, TenantLimits,
+                                                    TokenizerFlood)
 from loadgen.chaos.scenarios.router_restart import RouterRestart
 from loadgen.chaos.scenarios.streams import ManyStreams
 
 SCENARIOS = {s.name: s for s in (Fuzz(), ENGINE_KILL, ENGINE_HANG, REDIS_KILL, REDIS_FREEZE, ManyStreams(),
                                  RouterRestart(), FeedPoison(), FeedFlood(), SlowClients(), IntrospectionAuth(),
                                  RogueRegistry(), EngineHangWhole(), HandleReplay(), EngineStuckStep(),
-                                 RegistryReplay())}
+                                 RegistryReplay(), PoisonedBodies(), SloHeader(), TenantLimits(), KeyBoundTenant(),
+                                 PdDecodeKill(), TokenizerFlood())}
 QUICK_SCENARIOS = ("fuzz", "engine-kill")
 
 
