@@ -231,8 +231,8 @@ async def test_tenant_keys_and_admission_through_the_lean_front(start_engine, st
 async def test_a_body_not_yet_asked_for_is_held_to_a_bound():
     from aiohttp import web
 
-    from router.contract.connections import GuardedRunner
-    from router.service.lean_server import MAX_PENDING, LeanSite
+    from router.contract.connections import ConnectionLimits, GuardedRunner
+    from router.service.lean_server import LeanSite
 
     release = asyncio.Event()
 
@@ -245,7 +245,8 @@ async def test_a_body_not_yet_asked_for_is_held_to_a_bound():
     site = LeanSite(runner, handlers={"/v1/completions": slow_reader})
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
-    size = 16 * MAX_PENDING
+    hold = ConnectionLimits().connection_buffer_bytes
+    size = 16 * hold
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
@@ -256,9 +257,9 @@ async def test_a_body_not_yet_asked_for_is_held_to_a_bound():
             conn = next(iter(site.front.connections), None)
             if conn is not None and conn.body is not None and conn.body.held_enough:
                 break
-        held = conn.body.buffered
+        held = conn.body.unread
         await asyncio.sleep(0.1)
-        assert conn.body.buffered == held and held < 2 * MAX_PENDING  # paused, not growing
+        assert conn.body.unread == held and held < 2 * hold  # paused, not growing
         release.set()
         status, _, body = await _answer(reader)
         await sender
@@ -279,7 +280,7 @@ async def _send(writer, size: int) -> None:
 def test_a_whole_answer_is_written_in_one_buffer_unless_it_carries_cookies():
     from aiohttp import web
 
-    from router.service.lean_server import whole_response
+    from router.service.lean_response import whole_response
 
     plain = web.Response(body=b'{"ok":1}', status=200, headers={"Content-Type": "application/json"})
     out = whole_response(plain, keep_alive=True)
