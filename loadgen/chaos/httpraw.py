@@ -58,7 +58,7 @@ async def send(host: str, port: int, req: RawRequest, timeout_s: float = 10.0) -
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
     except (OSError, asyncio.TimeoutError) as e:
         return RawResponse(None, {}, b"", time.perf_counter() - t0, f"connect failed: {e!r}")
-    answer = asyncio.ensure_future(_read_response(reader))
+    answer = asyncio.ensure_future(read_response(reader))
     writing = asyncio.ensure_future(_write(writer, req, host, answer))
     try:
         status, headers, body = await asyncio.wait_for(answer, timeout_s)
@@ -115,7 +115,7 @@ async def exchange(host: str, port: int, data: bytes, answers: int, *, follow: b
         try:
             async with asyncio.timeout(timeout_s):
                 while sum(s >= 200 for s in statuses) < answers:
-                    statuses.append((await _read_response(reader))[0])
+                    statuses.append((await read_response(reader))[0])
         except asyncio.TimeoutError:
             return Exchange(statuses, None, error=f"{answers - len(statuses)} answers missing after {timeout_s:g}s")
         except (asyncio.IncompleteReadError, ConnectionError) as e:
@@ -132,7 +132,7 @@ async def _after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sta
         async with asyncio.timeout(wait_s):
             if follow:
                 writer.write(follow)
-                return Exchange(statuses, None, follow_status=(await _read_response(reader))[0])
+                return Exchange(statuses, None, follow_status=(await read_response(reader))[0])
             while await reader.read(1 << 16):
                 pass
     except asyncio.TimeoutError:
@@ -142,7 +142,7 @@ async def _after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sta
     return Exchange(statuses, time.perf_counter() - t0)
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
     status_line, *lines = head.decode("latin-1").split("\r\n")
     status = int(status_line.split()[1])

@@ -16,7 +16,9 @@ all, or holds connections from many addresses, is closed; the healthy ones are s
 - `connection_buffer_bytes`: what one connection reads ahead of its handler (a body not asked for
   yet, pipelined requests); past it, reading pauses until the handler takes them.
 - `body_buffer_bytes`: request bodies being received, all connections together. A body whose next
-  bytes would pass it is refused (503 with Retry-After, counted in `body_buffer_refused`).
+  bytes would pass it is refused (503 with Retry-After, counted in `body_buffer_refused`). Once
+  they held TRIM_HIGH and are down to TRIM_LOW, the free heap is given back to the system
+  (router/contract/free_memory.py), so the memory a burst of stalled bodies took returns.
 - `max_connections_per_peer`: a connection past it is closed as soon as it is accepted (counted
   "over_peer_capacity"). `max_connections`: a new connection past it takes the place of the open
   connection that has waited longest on its client (its head or body not complete, or idle between
@@ -33,6 +35,7 @@ tests/unit/test_front_parity.py hold both to the behaviour.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import resource
@@ -41,6 +44,7 @@ from typing import Protocol
 from aiohttp import web
 from aiohttp.web_server import Server
 
+from router.contract.free_memory import release_free_memory
 from router.contract.guarded_handler import GuardedServer
 from router.contract.malformed import MalformedLog
 
@@ -48,6 +52,9 @@ FD_HEADROOM = 64  # descriptors kept for everything that is not a client connect
 MAX_HEADERS = 128  # header lines a request head may have (aiohttp's default, passed to it explicitly)
 LINGER_S = 2.0  # after an answer sent before its whole body: how long the rest is read and dropped before closing
 MIB = 1 << 20
+TRIM_HIGH = 16 * MIB  # bodies being received held this much at once: once they are down to TRIM_LOW,
+TRIM_LOW = MIB        # the free heap goes back to the system (router/contract/free_memory.py)
+TRIM_DELAY_S = LINGER_S + 1.0  # after the connections that held them have lingered and closed
 
 
 def _fd_limit() -> int:
@@ -100,6 +107,7 @@ class ConnectionGuard:
         self.closed: collections.Counter[str] = collections.Counter()  # reason -> connections closed
         self.waiting: dict[Displaceable, None] = {}  # connections waiting on their clients, longest first
         self.body_bytes = 0  # request body bytes being received now (read_body)
+        self.body_bytes_high = 0  # the most since the heap was last trimmed
         self.body_buffer_refused = 0
         self.malformed = MalformedLog()
 
@@ -149,10 +157,14 @@ class ConnectionGuard:
             self.body_buffer_refused += 1
             return False
         self.body_bytes += n
+        self.body_bytes_high = max(self.body_bytes_high, self.body_bytes)
         return True
 
     def give_body(self, n: int) -> None:
         self.body_bytes -= n
+        if self.body_bytes <= TRIM_LOW and self.body_bytes_high >= TRIM_HIGH:
+            self.body_bytes_high = self.body_bytes
+            asyncio.get_running_loop().call_later(TRIM_DELAY_S, release_free_memory)
 
 
 CONNECTION_LIMITS = web.AppKey("connection_limits", ConnectionLimits)

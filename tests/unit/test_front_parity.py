@@ -10,7 +10,7 @@ import time
 import pytest
 
 from loadgen.chaos.front_cases import CASES, FOLLOW, KEY, observe
-from loadgen.chaos.httpraw import exchange
+from loadgen.chaos.httpraw import exchange, read_response
 from router.contract.connections import CONNECTION_GUARD
 from router.service.app import CLUSTER
 from router.service.lean_server import available
@@ -70,12 +70,10 @@ async def test_malformed_requests_are_counted_and_logged_once_per_window(start_e
 
 
 async def _get(port: int, path: str) -> tuple[int, dict, bytes]:
-    from loadgen.chaos.httpraw import _read_response
-
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
     try:
-        return await asyncio.wait_for(_read_response(reader), 10)
+        return await asyncio.wait_for(read_response(reader), 10)
     finally:
         writer.close()
 
