@@ -39,7 +39,7 @@ class GuardedHandler(RequestHandler):
         self._peer: str | None = None  # set while the guard counts this connection
         self._made = False
         self._head_deadline: asyncio.TimerHandle | None = None
-        self._payload = None  # the body of the request last parsed, until its answer is out
+        self._payload = None  # the body of the request last parsed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = peer_of(transport)

@@ -19,8 +19,8 @@ from router.contract.errors import (BadRequest, Conflict, Forbidden, KVRouteErro
 
 log = logging.getLogger(__name__)
 
-STATUS = {PayloadTooLarge: 413, RequestTimeout: 408, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404, Conflict: 409,
-          Unavailable: 503}
+STATUS = {PayloadTooLarge: 413, RequestTimeout: 408, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404,
+          Conflict: 409, Unavailable: 503}
 CONTROL_BODY_LIMIT = 1 << 20  # admin, transfer and tokenize bodies
 
 
