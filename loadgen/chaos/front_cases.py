@@ -127,7 +127,7 @@ async def observe(host: str, port: int, case: FrontCase, idle_s: float, timeout_
     follow = FOLLOW if finals and not idle else b""
     ex = await exchange(host, port, case.data, finals, follow=follow, timeout_s=timeout_s,
                         wait_s=idle_s + 2.0 if idle else LINGER_S + 1.5)
-    statuses = tuple(ex.statuses)
+    statuses = ex.statuses
     if ex.error is not None:
         return statuses, ex.error
     if ex.follow_status is not None:

@@ -92,9 +92,9 @@ async def _write(writer: asyncio.StreamWriter, req: RawRequest, host: str, answe
         pass
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Exchange:
-    statuses: list[int]  # every answer in order, interim ones (100) included
+    statuses: tuple[int, ...]  # every answer in order, interim ones (100) included
     closed_after_s: float | None  # the server closed this long after the last answer; None: it did not
     follow_status: int | None = None  # the answer to the follow-up request, if one came
     error: str | None = None  # "3 answers missing after 5s", "reset: ...", ...
@@ -109,7 +109,7 @@ async def exchange(host: str, port: int, data: bytes, answers: int, *, follow: b
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, local_addr=local_addr), timeout_s)
     except (OSError, asyncio.TimeoutError) as e:
-        return Exchange(statuses, None, error=f"connect failed: {e!r}")
+        return Exchange(statuses=(), closed_after_s=None, error=f"connect failed: {e!r}")
     try:
         writer.write(data)
         try:
@@ -117,29 +117,31 @@ async def exchange(host: str, port: int, data: bytes, answers: int, *, follow: b
                 while sum(s >= 200 for s in statuses) < answers:
                     statuses.append((await read_response(reader))[0])
         except asyncio.TimeoutError:
-            return Exchange(statuses, None, error=f"{answers - len(statuses)} answers missing after {timeout_s:g}s")
+            return Exchange(statuses=tuple(statuses), closed_after_s=None,
+                            error=f"{answers - len(statuses)} answers missing after {timeout_s:g}s")
         except (asyncio.IncompleteReadError, ConnectionError) as e:
-            return Exchange(statuses, 0.0, error=f"closed before {answers} answers: {e!r}")
-        return await _after(reader, writer, statuses, follow, wait_s)
+            return Exchange(statuses=tuple(statuses), closed_after_s=0.0, error=f"closed before {answers} answers: {e!r}")
+        return await _after(reader, writer, tuple(statuses), follow, wait_s)
     finally:
         writer.transport.abort()
 
 
-async def _after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, statuses: list[int], follow: bytes,
-                 wait_s: float) -> Exchange:
+async def _after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, statuses: tuple[int, ...],
+                 follow: bytes, wait_s: float) -> Exchange:
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(wait_s):
             if follow:
                 writer.write(follow)
-                return Exchange(statuses, None, follow_status=(await read_response(reader))[0])
+                follow_status = (await read_response(reader))[0]
+                return Exchange(statuses=statuses, closed_after_s=None, follow_status=follow_status)
             while await reader.read(1 << 16):
                 pass
     except asyncio.TimeoutError:
-        return Exchange(statuses, None)
+        return Exchange(statuses=statuses, closed_after_s=None)
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
-    return Exchange(statuses, time.perf_counter() - t0)
+    return Exchange(statuses=statuses, closed_after_s=time.perf_counter() - t0)
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:

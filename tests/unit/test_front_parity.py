@@ -58,13 +58,13 @@ async def test_malformed_requests_are_counted_and_logged_once_per_window(start_e
         for port, _ in routers.values():
             for _ in range(10):
                 outcomes = await asyncio.gather(*(exchange("127.0.0.1", port, bad, 1, wait_s=0) for _ in range(100)))
-                assert all(o.statuses == [400] for o in outcomes), outcomes[0]
+                assert all(o.statuses == (400,) for o in outcomes), outcomes[0]
     log = caplog.text
     assert len(log) < 2000 and "Traceback" not in log and log.count("malformed request") == 2, log
     for port, server in routers.values():
         assert server.app[CONNECTION_GUARD].malformed.counts == {"bad_http_message": 1000}
         answer = await exchange("127.0.0.1", port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 1)
-        assert answer.statuses == [200]
+        assert answer.statuses == (200,)
     _, _, body = await _get(routers["lean"][0], "/metrics")
     assert b'kvroute_router_malformed_requests_total{reason="bad_http_message"} 1000.0' in body
 
@@ -84,4 +84,4 @@ async def test_a_follow_up_on_a_kept_alive_connection_is_answered(start_engine, 
     routers = await _routers(start_engine, start_router)
     for port, _ in routers.values():
         ex = await exchange("127.0.0.1", port, FOLLOW, 1, follow=FOLLOW)
-        assert ex.statuses == [200] and ex.follow_status == 200
+        assert ex.statuses == (200,) and ex.follow_status == 200
