@@ -23,7 +23,9 @@ from engine.service.serving import CompletionService
 from engine.transfer.transfer_api import handle_transfer
 from engine.service.zmq_publisher import ZmqEventPublisher
 from router.contract.errors import BadRequest
-from router.contract.http import error_middleware, json_response, query_number, read_json
+from router.contract.connection_metrics import ConnectionCollector
+from router.contract.connections import CONNECTION_GUARD
+from router.contract.http import add_body_route, error_middleware, json_response, query_number, read_json
 from router.contract.openai_request import parse_request
 from router.contract.protocol import hash_seed
 from router.contract.kv_auth import secret_from
@@ -48,6 +50,7 @@ async def _engine_ctx(app: web.Application):
     tokenizer = load_tokenizer(config.model)
     name = config.served_model_name or runner.info.model
     metrics = EngineMetrics(name, max_model_len=runner.info.max_model_len)
+    metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD), prefix="kvroute_engine"))
     stop_ids = frozenset(tokenizer.stop_token_ids) | (
         {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
@@ -274,8 +277,8 @@ def create_app(config: EngineConfig) -> web.Application:
         app.cleanup_ctx.append(_registry_ctx)
     if config.kv_events_zmq:
         app.cleanup_ctx.append(_zmq_ctx)
-    app.router.add_post("/v1/completions", handle_completions)
-    app.router.add_post("/v1/chat/completions", handle_chat)
+    add_body_route(app, "/v1/completions", handle_completions)
+    add_body_route(app, "/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model:.+}", handle_model)
     app.router.add_get("/health", handle_health)
@@ -284,11 +287,11 @@ def create_app(config: EngineConfig) -> web.Application:
     app.router.add_get("/kv/info", handle_kv_info)
     app.router.add_get("/kv/snapshot", handle_kv_snapshot)
     app.router.add_get("/kv/events", handle_kv_events)
-    app.router.add_post("/kv/transfer", handle_transfer)
-    app.router.add_post("/tokenize", handle_tokenize)
+    add_body_route(app, "/kv/transfer", handle_transfer)
+    add_body_route(app, "/tokenize", handle_tokenize)
     app.router.add_get("/get_model_info", handle_get_model_info)
     app.router.add_get("/get_server_info", handle_get_server_info)
     app.router.add_get("/get_load", handle_get_load)
-    app.router.add_post("/admin/drain", handle_drain)
-    app.router.add_post("/admin/role", handle_role)
+    add_body_route(app, "/admin/drain", handle_drain)
+    add_body_route(app, "/admin/role", handle_role)
     return app

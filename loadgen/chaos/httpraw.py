@@ -4,6 +4,10 @@ Unlike a normal client it keeps reading while it writes, so a server that answer
 (413) before it has read a 50 MB body is heard instead of seen as a broken pipe; it
 can send a body chunked, or declare a longer Content-Length than it sends and then
 close its side. Every request is `Connection: close` and bounded by `timeout_s`.
+
+`exchange` sends raw bytes as they are (any head, pipelined requests, a body that stops) and
+reports every answer's status, interim `100 Continue` included, and whether and when the
+server closed the connection after the last one.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ async def send(host: str, port: int, req: RawRequest, timeout_s: float = 10.0) -
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
     except (OSError, asyncio.TimeoutError) as e:
         return RawResponse(None, {}, b"", time.perf_counter() - t0, f"connect failed: {e!r}")
-    answer = asyncio.ensure_future(_read_response(reader))
+    answer = asyncio.ensure_future(read_response(reader))
     writing = asyncio.ensure_future(_write(writer, req, host, answer))
     try:
         status, headers, body = await asyncio.wait_for(answer, timeout_s)
@@ -88,7 +92,59 @@ async def _write(writer: asyncio.StreamWriter, req: RawRequest, host: str, answe
         pass
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Exchange:
+    statuses: tuple[int, ...]  # every answer in order, interim ones (100) included
+    closed_after_s: float | None  # the server closed this long after the last answer; None: it did not
+    follow_status: int | None = None  # the answer to the follow-up request, if one came
+    error: str | None = None  # "3 answers missing after 5s", "reset: ...", ...
+
+
+async def exchange(host: str, port: int, data: bytes, answers: int, *, follow: bytes = b"", wait_s: float = 3.0,
+                   timeout_s: float = 10.0, local_addr: tuple[str, int] | None = None) -> Exchange:
+    """Send `data` on a new connection and read until `answers` final (non-1xx) answers came (the
+    server closing first, or `timeout_s`, is an error); then send `follow` (if any) and wait up to
+    `wait_s` for its answer or for the server to close."""
+    statuses: list[int] = []
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, local_addr=local_addr), timeout_s)
+    except (OSError, asyncio.TimeoutError) as e:
+        return Exchange(statuses=(), closed_after_s=None, error=f"connect failed: {e!r}")
+    try:
+        writer.write(data)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while sum(s >= 200 for s in statuses) < answers:
+                    statuses.append((await read_response(reader))[0])
+        except asyncio.TimeoutError:
+            return Exchange(statuses=tuple(statuses), closed_after_s=None,
+                            error=f"{answers - len(statuses)} answers missing after {timeout_s:g}s")
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            return Exchange(statuses=tuple(statuses), closed_after_s=0.0, error=f"closed before {answers} answers: {e!r}")
+        return await _after(reader, writer, tuple(statuses), follow, wait_s)
+    finally:
+        writer.transport.abort()
+
+
+async def _after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, statuses: tuple[int, ...],
+                 follow: bytes, wait_s: float) -> Exchange:
+    t0 = time.perf_counter()
+    try:
+        async with asyncio.timeout(wait_s):
+            if follow:
+                writer.write(follow)
+                follow_status = (await read_response(reader))[0]
+                return Exchange(statuses=statuses, closed_after_s=None, follow_status=follow_status)
+            while await reader.read(1 << 16):
+                pass
+    except asyncio.TimeoutError:
+        return Exchange(statuses=statuses, closed_after_s=None)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    return Exchange(statuses=statuses, closed_after_s=time.perf_counter() - t0)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
     status_line, *lines = head.decode("latin-1").split("\r\n")
     status = int(status_line.split()[1])
@@ -97,6 +153,8 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, s
         if ":" in line:
             name, value = line.split(":", 1)
             headers[name.strip().lower()] = value.strip()
+    if status < 200:
+        return status, headers, b""
     if "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
     elif headers.get("transfer-encoding", "").lower() == "chunked":

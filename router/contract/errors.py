@@ -3,7 +3,8 @@
     KVRouteError
      ├── BadRequest            malformed body, wrong types, limits exceeded
      │    ├── ContextTooLong   prompt (+ max_tokens) beyond the model's context or KV pool
-     │    └── PayloadTooLarge  body beyond --max-body-bytes (413), refused before it is read
+     │    ├── PayloadTooLarge  body beyond --max-body-bytes (413), refused before it is read
+     │    └── RequestTimeout   the body stalled past --body-timeout-s (408, the connection closed)
      ├── Unauthorized          missing or wrong API key
      ├── Forbidden             a field the caller may not set (unverified kv_transfer_params)
      ├── NotFound              unknown model or route
@@ -40,6 +41,10 @@ class ContextTooLong(BadRequest):
 
 class PayloadTooLarge(BadRequest):
     code = "request_too_large"
+
+
+class RequestTimeout(BadRequest):
+    code = "request_timeout"
 
 
 class Unauthorized(KVRouteError):

@@ -10,15 +10,17 @@ import time
 from typing import Callable
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 
-from router.contract.errors import (BadRequest, Conflict, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge, Unauthorized,
-                           Unavailable)
+from router.contract.connections import CONNECTION_GUARD, ConnectionGuard, ConnectionLimits
+from router.contract.errors import (BadRequest, Conflict, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge,
+                                    RequestTimeout, Unauthorized, Unavailable)
 
 log = logging.getLogger(__name__)
 
-STATUS = {PayloadTooLarge: 413, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404, Conflict: 409,
-          Unavailable: 503}
+STATUS = {PayloadTooLarge: 413, RequestTimeout: 408, BadRequest: 400, Unauthorized: 401, Forbidden: 403, NotFound: 404,
+          Conflict: 409, Unavailable: 503}
 READ_CHUNK = 1 << 16
 STARTED = web.RequestKey("started", web.StreamResponse)  # a streamed answer whose head was sent (prepare_client)
 CONTROL_BODY_LIMIT = 1 << 20  # admin, transfer and tokenize bodies
@@ -77,13 +79,17 @@ def make_error_middleware(on_error: Callable[[int], None] | None = None):
     """Every error leaves as an OpenAI-shaped body; anything unexpected is a logged 500, or,
     in a stream whose head was sent already, an SSE error event and [DONE] ending it (a
     second answer on the connection would leave the client waiting for the rest of the
-    first). A client that left gets its (already started) response back, which aiohttp
-    closes quietly: no traceback for a client that hangs up. `on_error(status)` is told of
-    every error answered here (the router counts the requests it rejects itself)."""
+    first). An error answered before the whole body was read closes the connection (after the
+    lingering of router/contract/connections.py), on either front. A client that left gets its
+    (already started) response back, which aiohttp closes quietly: no traceback for a client
+    that hangs up. `on_error(status)` is told of every error answered here (the router counts
+    the requests it rejects itself)."""
 
-    def answered(response: web.Response) -> web.Response:
+    def answered(request: web.Request, response: web.Response) -> web.Response:
         if on_error is not None:
             on_error(response.status)
+        if not request.content.is_eof():  # answered before the whole body (413, 408, 401): the connection
+            response.force_close()        # reads and drops the rest for LINGER_S, then closes
         return response
 
     @web.middleware
@@ -93,14 +99,14 @@ def make_error_middleware(on_error: Callable[[int], None] | None = None):
         except ClientGone as gone:
             return gone.response
         except KVRouteError as exc:
-            return answered(error_response(exc))
+            return answered(request, error_response(exc))
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             err = NotFound(exc.reason) if exc.status == 404 else KVRouteError(exc.reason)
             if exc.status == 413:
                 err = PayloadTooLarge(exc.reason)
-            return answered(json_response(err.to_dict(), status=exc.status))
+            return answered(request, json_response(err.to_dict(), status=exc.status))
         except asyncio.CancelledError:
             raise  # the client left before any answer (aiohttp cancels the handler)
         except Exception as exc:
@@ -109,7 +115,7 @@ def make_error_middleware(on_error: Callable[[int], None] | None = None):
             started = request.get(STARTED)
             if started is not None:
                 return await _end_stream(started, err)
-            return answered(json_response(err.to_dict(), status=500))
+            return answered(request, json_response(err.to_dict(), status=500))
 
     return error_middleware
 
@@ -127,22 +133,79 @@ async def _end_stream(resp: web.StreamResponse, err: KVRouteError) -> web.Stream
 error_middleware = make_error_middleware()
 
 
+CONTINUE = web.RequestKey("continue", bool)  # an `Expect: 100-continue` that read_body answers
+UNGUARDED = ConnectionGuard(ConnectionLimits())  # the rules of an app served without GuardedRunner
+
+
+async def continue_on_read(request: web.Request) -> None:
+    """aiohttp's expect handler for a route whose body is read with read_body: `100 Continue` is left
+    to read_body, which sends it once the declared length has passed its limit, just before the first
+    read; an oversize body is refused (413) before the client sends it, and an answer that comes
+    first (401, 404) goes without it. Any other expectation is 417, as aiohttp's own handler says."""
+    if request.version != HttpVersion11:
+        return None
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    request[CONTINUE] = True
+    return None
+
+
+def add_body_route(app: web.Application, path: str, handler) -> None:
+    """A POST route, its body read with read_body (if at all): `100 Continue` as continue_on_read says."""
+    app.router.add_post(path, handler, expect_handler=continue_on_read)
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes
-    (from Content-Length before reading anything, or while reading a chunked body)."""
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes (from
+    Content-Length before reading anything, before `100 Continue`, or while reading a chunked body).
+    A body still arriving is bounded by the connection rules (router/contract/connections.py): 408 if
+    no byte comes for --body-timeout-s, 503 if it would pass --body-buffer-bytes of bodies being
+    received."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} (--max-body-bytes)")
-    parts, size = [], 0
-    while True:
-        chunk = await request.content.read(READ_CHUNK)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (--max-body-bytes)")
-        parts.append(chunk)
-    return b"".join(parts)
+    if request.get(CONTINUE):
+        request[CONTINUE] = False
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # as aiohttp's own expect handler: the answer has not begun
+    content = request.content
+    first = content.read_nowait()
+    if content.at_eof():  # the whole body is in already: nothing to wait for
+        if len(first) > limit:
+            raise _too_large(limit)
+        return first
+    return await _read_arriving(content, first, limit, request.app.get(CONNECTION_GUARD) or UNGUARDED)
+
+
+async def _read_arriving(content, chunk: bytes, limit: int, guard: ConnectionGuard) -> bytes:
+    parts, taken = [], 0
+    timeout_s = guard.limits.body_timeout_s
+    try:
+        while True:
+            if chunk:
+                if taken + len(chunk) > limit:
+                    raise _too_large(limit)
+                if not guard.take_body(len(chunk)):
+                    raise Overloaded(f"request bodies being received hold {guard.body_bytes} bytes, the limit of "
+                                     f"--body-buffer-bytes: retry shortly", retry_after=1.0)
+                taken += len(chunk)
+                parts.append(chunk)
+            if content.at_eof():
+                return b"".join(parts)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    chunk = await content.readany()
+            except TimeoutError:
+                guard.closed["body_timeout"] += 1
+                raise RequestTimeout(f"the request body stalled: no byte of it for {timeout_s:g} s "
+                                     f"(--body-timeout-s)") from None
+    finally:
+        guard.give_body(taken)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (--max-body-bytes)")
 
 
 def parse_json(body: bytes) -> dict:

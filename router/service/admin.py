@@ -29,7 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from router.contract.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
-from router.contract.http import json_response, read_json
+from router.contract.http import add_body_route, json_response, read_json
 from router.contract.protocol import ROLES
 from router.fleet.instance import Instance
 from router.fleet.kinds import KIND_NAMES
@@ -183,9 +183,9 @@ async def handle_add_worker(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/router/engines", handle_list)
-    app.router.add_post("/router/engines", handle_add)
+    add_body_route(app, "/router/engines", handle_add)
     app.router.add_delete("/router/engines/{id}", handle_delete)
-    app.router.add_post("/router/engines/{id}/role", handle_role)
+    add_body_route(app, "/router/engines/{id}/role", handle_role)
     app.router.add_get("/workers", handle_workers)
-    app.router.add_post("/workers", handle_add_worker)
+    add_body_route(app, "/workers", handle_add_worker)
     app.router.add_delete("/workers/{id:.+}", handle_delete)

@@ -26,14 +26,16 @@ from router.service.disagg import Disaggregation
 from router.service.entry import Entry
 from router.contract.errors import Unauthorized
 from router.kvevents.engine_feed import EventSync, PollFollower, RedisFollower
-from router.contract.http import json_response, make_error_middleware, parse_json, query_number, read_body
+from router.contract.http import (add_body_route, json_response, make_error_middleware, parse_json, query_number,
+                                  read_body)
 from router.index import BreakerIndex, MemoryIndex, make_index
 from router.index.split import SplitIndex
 from router.index.instrumented import InstrumentedIndex
+from router.contract.connection_metrics import ConnectionCollector
 from router.contract.connections import CONNECTION_GUARD, CONNECTION_LIMITS
 from router.contract.kv_auth import secret_from
 from router.kvevents.follower import ZmqFollower
-from router.service.metrics import ConnectionCollector, RouterMetrics
+from router.service.metrics import RouterMetrics
 from router.decision.policies import make_policy
 from router.service.proxy import Proxy
 from router.fleet.registry import RegistryFollower
@@ -238,13 +240,13 @@ def create_app(config: RouterConfig) -> web.Application:
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
     for path, handler in PROXY_ROUTES.items():
-        app.router.add_post(path, handler)
+        add_body_route(app, path, handler)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/v1/models/{model:.+}", handle_model)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/router/instances", handle_instances)
-    app.router.add_post("/router/explain", handle_explain)
+    add_body_route(app, "/router/explain", handle_explain)
     app.router.add_get("/router/stats", handle_stats)
     admin.add_routes(app)
     tenant_admin.add_routes(app)

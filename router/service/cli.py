@@ -127,10 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a replay before rebuilding an instance from new events")
     p.add_argument("--header-timeout-s", type=float, default=d["header_timeout_s"].default,
                    help="close a connection whose request head is not complete this long after it began")
+    p.add_argument("--body-timeout-s", type=float, default=d["body_timeout_s"].default,
+                   help="answer 408 and close when a request body sends no byte for this long (as nginx's "
+                        "client_body_timeout)")
     p.add_argument("--idle-timeout-s", type=float, default=d["idle_timeout_s"].default,
                    help="close a keep-alive connection idle this long")
+    p.add_argument("--connection-buffer-bytes", type=int, default=d["connection_buffer_bytes"].default,
+                   help="bytes one connection reads ahead of its handler (a body not taken yet, pipelined "
+                        "requests); past it, reading pauses")
+    p.add_argument("--body-buffer-bytes", type=int, default=d["body_buffer_bytes"].default,
+                   help="request bodies being received, all connections together; a body past it is "
+                        "refused (503 + Retry-After)")
     p.add_argument("--max-connections", type=int, default=d["max_connections"].default,
-                   help="refuse connections past this many (0: the descriptor limit less 64)")
+                   help="connections at most (0: the descriptor limit less 64); a new one past it displaces the "
+                        "connection waiting longest on its client, or is refused when none waits")
     p.add_argument("--max-connections-per-peer", type=int, default=d["max_connections_per_peer"].default,
                    help="refuse a client address's connections past this many")
     p.add_argument("--kv-event-max-blocks", type=int, default=d["kv_event_max_blocks"].default,

@@ -76,12 +76,19 @@ class RouterConfig:
     # one that does is capped at CAP_FACTOR x its advertised blocks (router/kvevents/follower.py)
     kv_event_max_blocks: int = 1 << 20
     # Connection hygiene (router/contract/connections.py): a request head must arrive within
-    # header_timeout_s, an idle keep-alive connection closes after idle_timeout_s, and connections
-    # past max_connections (0: the descriptor limit) or max_connections_per_peer are refused.
+    # header_timeout_s, each wait for body bytes is bounded by body_timeout_s (408 and close), an idle
+    # keep-alive connection closes after idle_timeout_s; a connection reads at most
+    # connection_buffer_bytes ahead of its handler, bodies being received hold at most
+    # body_buffer_bytes together (503 past it); connections past max_connections_per_peer are
+    # refused, and past max_connections (0: the descriptor limit) a new one displaces the connection
+    # waiting longest on its client.
     header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
     idle_timeout_s: float = 75.0
     max_connections: int = 0
     max_connections_per_peer: int = 1024
+    connection_buffer_bytes: int = 256 << 10
+    body_buffer_bytes: int = 64 << 20
     workers: int = 1  # router processes sharing the port (router/service/workers.py)
     # Admission and tenants (docs/admission.md): off while no SLO is set (here, per tenant or per request).
     api_keys: tuple[tuple[str, str], ...] = ()  # (tenant, key) from --api-key [NAME=]KEY
@@ -164,6 +171,12 @@ class RouterConfig:
                                max_queue=self.admission_queue, priority_edges=self.priority_edges)
 
     def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(header_timeout_s=self.header_timeout_s, idle_timeout_s=self.idle_timeout_s,
-                                max_connections=self.max_connections,
-                                max_connections_per_peer=self.max_connections_per_peer)
+        limits = ConnectionLimits(header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
+                                  idle_timeout_s=self.idle_timeout_s, max_connections=self.max_connections,
+                                  max_connections_per_peer=self.max_connections_per_peer,
+                                  connection_buffer_bytes=self.connection_buffer_bytes,
+                                  body_buffer_bytes=self.body_buffer_bytes)
+        if self.max_body_bytes > self.body_buffer_bytes:
+            raise ValueError(f"--max-body-bytes ({self.max_body_bytes}) must not exceed --body-buffer-bytes "
+                             f"({self.body_buffer_bytes}): a body that large could never be received")
+        return limits

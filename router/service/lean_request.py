@@ -5,6 +5,7 @@ app's middlewares and handlers, `read_body` and aiohttp's response classes read 
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from aiohttp import web
 from aiohttp.http_writer import HttpVersion11, StreamWriter
@@ -13,55 +14,74 @@ from router.service.upstream import Headers
 
 
 class LeanBody:
-    """The request body, `read(n)` as aiohttp's `request.content` answers it: up to `n` bytes per
-    call once the body is in, b"" at its end. Until the handler first reads (after it checked the
-    body's size, router/contract/http.py `read_body`), the connection holds at most `hold` bytes of
-    it: `held_enough` tells the connection to stop reading, and the first `read` calls `resume`."""
+    """The request body as aiohttp's `request.content` gives it to router/contract/http.py `read_body`:
+    `read_nowait()` what has arrived, `readany()` waits for more, `at_eof()` once all of it was read.
+    The connection feeds it; while `hold` bytes or more are unread, `held_enough` tells the connection
+    to stop reading, and the read that takes them calls `resume`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, length: int, hold: int = 1 << 20,
                  resume=lambda: None) -> None:
         self.left = length
         self.hold = hold
-        self.reading = False
-        self.buffered = 0
+        self.unread = 0
+        self._loop = loop
         self._resume = resume
         self._parts: list[bytes] = []
-        self._data = b""
-        self._offset = 0
-        self._done = loop.create_future()
-        if not length:
-            self._done.set_result(None)
+        self._waiter: asyncio.Future | None = None
 
     @property
     def held_enough(self) -> bool:
-        return not self.reading and self.buffered >= self.hold
-
-    def feed(self, data: bytes) -> bytes:
-        """Take the body's share of `data`; the bytes after the body are returned."""
-        take = data[: self.left] if len(data) > self.left else data
-        self._parts.append(take)
-        self.buffered += len(take)
-        self.left -= len(take)
-        if not self.left:
-            self._data = b"".join(self._parts)
-            self._parts = []
-            self._done.set_result(None)
-        return data[len(take):]
+        return self.unread >= self.hold
 
     @property
     def complete(self) -> bool:
         return not self.left
 
-    async def read(self, n: int = -1) -> bytes:
-        if not self.reading:
-            self.reading = True
+    def feed(self, data: bytes) -> bytes:
+        """Take the body's share of `data`; the bytes after the body are returned."""
+        take = data[: self.left] if len(data) > self.left else data
+        if take:
+            self._parts.append(take)
+            self.unread += len(take)
+            self.left -= len(take)
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        return data[len(take):]
+
+    def is_eof(self) -> bool:
+        """The whole body has arrived (read or not), as aiohttp's StreamReader says it."""
+        return not self.left
+
+    def at_eof(self) -> bool:
+        return not self.left and not self._parts
+
+    def read_nowait(self) -> bytes:
+        parts = self._parts
+        if not parts:
+            return b""
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._parts = []
+        held, self.unread = self.unread, 0
+        if held >= self.hold:
             self._resume()
-        if not self._done.done():
-            await asyncio.shield(self._done)
-        start = self._offset
-        end = len(self._data) if n < 0 else min(len(self._data), start + n)
-        self._offset = end
-        return self._data[start:end] if start or end < len(self._data) else self._data
+        return data
+
+    async def readany(self) -> bytes:
+        if not self._parts and self.left:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.read_nowait()
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        parts = []
+        while not self.at_eof():
+            parts.append(await self.readany())
+        return b"".join(parts)
 
 
 class LeanRequest:
@@ -100,3 +120,10 @@ class LeanRequest:
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:  # aiohttp's signal hook: none here
         return None
+
+
+def with_middlewares(app: web.Application, handler):
+    """`handler` wrapped in the app's middlewares, outermost first, as aiohttp runs them."""
+    for middleware in reversed(app.middlewares):
+        handler = functools.partial(middleware, handler=handler)
+    return handler

@@ -212,28 +212,3 @@ class _InflightGauge:
         for instance, n in self.source():
             family.add_metric([instance], n)
         yield family
-
-
-class ConnectionCollector:
-    """kvroute_router_connections (open now) and kvroute_router_connections_closed_total{reason}, read
-    from the server's ConnectionGuard (router/contract/connections.py) at scrape time."""
-
-    def __init__(self, guard_of) -> None:
-        self.guard_of = guard_of  # () -> ConnectionGuard | None (the runner makes it after the app)
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        guard = self.guard_of()
-        if guard is None:
-            return
-        open_now = GaugeMetricFamily("kvroute_router_connections", "Client connections open now.")
-        open_now.add_metric([], guard.open)
-        closed = CounterMetricFamily("kvroute_router_connections_closed",
-                                     "Connections closed by the router's connection rules, by reason.",
-                                     labels=["reason"])
-        for reason in ("header_timeout", "over_capacity", "over_peer_capacity"):
-            closed.add_metric([reason], guard.closed[reason])
-        yield open_now
-        yield closed

@@ -17,7 +17,7 @@ from typing import Callable
 from aiohttp import web
 
 from router.contract.errors import BadRequest, Forbidden
-from router.contract.http import json_response
+from router.contract.http import add_body_route, json_response
 from router.service.app_keys import CONFIG, GATE, TENANTS
 from router.service.tenant_book import TenantBook
 
@@ -74,4 +74,4 @@ def reload_on_signal(book: TenantBook) -> Callable[[], None]:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/tenants", handle_list)
-    app.router.add_post("/admin/tenants/reload", handle_reload)
+    add_body_route(app, "/admin/tenants/reload", handle_reload)

@@ -4,6 +4,8 @@ normal requests keep answering meanwhile (router/contract/connections.py)."""
 import asyncio
 import time
 
+import pytest
+
 from router.contract.connections import CONNECTION_GUARD
 from router.service.app import CLUSTER
 
@@ -99,3 +101,68 @@ async def test_connections_past_the_per_peer_cap_are_refused_the_open_ones_kept(
         assert r.status == 200
     for _, writer in held[20:]:
         writer.close()
+
+
+STALLED_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+
+
+async def _stall(port: int, address: str, length: int, sent: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection from `address` that sends a head declaring `length` body bytes, `sent` of them, and stops."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(address, 0))
+    writer.write(STALLED_HEAD % length + b" " * sent)
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("front", ["lean", "aiohttp"])
+async def test_stalled_connections_from_many_addresses_cannot_keep_a_client_out(start_engine, start_router, http,
+                                                                              front):
+    """200 connections from 200 loopback addresses, each stalled in its body, filled --max-connections
+    200 and a normal client was reset; now the newcomer displaces the one waiting longest on its
+    client, and a connection serving a request is never the one displaced."""
+    url, server = await _router(start_engine, start_router, http_server=front, max_connections=200,
+                                body_timeout_s=30.0)
+    port = int(url.rsplit(":", 1)[1])
+    stalled = [await _stall(port, f"127.0.0.{2 + i}", 1 << 20, 1000) for i in range(200)]
+    guard = server.app[CONNECTION_GUARD]
+    await _until(lambda: guard.open == 200)
+    for _ in range(5):
+        async with http.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 2}) as r:
+            assert r.status == 200
+    assert 1 <= guard.closed["displaced"] <= 5 and guard.closed["over_capacity"] == 0
+    assert await _closed(stalled[0][0], 2.0)  # the oldest went first
+    assert not stalled[-1][0].at_eof()
+    for _, writer in stalled:
+        writer.close()
+
+
+@pytest.mark.parametrize("front", ["lean", "aiohttp"])
+async def test_bodies_being_received_are_capped_together_and_released(start_engine, start_router, http, front):
+    """Stalled bodies hold at most --body-buffer-bytes together: past it a body gets 503 with
+    Retry-After; the stalled ones get 408 at --body-timeout-s and their bytes are released."""
+    url, server = await _router(start_engine, start_router, http_server=front, body_buffer_bytes=1 << 20,
+                                body_timeout_s=1.0)
+    port = int(url.rsplit(":", 1)[1])
+    guard = server.app[CONNECTION_GUARD]
+    first = [await _stall(port, "127.0.0.1", 1 << 20, 300_000) for _ in range(3)]
+    await _until(lambda: guard.body_bytes == 900_000)
+    reader, writer = await _stall(port, "127.0.0.1", 1 << 20, 300_000)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+    assert guard.body_buffer_refused == 1
+    for stalled_reader, _ in first:  # the default --body-timeout-s would take 30 s
+        head = await asyncio.wait_for(stalled_reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head
+    assert guard.closed["body_timeout"] == 3
+    await _until(lambda: guard.body_bytes == 0)
+    async with http.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 2}) as r:
+        assert r.status == 200
+    for _, w in [*first, (reader, writer)]:
+        w.close()
+
+
+async def _until(check, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from loadgen.chaos.config import ChaosConfig
 from loadgen.chaos.scenarios.boundaries import (EngineHangWhole, HandleReplay, IntrospectionAuth, RogueRegistry,
                                                 SlowClients)
+from loadgen.chaos.scenarios.connections import FrontsAgree, StalledBodies, Upgrades
 from loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
 from loadgen.chaos.scenarios.feeds import FeedFlood, FeedPoison
 from loadgen.chaos.scenarios.fuzzing import Fuzz
@@ -20,7 +21,7 @@ SCENARIOS = {s.name: s for s in (Fuzz(), ENGINE_KILL, ENGINE_HANG, REDIS_KILL, R
                                  RouterRestart(), FeedPoison(), FeedFlood(), SlowClients(), IntrospectionAuth(),
                                  RogueRegistry(), EngineHangWhole(), HandleReplay(), EngineStuckStep(),
                                  RegistryReplay(), PoisonedBodies(), SloHeader(), TenantLimits(), KeyBoundTenant(),
-                                 PdDecodeKill(), TokenizerFlood())}
+                                 PdDecodeKill(), TokenizerFlood(), StalledBodies(), Upgrades(), FrontsAgree())}
 QUICK_SCENARIOS = ("fuzz", "engine-kill")
 
 
