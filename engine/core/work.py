@@ -64,6 +64,11 @@ class SamplingParams:
     def edits_logits(self) -> bool:
         return self.needs_history or bool(self.logit_bias)
 
+    @property
+    def needs_logits(self) -> bool:
+        """Sampling needs the row's logits on the host (else the device's argmax is the token)."""
+        return not self.greedy or self.edits_logits or self.logprobs is not None
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TokenLogprobs:

@@ -43,9 +43,19 @@ class TierMetrics:
                                ["model_name"], registry=r).labels(**m)
         self.host_usage = Gauge("kvroute_engine_kv_host_usage_perc", "Fraction of host pool blocks in use (0-1).",
                                 ["model_name"], registry=r).labels(**m)
+        self.recovery_moved = Counter("kvroute_engine_kv_recovery_moved_bytes", "Bytes moved to bring cached "
+                                      "blocks back into the device (store reads, whole entries, and host-to-device "
+                                      "copies).", ["model_name"], registry=r).labels(**m)
+        self.recovery_needed = Counter("kvroute_engine_kv_recovery_needed_bytes", "The K/V bytes those moves "
+                                       "carried (blocks x bytes per block, per link crossed).", ["model_name"],
+                                       registry=r).labels(**m)
+        self.recovery_ratio = Gauge("kvroute_engine_kv_recovery_moved_ratio", "Recovery bytes moved over bytes "
+                                    "needed since start (1 = nothing moved in vain; 0 before any recovery).",
+                                    ["model_name"], registry=r).labels(**m)
         self.load_queue = Gauge("kvroute_engine_kv_load_queue_blocks", "Blocks waiting to be loaded into the device.",
                                 ["model_name"], registry=r).labels(**m)
         self._model = model
+        self._moved = self._needed = 0
         self._seen_runs: dict[str, int] = {}
         self._seen_blocks: dict[str, int] = {}
 
@@ -54,6 +64,13 @@ class TierMetrics:
         self.transfer_bytes.labels(*labels).inc(nbytes)
         self.transfer_seconds.labels(*labels).inc(seconds)
         self.transfers.labels(*labels).inc()
+
+    def recovery_bytes(self, moved: int, needed: int) -> None:
+        self.recovery_moved.inc(moved)
+        self.recovery_needed.inc(needed)
+        self._moved += moved
+        self._needed += needed
+        self.recovery_ratio.set(self._moved / self._needed)
 
     def lookups(self, hits: int, misses: int) -> None:
         self.store_lookups.labels(self._model, "hit").inc(hits)

@@ -4,11 +4,12 @@
   a store is configured, one `contains_many` asks the store for the rest before
   the request is queued (`Sequence.store_hits`); a store that is down or slow
   answers "none" at once (engine/kv/store/guard.py) and the request recomputes.
-- `run_copies()`, after every schedule: hands the block manager's copy batch to
-  the runner (same thread as the steps, so in order with them), records bytes and
-  seconds per direction, feeds the link estimates, and queues the blocks read out
-  for the store; then starts the ahead batch (engine/kv/prestage.py) that runs while
-  the step computes, which `settle()` awaits after the step. It also starts
+- `run_copies()`, after every schedule: hands the block manager's copy batch, with the
+  ahead copies (engine/kv/prestage.py), to the runner (same thread as the steps, so in
+  order with them), which queues them before the step -- at most one copy per direction,
+  the device-to-host one overlapping the step -- and `settle()` collects them after it:
+  bytes and seconds per direction, the link estimates, the bytes recovery moved against
+  the bytes it needed, the blocks read out for the store. It also starts
   fetching the store loads just admitted: one
   `get_many` per chunk (at most `FETCH_CHUNK_BYTES`) for all requests together,
   each entry checked (engine/kv/store/entry.py) before its bytes are used.
@@ -55,9 +56,11 @@ class CopyRunner(Protocol):
 
     payload_bytes_per_block: int
 
-    async def run_copies(self, plan: CopyPlan) -> CopyTimes: ...
+    async def start_copies(self, plan: CopyPlan, ahead: CopyPlan) -> None:
+        """Queue the batch before the step: its loads are in place for the step when this returns."""
 
-    async def run_ahead(self, plan: CopyPlan) -> CopyTimes: ...
+    async def finish_copies(self) -> CopyTimes:
+        """After the step: the batch's payloads for the store and its times."""
 
     def store_delay(self, num_blocks: int) -> float: ...
 
@@ -96,8 +99,7 @@ class TierService:
         self.write_bytes = 0
         self._write_ready = asyncio.Event()
         self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
-        self._ahead: asyncio.Future | None = None
-        self._ahead_plan: CopyPlan | None = None
+        self._pending: tuple[CopyPlan, CopyPlan] | None = None  # a batch started, not yet settled
         self.max_fresh = wiring.max_fresh
         if store is not None:
             metrics.store_up.set(1)
@@ -109,8 +111,8 @@ class TierService:
             self._spawn(self._writer(), "kv-store-writer")
 
     async def stop(self) -> None:
-        if self._ahead is not None:
-            await asyncio.gather(self._ahead, return_exceptions=True)
+        if self._pending is not None:
+            await asyncio.gather(self.settle(), return_exceptions=True)
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -148,33 +150,36 @@ class TierService:
     # -- copy batches and store fetches ---------------------------------------------------
 
     async def run_copies(self) -> None:
-        """Before the step: start the ahead batch (runs while this batch and the step do), run this batch."""
-        await self.settle()  # an ahead batch started while the engine was idle
+        """Before the step: start this batch (with the ahead copies, which touch neither its blocks nor its
+        slots), and the store fetches of the loads just admitted."""
+        await self.settle()  # a batch started while the engine was idle
         plan = self.bm.take_copy_plan()
         ahead = self.bm.take_ahead_plan(self.max_fresh)
-        if ahead:  # touches neither this batch's blocks nor its slots: runs alongside it and the step
-            self._ahead = asyncio.ensure_future(self.runner.run_ahead(ahead))
-            self._ahead_plan = ahead
-        if plan:
-            self._record(plan, await self.runner.run_copies(plan))
+        if plan or ahead:
+            self._pending = (plan, ahead)
+            await self.runner.start_copies(plan, ahead)
         self.metrics.observe_recovery(self.tiers.recovery.runs, self.tiers.recovery.blocks)
         loads = self.tiers.loads.fetches()
         if loads:
             self._spawn(self._fetch(loads), "kv-store-fetch")
 
     async def settle(self) -> None:
-        """After the step: wait for the ahead batch (the next step may reuse what it copied)."""
-        if self._ahead is not None:
-            task, plan, self._ahead = self._ahead, self._ahead_plan, None
-            self._record(plan, await task)
+        """After the step: collect the batch (the next step may reuse what it copied)."""
+        if self._pending is not None:
+            (plan, ahead), self._pending = self._pending, None
+            self._record(plan, ahead, await self.runner.finish_copies())
 
-    def _record(self, plan: CopyPlan, times) -> None:
+    def _record(self, plan: CopyPlan, ahead: CopyPlan, times: CopyTimes) -> None:
         bpb, recovery, m = self.tiers.recovery.bytes_per_block, self.tiers.recovery, self.metrics
-        for direction, blocks, seconds in (("d2h", len(plan.reads) + len(plan.d2h), times.read_s + times.d2h_s),
+        out_blocks = len(plan.reads) + len(plan.d2h) + len(ahead.d2h)
+        for direction, blocks, seconds in (("d2h", out_blocks, times.read_s + times.d2h_s),
                                            ("h2d", plan.num_loaded, times.h2d_s)):
             if blocks:
                 m.transfer(direction, blocks * bpb, seconds)
                 recovery.observe(direction, blocks * bpb, seconds)
+        if plan.num_loaded:
+            needed = plan.num_loaded * bpb
+            m.recovery_bytes(needed if times.h2d_bytes is None else times.h2d_bytes, needed)
         for block, payload in zip(plan.reads, times.payloads):
             self._queue_write(block, payload)
 
@@ -200,6 +205,9 @@ class TierService:
         if delay:
             await asyncio.sleep(delay)
         self.observe_store("store_read", len(loads), time.perf_counter() - t0)
+        got = [v for v in values if v is not None]
+        if got:
+            self.metrics.recovery_bytes(sum(map(len, got)), len(got) * self.tiers.recovery.bytes_per_block)
         bad, reasons = [], []
         for load, value in zip(loads, values):
             payload = None

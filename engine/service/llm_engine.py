@@ -220,9 +220,10 @@ class LLMEngine:
             self._housekeeping()
             self.last_progress = time.monotonic()
             if not self.scheduler.has_work():
+                self._wakeup.clear()  # before any await: a request arriving from here on sets it again
                 if self.kv is not None:
                     await self.kv.run_copies()  # what the last step left planned (reads for the store)
-                self._wakeup.clear()
+                    await self.kv.settle()
                 if self.pinned.pinned or self.remote.waiting:
                     await wait_set(self._wakeup, 0.5)  # pins expire and waiting pulls time out even when nothing runs
                 else:
