@@ -138,6 +138,11 @@ class ModelRunner(Protocol):
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes: ...
 
-    def write_blocks(self, block_ids: Sequence[int], data: bytes) -> None: ...
+    def write_blocks(self, block_ids: Sequence[int], data) -> None:
+        """`data`: the blocks' bytes, one bytes-like object or a sequence of them, in order."""
+
+    def warm_up(self, measure: bool = False):
+        """Once before serving (blocking): prepare the device; with `measure`, return what was measured of
+        it (engine/runners/device_costs.py `DeviceCosts`), else None."""
 
     def close(self) -> None: ...

@@ -38,9 +38,11 @@ from engine.kv.store import check_reachable, make_store
 from engine.kv.store.base import StoreUnavailable
 from engine.kv.store.entry import BadEntry, decode, encode
 from engine.kv.store.guard import GuardedStore
+from engine.kv.store_probe import measure_store
 from engine.kv.tier_metrics import TierMetrics
 from engine.kv.tier_setup import model_name, namespace
 from engine.kv.tiers import CacheTiers
+from engine.runners.device_costs import DeviceCosts
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,9 @@ class TierWiring:
 
 
 class TierService:
-    def __init__(self, wiring: TierWiring, store: GuardedStore | None, namespace: str, metrics: TierMetrics) -> None:
+    def __init__(self, wiring: TierWiring, store: GuardedStore | None, namespace: str, metrics: TierMetrics,
+                 measure_store_timeout_s: float | None = None) -> None:
+        """`measure_store_timeout_s`: measure the store's links at start (None: keep the starting figures)."""
         self.tiers, self.store, self.namespace, self.metrics = wiring.tiers, store, namespace, metrics
         self.bm, self.runner, self.wake, self.publish = wiring.device, wiring.runner, wiring.wake, wiring.publish
         self.store_url = wiring.store_url
@@ -101,6 +105,7 @@ class TierService:
         self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
         self._pending: tuple[CopyPlan, CopyPlan] | None = None  # a batch started, not yet settled
         self.max_fresh = wiring.max_fresh
+        self.measure_store_timeout_s = measure_store_timeout_s
         if store is not None:
             metrics.store_up.set(1)
 
@@ -108,7 +113,25 @@ class TierService:
         """Refuses to start (ValueError naming the store) when the store cannot be reached now."""
         if self.store is not None:
             await asyncio.to_thread(check_reachable, self.store_url)
+            if self.measure_store_timeout_s is not None and self.payload_bytes:
+                await self._measure_store()
             self._spawn(self._writer(), "kv-store-writer")
+
+    async def _measure_store(self) -> None:
+        try:
+            links = await measure_store(self.store_url, self.namespace, self.payload_bytes,
+                                        self.measure_store_timeout_s)
+        except Exception as e:  # noqa: BLE001 - reachable a moment ago: keep the starting figures
+            log.warning("could not measure the KV store's links (%s: %s); starting from the preset figures",
+                        type(e).__name__, e)
+            return
+        self.tiers.recovery.use_measured(links)
+        log.info("KV store measured: %s", _describe(links))
+
+    def use_measured(self, costs: DeviceCosts, host_link: bool = True) -> None:
+        """What the runner measured on its device at start-up (`host_link`: its host link figures too)."""
+        self.tiers.recovery.use_measured(costs.links if host_link else {}, costs.prefill_tokens_per_s)
+        log.info("device measured: %s, prefill %.0f tokens/s", _describe(costs.links), costs.prefill_tokens_per_s)
 
     async def stop(self) -> None:
         if self._pending is not None:
@@ -294,6 +317,11 @@ class TierService:
         return out
 
 
+def _describe(links: dict) -> str:
+    return ", ".join(f"{name} {link.bandwidth_bps / 1e9:.2f} GB/s + {link.latency_s * 1e6:.0f} us"
+                     for name, link in sorted(links.items()))
+
+
 def build_service(config: EngineConfig, info: RunnerInfo, wiring: TierWiring,
                   registry: CollectorRegistry) -> TierService:
     """The engine's tier I/O over `wiring.tiers`, with its store (if configured) behind a guard."""
@@ -304,4 +332,5 @@ def build_service(config: EngineConfig, info: RunnerInfo, wiring: TierWiring,
         store = GuardedStore(raw, config.kv_store_timeout_s,
                              on_error=metrics.store_error,
                              on_state=lambda up: metrics.store_up.set(1 if up else 0))
-    return TierService(wiring, store, namespace(config, info), metrics)
+    measure = None if config.kv_store_link else config.kv_store_timeout_s  # a named link is taken as given
+    return TierService(wiring, store, namespace(config, info), metrics, measure)

@@ -112,6 +112,10 @@ class SimRunner:
             self._ahead = None
         return self._times
 
+    def warm_up(self, measure: bool = False) -> None:
+        """Nothing to capture or measure: the links and the step times are the model's."""
+        return None
+
     @property
     def prefill_rate_hint(self) -> float:
         """Prefill tokens/s the cost model predicts for long chunks (what recovery starts from)."""

@@ -33,6 +33,8 @@ import torch
 
 from engine.core.work import RunnerInfo, SampledTokens, SeqWork
 from engine.kv.kv_copies import CopyPlan, CopyTimes
+from engine.runners import device_costs
+from engine.runners.device_costs import DeviceCosts
 from engine.runners.model.config import ModelConfig
 from engine.runners.model.decode_graphs import DecodeGraphs
 from engine.runners.model.kv_pool import DTYPES, GatherSpace, KVPool
@@ -66,7 +68,7 @@ class TorchRunner:
         self.inputs = StepInputs(block_size, self.pool.scratch_block, self.device)
         self.space = GatherSpace(self.pool)
         self.readback = Readback(self.device)
-        self.graphs = None
+        self.graphs, self.num_graphs = None, 0
         if cuda_graphs and self.device.type == "cuda":
             self.graphs = DecodeGraphs(self.model, self.pool, self.inputs, max_running,
                                        -(-model_config.max_position_embeddings // block_size), capture=True)
@@ -130,10 +132,13 @@ class TorchRunner:
         batch = self.inputs.build(works, self.space)
         return self.model(batch, self.pool), batch.wanted
 
-    def warm_up(self) -> int:
-        """Capture the decode graphs (CUDA); returns how many. Called once before serving."""
-        with self._lock, torch.inference_mode():
-            return self.graphs.capture_all() if self.graphs is not None else 0
+    def warm_up(self, measure: bool = False) -> DeviceCosts | None:
+        """Before serving: capture the decode graphs (CUDA) and, with `measure`, time the host link and the
+        prefill rate on this device (engine/runners/device_costs.py)."""
+        if self.graphs is not None:
+            with self._lock, torch.inference_mode():
+                self.num_graphs = self.graphs.capture_all()
+        return device_costs.measure(self) if measure else None
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes:
         """Raw K/V of whole blocks, all layers; layout in `engine.runners.model.kv_pool`.

@@ -99,8 +99,13 @@ class LLMEngine:
     # -- lifecycle ----------------------------------------------------------------
 
     async def start(self, local_info: dict) -> None:
+        """Prepare the device (and, with tiers, measure it: recovery and the routers' credit start from
+        what this device does), then serve."""
         self.events.append("cleared", [])
+        costs = await asyncio.to_thread(self.runner.warm_up, self.kv is not None)
         if self.kv is not None:
+            if costs is not None:
+                self.kv.use_measured(costs, host_link=not self.config.kv_host_link)
             await self.kv.start()
         await self.remote.start(local_info)
         self._task = asyncio.create_task(self._run(), name="engine-loop")

@@ -196,7 +196,7 @@ class Llama(nn.Module):
         self._masks(batch, pool)
         for layer in self.layers:
             x = layer(x, rope, batch, pool)
-        x = self.norm(x[batch.logits_rows])  # (S, H)
+        x = self.norm(x.index_select(0, batch.logits_rows))  # (S, H)
         return self.lm_head(x).float()  # (S, V)
 
     def _masks(self, batch: StepBatch, pool: KVPool) -> None:
