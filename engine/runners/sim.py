@@ -81,7 +81,7 @@ class SimRunner:
         """No K/V exists here: a pull moves empty payloads and `transfer_time` stands for the bytes."""
         return b""
 
-    def write_blocks(self, block_ids: Sequence[int], data: bytes) -> None:
+    def write_blocks(self, block_ids: Sequence[int], data) -> None:
         pass
 
     def transfer_time(self, num_blocks: int) -> float:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +45,9 @@ from engine.runners.model.step_inputs import StepInputs
 from engine.runners.model.tier_copies import HostKV
 from engine.runners.readback import HostLogits, Readback
 from engine.runners.sampling import sample_works
+
+
+log = logging.getLogger(__name__)
 
 
 class TorchRunner:
@@ -136,8 +141,10 @@ class TorchRunner:
         """Before serving: capture the decode graphs (CUDA) and, with `measure`, time the host link and the
         prefill rate on this device (engine/runners/device_costs.py)."""
         if self.graphs is not None:
+            t0 = time.perf_counter()
             with self._lock, torch.inference_mode():
                 self.num_graphs = self.graphs.capture_all()
+            log.info("captured %d decode graphs in %.1f s", self.num_graphs, time.perf_counter() - t0)
         return device_costs.measure(self) if measure else None
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes:
@@ -147,7 +154,8 @@ class TorchRunner:
         referenced, so never reallocated), and a transfer must not wait for a long step."""
         return self.pool.read_blocks(block_ids)
 
-    def write_blocks(self, block_ids: Sequence[int], data: bytes | bytearray | memoryview) -> None:
+    def write_blocks(self, block_ids: Sequence[int], data) -> None:
+        """`data`: the blocks' bytes, one bytes-like object or a sequence of them: one copy to the device."""
         with self._lock:
             self.pool.write_blocks(block_ids, data)
 

@@ -268,6 +268,7 @@ class LLMEngine:
             self._publish_events()
             self._deliver(step, tokens)
             self.metrics.observe_state(self.core)
+            await asyncio.sleep(0)  # the handlers write these tokens out before the next step is scheduled
 
     def _deliver(self, step: Step, tokens: list[int | None]) -> None:
         now = time.monotonic()
