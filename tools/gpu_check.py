@@ -102,8 +102,10 @@ def write_checkpoint(model_dir: Path, shape: str, device: str, seed: int = 0) ->
               "lm_head.weight": (VOCAB, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (heads * hd, hidden), p + "self_attn.k_proj.weight": (kv_heads * hd, hidden),
-                   p + "self_attn.v_proj.weight": (kv_heads * hd, hidden), p + "self_attn.o_proj.weight": (hidden, heads * hd),
+        shapes |= {p + "self_attn.q_proj.weight": (heads * hd, hidden),
+                   p + "self_attn.k_proj.weight": (kv_heads * hd, hidden),
+                   p + "self_attn.v_proj.weight": (kv_heads * hd, hidden),
+                   p + "self_attn.o_proj.weight": (hidden, heads * hd),
                    p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
                    p + "mlp.down_proj.weight": (hidden, inter), p + "input_layernorm.weight": (hidden,),
                    p + "post_attention_layernorm.weight": (hidden,)}
@@ -456,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     try:
         check_device_available(args.device)
-        if set(steps) - set(STEPS):
-            raise ValueError(f"--steps: unknown {', '.join(sorted(set(steps) - set(STEPS)))}; choose from {', '.join(STEPS)}")
+        unknown = sorted(set(steps) - set(STEPS))
+        if unknown:
+            raise ValueError(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(STEPS)}")
     except ValueError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
         return 2
@@ -466,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     path, t_start = ctx.out / "gpu_check.json", time.monotonic()
     result = {**describe(args.device), "shape": args.shape, "quick": args.quick, "steps": {}}
     t0 = time.monotonic()
-    result["checkpoint"] = {**write_checkpoint(ctx.model_dir, args.shape, args.device), "seconds": time.monotonic() - t0}
+    result["checkpoint"] = write_checkpoint(ctx.model_dir, args.shape, args.device)
+    result["checkpoint"]["seconds"] = round(time.monotonic() - t0, 2)
     for name in steps:
         t0 = time.monotonic()
         if t0 - t_start > args.budget_s:

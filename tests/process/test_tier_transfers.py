@@ -6,7 +6,7 @@ import torch
 
 from engine.runners.sim import LINKS
 from engine.service.app_keys import ENGINE
-from tests.process.test_tiers_engine import BS, SESSION, _ge, complete, evict, metric, remote_written, wait_for
+from tests.support.tier_requests import BS, SESSION, at_least, complete, evict, metric, remote_written, wait_for
 from router.contract.protocol import block_hashes, hash_seed
 
 torch.set_num_threads(1)
@@ -49,7 +49,7 @@ async def test_each_step_moves_one_copy_per_direction_at_most_and_recovery_only_
     trace = "".join({"schedule": "S", "copies": "c", "step": "x"}[item[0]] for item in log)
     assert all(after.split("x")[0].count("c") <= 1 for after in trace.split("S")[1:])  # one batch per step
     assert "Scx" in trace
-    await wait_for(lambda: _ge(remote_written(http, url), 10))
+    await wait_for(lambda: at_least(remote_written(http, url), 10))
     fresh, _ = await start_engine(backend="torch", num_blocks=24, kv_store=f"file://{tmp_path}")
     _, details = await complete(http, fresh, SESSION)
     assert details["cached_tokens_by_tier"]["remote"] == 144
@@ -70,7 +70,7 @@ async def test_kv_back_from_the_store_is_bit_identical(start_engine, http, tmp_p
 
     url, first = await start_engine(backend="torch", num_blocks=24, kv_store=store)
     text, _ = await complete(http, url, SESSION)
-    await wait_for(lambda: _ge(remote_written(http, url), 10))
+    await wait_for(lambda: at_least(remote_written(http, url), 10))
     fresh, second = await start_engine(backend="torch", num_blocks=24, kv_store=store)
     again, details = await complete(http, fresh, SESSION)
     assert details["cached_tokens_by_tier"]["remote"] == 144 and again == text
@@ -80,7 +80,8 @@ async def test_kv_back_from_the_store_is_bit_identical(start_engine, http, tmp_p
 async def test_tier_links_are_measured_on_the_device_at_start(start_engine, http, tmp_path):
     async def links(url):
         async with http.get(url + "/kv/info") as r:
-            return {name: (v["bandwidth_bps"], v["latency_s"]) for name, v in (await r.json())["kv_tiers"]["links"].items()}
+            links = (await r.json())["kv_tiers"]["links"]
+        return {name: (v["bandwidth_bps"], v["latency_s"]) for name, v in links.items()}
 
     measured, _ = await start_engine(backend="torch", num_blocks=64, host_blocks=64, kv_store=f"file://{tmp_path}")
     named, _ = await start_engine(backend="torch", num_blocks=64, host_blocks=64, kv_store=f"file://{tmp_path}",
