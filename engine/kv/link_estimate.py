@@ -91,3 +91,9 @@ def fit_link(points: list[tuple[int, float]]) -> Link:
     if slope <= 0:  # noise swamped the size: all latency, or all bandwidth
         return Link(float(x.max() / y.max()), 0.0)
     return Link(float(1.0 / slope), max(float(intercept), 0.0))
+
+
+def describe_links(links: dict) -> str:
+    """One line for a log: each link's bandwidth and latency."""
+    return ", ".join(f"{name} {link.bandwidth_bps / 1e9:.2f} GB/s + {link.latency_s * 1e6:.0f} us"
+                     for name, link in sorted(links.items()))

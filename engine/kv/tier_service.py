@@ -13,9 +13,9 @@
   fetching the store loads just admitted: one
   `get_many` per chunk (at most `FETCH_CHUNK_BYTES`) for all requests together,
   each entry checked (engine/kv/store/entry.py) before its bytes are used.
-- The writer task drains the write queue into `put_many` calls off the TTFT path
-  and publishes `stored` events with tier "remote" and the store key; a write
-  that fails is dropped (counted) and forgotten, the queue is bounded in bytes.
+- The writer task (engine/kv/store_writes.py) drains the write queue into `put_many`
+  calls off the TTFT path; this publishes `stored` events with tier "remote" and the
+  store key for what it wrote.
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ from engine.core.config import EngineConfig
 from engine.core.kv_events import KVChange
 from engine.core.sequence import Sequence
 from engine.core.work import RunnerInfo
-from engine.kv.kv_copies import CopyPlan, CopyTimes, StoredBlock
+from engine.kv.kv_copies import CopyPlan, CopyTimes
+from engine.kv.link_estimate import describe_links
 from engine.kv.load_queue import Load
 from engine.kv.store import check_reachable, make_store
 from engine.kv.store.base import StoreUnavailable
-from engine.kv.store.entry import BadEntry, decode, encode
+from engine.kv.store.entry import BadEntry, decode
 from engine.kv.store.guard import GuardedStore
 from engine.kv.store_probe import measure_store
+from engine.kv.store_writes import StoreWrites
 from engine.kv.tier_metrics import TierMetrics
 from engine.kv.tier_setup import model_name, namespace
 from engine.kv.tiers import CacheTiers
@@ -47,8 +49,6 @@ from engine.runners.device_costs import DeviceCosts
 log = logging.getLogger(__name__)
 
 FETCH_CHUNK_BYTES = 8 << 20  # bytes per store read call
-WRITE_CHUNK_BYTES = 8 << 20  # bytes per store write call
-MAX_QUEUED_WRITE_BYTES = 256 << 20  # beyond this, blocks are not written (counted as dropped)
 MAX_FETCHES = 2  # store read calls in flight
 SLOW_READ_FACTOR = 4.0  # a read may take this many times its expected transfer time (plus the read timeout)
 
@@ -99,9 +99,7 @@ class TierService:
         self.store_url = wiring.store_url
         self.payload_bytes = wiring.runner.payload_bytes_per_block
         self.tasks: set[asyncio.Task] = set()
-        self.writes: list[tuple[StoredBlock, bytes]] = []
-        self.write_bytes = 0
-        self._write_ready = asyncio.Event()
+        self.writes = StoreWrites(store, namespace, wiring.tiers, metrics, self._written)
         self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
         self._pending: tuple[CopyPlan, CopyPlan] | None = None  # a batch started, not yet settled
         self.max_fresh = wiring.max_fresh
@@ -115,7 +113,7 @@ class TierService:
             await asyncio.to_thread(check_reachable, self.store_url)
             if self.measure_store_timeout_s is not None and self.payload_bytes:
                 await self._measure_store()
-            self._spawn(self._writer(), "kv-store-writer")
+            self._spawn(self.writes.run(), "kv-store-writer")
 
     async def _measure_store(self) -> None:
         try:
@@ -126,12 +124,12 @@ class TierService:
                         type(e).__name__, e)
             return
         self.tiers.recovery.use_measured(links)
-        log.info("KV store measured: %s", _describe(links))
+        log.info("KV store measured: %s", describe_links(links))
 
     def use_measured(self, costs: DeviceCosts, host_link: bool = True) -> None:
         """What the runner measured on its device at start-up (`host_link`: its host link figures too)."""
         self.tiers.recovery.use_measured(costs.links if host_link else {}, costs.prefill_tokens_per_s)
-        log.info("device measured: %s, prefill %.0f tokens/s", _describe(costs.links), costs.prefill_tokens_per_s)
+        log.info("device measured: %s, prefill %.0f tokens/s", describe_links(costs.links), costs.prefill_tokens_per_s)
 
     async def stop(self) -> None:
         if self._pending is not None:
@@ -204,7 +202,7 @@ class TierService:
             needed = plan.num_loaded * bpb
             m.recovery_bytes(needed if times.h2d_bytes is None else times.h2d_bytes, needed)
         for block, payload in zip(plan.reads, times.payloads):
-            self._queue_write(block, payload)
+            self.writes.queue(block, payload)
 
     async def _fetch(self, loads: list[Load]) -> None:
         per_call = max(1, FETCH_CHUNK_BYTES // max(self.tiers.recovery.bytes_per_block, 1))
@@ -249,41 +247,9 @@ class TierService:
             log.warning("%d store entries refused (%s); their blocks are recomputed", len(reasons), reasons[0])
         self.wake()
 
-    # -- store writes --------------------------------------------------------------------
-
-    def _queue_write(self, block: StoredBlock, payload: bytes) -> None:
-        if self.store is None or not self.store.up or self.write_bytes + len(payload) > MAX_QUEUED_WRITE_BYTES:
-            self.metrics.store_dropped.inc()
-            self.tiers.write_failed([block])
-            return
-        self.writes.append((block, payload))
-        self.write_bytes += len(payload)
-        self._write_ready.set()
-
-    async def _writer(self) -> None:
-        while True:
-            await self._write_ready.wait()
-            self._write_ready.clear()
-            while self.writes:
-                batch, size = [], 0
-                while self.writes and (not batch or size + len(self.writes[0][1]) <= WRITE_CHUNK_BYTES):
-                    block, payload = self.writes.pop(0)
-                    batch.append((block, payload))
-                    size += len(payload)
-                self.write_bytes -= size
-                await self._put(batch)
-
-    async def _put(self, batch: list[tuple[StoredBlock, bytes]]) -> None:
-        items = [(b.hash, encode(self.namespace, b, p)) for b, p in batch]
-        t0 = time.perf_counter()
-        try:
-            await self.store.put_many(items)
-        except StoreUnavailable:
-            self.metrics.store_dropped.inc(len(batch))
-            self.tiers.write_failed([b for b, _ in batch])
-            return
-        self.observe_store("store_write", len(batch), time.perf_counter() - t0)
-        self._emit_remote("stored", [b.hash for b, _ in batch])
+    def _written(self, hashes: list[int], seconds: float) -> None:
+        self.observe_store("store_write", len(hashes), seconds)
+        self._emit_remote("stored", hashes)
 
     def _emit_remote(self, kind: str, hashes: list[int]) -> None:
         self.publish(KVChange(kind, hashes, None, "remote", self.tiers.store_key))
@@ -315,11 +281,6 @@ class TierService:
         if self.store is not None:
             out["remote"] = self.tiers.known.hashes()
         return out
-
-
-def _describe(links: dict) -> str:
-    return ", ".join(f"{name} {link.bandwidth_bps / 1e9:.2f} GB/s + {link.latency_s * 1e6:.0f} us"
-                     for name, link in sorted(links.items()))
 
 
 def build_service(config: EngineConfig, info: RunnerInfo, wiring: TierWiring,
