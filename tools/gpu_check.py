@@ -11,8 +11,9 @@ built-in tokenizer to DIR/model, then measures, each step writing DIR/gpu_check.
     prefill   the runner's step (TorchRunner.execute_sync) on one prompt with 0, half and all but
               one block cached; all cached also right after a cold prompt (what a served repeat sees)
     decode    the runner's decode step at batch 1, 16 and 64 (CUDA graphs, and eager for comparison)
-    serving   an engine over HTTP: TTFT of a prompt sent cold then again, the repeat against the
-              runner's step (the serving overhead), and the engine's own step time for it
+    serving   an engine over HTTP: TTFT of prompts of 1,024, the prefill step's and 4,096 tokens sent
+              cold then again; the repeat against the runner's step (the serving overhead), and
+              the engine's own step time for it
     bench     kvroute bench, 4 engines: round_robin, prefix_hash, kv_aware (TTFT, TPOT)
     tiers     kvroute bench --tiers: the session storm with device only, + host, + host + Redis
     pd_pull   a prefill and a decode engine behind a router that disaggregates: the pull's GB/s
@@ -62,6 +63,7 @@ class Plan:
     bench: tuple[str, ...]  # kvroute bench sizing flags
     storm: tuple[str, ...]  # kvroute bench --tiers sizing flags
     pulls: int
+    quick: bool = False
     policies: str = "round_robin,prefix_hash,kv_aware"
     tier_runs: str = "device,host,host+redis"
 
@@ -80,7 +82,7 @@ def plan_for(device: str, quick: bool) -> Plan:
                  "--context-tokens", "768", "--min-context-tokens", "512", "--idle-requests", "4",
                  "--idle-tokens", "512", "--idle-rate", "20", "--session-rate", "20", "--output-tokens", "4",
                  "--gap", "0.5", "--burst-spread", "0.2"), 2,
-                policies="kv_aware", tier_runs="device,host+redis")  # every step, the fewest processes
+                quick=True, policies="kv_aware", tier_runs="device,host+redis")  # every step, the fewest processes
 
 
 # -- the checkpoint ---------------------------------------------------------------------------------
@@ -166,16 +168,22 @@ def step_prefill(ctx) -> dict:
     for cached in (0, p // 2, p - bs):
         work = SeqWork(0, tuple(tokens[cached:]), cached, table, True, greedy)
         out[f"step_ms_{cached}_cached"] = timed(lambda: runner.execute_sync([work]), ctx.plan.reps) * 1e3
-    after_cold = []
-    for rep in range(ctx.plan.reps):  # a cold prompt, then its repeat: caches as a served repeat finds them
-        fresh = prompt(p, rng)
-        runner.execute_sync([SeqWork(1, tuple(fresh), 0, table, True, greedy)])
-        t0 = time.perf_counter()
-        runner.execute_sync([SeqWork(1, tuple(fresh[p - bs:]), p - bs, table, True, greedy)])
-        after_cold.append(time.perf_counter() - t0)
-    out["step_ms_all_cached_after_cold"] = statistics.median(after_cold) * 1e3
-    ctx.runner_step_ms = out["step_ms_all_cached_after_cold"]
+    out["step_ms_all_cached_after_cold"] = statistics.median(
+        repeat_step_s(runner, p, rng) for _ in range(ctx.plan.reps)) * 1e3
     return out
+
+
+def repeat_step_s(runner, n: int, rng: random.Random) -> float:
+    """A cold `n`-token prompt, then the step of its repeat (all but the last block cached), timed:
+    what the runner does for a served repeat, with the caches as a served repeat finds them."""
+    from engine.core.work import SamplingParams, SeqWork
+
+    greedy, bs = SamplingParams(max_tokens=1, temperature=0.0), 16
+    tokens, table = prompt(n, rng), tuple(range(n // bs + 1))
+    runner.execute_sync([SeqWork(1, tuple(tokens), 0, table, True, greedy)])
+    t0 = time.perf_counter()
+    runner.execute_sync([SeqWork(1, tuple(tokens[n - bs:]), n - bs, table, True, greedy)])
+    return time.perf_counter() - t0
 
 
 def step_decode(ctx) -> dict:
@@ -200,7 +208,6 @@ def step_decode(ctx) -> dict:
                 runner.execute_sync(w)
             out[f"batch_{batch}_{mode}_ms"] = (time.perf_counter() - t0) / len(works) * 1e3
             runner.graphs = graphs
-    ctx.close_runner()
     return out
 
 
@@ -287,29 +294,44 @@ async def metric_sums(session, url: str, *names: str) -> dict[str, float]:
     return out
 
 
+async def served(session, url: str, n: int, reps: int, rng: random.Random) -> dict:
+    """Median TTFT of `n`-token prompts sent cold then again, and the engine's own step time for the repeat."""
+    step = "kvroute_engine_step_seconds_sum"
+    cold, warm, in_engine = [], [], []
+    for _ in range(reps):
+        ids = prompt(n, rng)
+        cold.append(await first_token(session, url, ids))
+        before = (await metric_sums(session, url, step))[step]
+        warm.append(await first_token(session, url, ids))
+        in_engine.append((await metric_sums(session, url, step))[step] - before)
+    c, w, e = (statistics.median(x) * 1e3 for x in (cold, warm, in_engine))
+    return {"cold_ttft_ms": c, "served_ttft_ms": w, "cold_over_warm": c / w, "engine_step_ms": e,
+            "outside_engine_step_ms": w - e}
+
+
 async def serving(ctx) -> dict:
+    """Served TTFT by prompt length; for the prefill step's prompt, each served repeat paired with the runner's
+    step for the same case right before it (so load on the machine weighs on both alike)."""
     import aiohttp
 
-    step = ("kvroute_engine_step_seconds_sum",)
-    rng = random.Random(3)
+    rng, p, runner, reps = random.Random(3), ctx.plan.prompt, ctx.runner(), max(ctx.plan.reps, 3)
+    lengths = sorted({1024, p} | ({4096} if not ctx.plan.quick else set()))
     with Procs(ctx) as procs:
-        url = procs.engine("serving", "--num-blocks", str(4 * ctx.plan.prompt // 16))
+        url = procs.engine("serving", "--num-blocks", str(4 * max(lengths) // 16))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
             await wait_ready(session, url)
-            await first_token(session, url, prompt(ctx.plan.prompt, rng))  # first-use costs
-            cold, warm, in_engine = [], [], []
-            for _ in range(max(ctx.plan.reps, 3)):
-                ids = prompt(ctx.plan.prompt, rng)
-                cold.append(await first_token(session, url, ids))
-                before = await metric_sums(session, url, *step)
-                warm.append(await first_token(session, url, ids))
-                in_engine.append((await metric_sums(session, url, *step))[step[0]] - before[step[0]])
-    served, runner = statistics.median(warm) * 1e3, ctx.runner_step_ms
-    return {"prompt_tokens": ctx.plan.prompt, "cold_ttft_ms": statistics.median(cold) * 1e3, "served_ttft_ms": served,
-            "cold_over_warm": statistics.median(cold) / statistics.median(warm), "runner_step_ms": runner,
-            "overhead_ms": None if runner is None else served - runner,
-            "engine_step_ms": statistics.median(in_engine) * 1e3,
-            "outside_engine_step_ms": served - statistics.median(in_engine) * 1e3}
+            for n in lengths:  # first-use costs (allocations that grow to each size) out of the figures
+                await served(session, url, n, 1, rng)
+            rows = {n: await served(session, url, n, reps, rng) for n in lengths}
+            pairs = []
+            for _ in range(reps):
+                step_ms = repeat_step_s(runner, p, rng) * 1e3
+                pairs.append((step_ms, (await served(session, url, p, 1, rng))["served_ttft_ms"]))
+    ctx.close_runner()
+    step_ms, served_ms = (statistics.median(x) for x in zip(*pairs))
+    return {**{f"prompt_{n}": row for n, row in rows.items()}, "prompt_tokens": p, "served_ttft_ms": served_ms,
+            "runner_step_ms": step_ms, "overhead_ms": statistics.median(b - a for a, b in pairs),
+            "cold_over_warm": rows[max(lengths)]["cold_over_warm"]}
 
 
 def kvroute_bench(ctx, name: str, *args: str) -> list[dict]:
@@ -380,7 +402,6 @@ class Check:
         self.threads = args.num_threads if args.num_threads is not None else (None if self.cuda else 1)
         self.engine_args = ("--model", str(self.model_dir.resolve()), "--device", self.device,
                             *(("--num-threads", str(self.threads)) if self.threads else ()))
-        self.runner_step_ms: float | None = None
         self._runner = None
 
     @property
