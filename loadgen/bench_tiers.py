@@ -101,6 +101,7 @@ def tier_metrics(metrics: Mapping[str, float]) -> dict:
     return {
         "recoveries": _labelled(metrics, "kvroute_engine_kv_recoveries_total", "choice"),
         "recovered_blocks": _labelled(metrics, "kvroute_engine_kv_recovered_blocks_total", "choice"),
+        "ahead_copies": _labelled(metrics, "kvroute_engine_kv_ahead_copies_total", "outcome"),
         "bytes": moved,
         "gb_per_s": {d: moved[d] / seconds[d] / 1e9 for d in moved if seconds.get(d)},
         "recovery_moved_over_needed": (metrics.get("kvroute_engine_kv_recovery_moved_bytes_total", 0.0)

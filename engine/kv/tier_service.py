@@ -262,6 +262,7 @@ class TierService:
         if host is not None:
             self.metrics.host_used.set(host.num_used)
             self.metrics.host_usage.set(host.num_used / host.num_slots)
+            self.metrics.observe_ahead(self.tiers.prestager.outcomes)
         self.metrics.load_queue.set(len(self.tiers.loads))
 
     def observe_store(self, op: str, num_blocks: int, seconds: float) -> None:
