@@ -269,6 +269,17 @@ async def wait_ready(session, url: str, timeout_s: float = 300.0) -> None:
     raise RuntimeError(f"{url} did not come up within {timeout_s:.0f} s (see the logs)")
 
 
+async def routable(session, router: str, n: int, timeout_s: float = 120.0) -> None:
+    """Wait until the router routes to `n` engines (it has seen their roles and caches)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        async with session.get(router + "/router/instances") as r:
+            if sum(i.get("routable", False) for i in (await r.json())["instances"]) >= n:
+                return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"the router at {router} did not route to {n} engines within {timeout_s:.0f} s")
+
+
 async def first_token(session, url: str, ids: list[int], max_tokens: int = 1) -> float:
     """Seconds from sending a streamed completion (its body encoded beforehand) to its first token."""
     body = json.dumps({"prompt": ids, "max_tokens": max_tokens, "stream": True, "temperature": 0,
@@ -383,7 +394,7 @@ async def pd_pull(ctx) -> dict:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
             for url in (prefill, decode, router):
                 await wait_ready(session, url)
-            await asyncio.sleep(1.0)  # the router has seen both engines
+            await routable(session, router, 2)
             for _ in range(ctx.plan.pulls):
                 await first_token(session, router, prompt(ctx.plan.prompt, rng), max_tokens=2)
             got = await metric_sums(session, decode, *names)
