@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,13 +27,9 @@ NB, BS, KVH, NH, HD, CONTEXT = 4096, 16, 2, 4, 64, 512
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
+    from engine.runners.device_costs import median_seconds
+
+    return median_seconds(fn, reps) * 1e3
 
 
 def attention(device: str, reps: int) -> dict:

@@ -32,10 +32,11 @@ class DeviceCosts:
     prefill_tokens_per_s: float
 
 
-def _median_seconds(fn) -> float:
-    fn()  # warm-up: first-use allocations
+def median_seconds(fn, reps: int = REPS) -> float:
+    """Median seconds of `fn` over `reps` calls after one to warm up (first-use allocations)."""
+    fn()
     samples = []
-    for _ in range(REPS):
+    for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
@@ -50,8 +51,8 @@ def measure_host_link(runner) -> dict[str, Link]:
         blocks = list(range(n))
         reads = CopyPlan(device_reads=[(b, None) for b in blocks])
         writes = CopyPlan(writes=[(b, bytes(bpb)) for b in blocks])
-        points["d2h"].append((n * bpb, _median_seconds(lambda: runner.run_copies_sync(reads))))
-        points["h2d"].append((n * bpb, _median_seconds(lambda: runner.run_copies_sync(writes))))
+        points["d2h"].append((n * bpb, median_seconds(lambda: runner.run_copies_sync(reads))))
+        points["h2d"].append((n * bpb, median_seconds(lambda: runner.run_copies_sync(writes))))
     return {name: fit_link(p) for name, p in points.items()}
 
 
@@ -60,7 +61,7 @@ def measure_prefill_rate(runner) -> float:
     n = max(1, min(PREFILL_TOKENS, runner.info.max_model_len - 1, runner.num_blocks * bs))
     work = SeqWork(0, tuple(5 + i % 1000 for i in range(n)), 0, tuple(range(-(-n // bs))), True,
                    SamplingParams(max_tokens=1, temperature=0.0))
-    return n / _median_seconds(lambda: runner.execute_sync([work]))
+    return n / median_seconds(lambda: runner.execute_sync([work]))
 
 
 def measure(runner) -> DeviceCosts:
