@@ -18,8 +18,9 @@ built-in tokenizer to DIR/model, then measures, each step writing DIR/gpu_check.
     tiers     kvroute bench --tiers: the session storm with device only, + host, + host + Redis
     pd_pull   a prefill and a decode engine behind a router that disaggregates: the pull's GB/s
 
-At most 8 minutes on one H200-class GPU with the 3B shape; `--device cpu --shape tiny` runs the
-same steps in under 3 minutes; `--quick` takes every step at its smallest (one engine per cluster,
+Sized for at most 8 minutes on one H200-class GPU with the 3B shape (steps not started within
+--budget-s are skipped; not yet run on a GPU); `--device cpu --shape tiny` runs the same steps in
+under 3 minutes (128 s on a loaded 2-core machine); `--quick` takes every step at its smallest (one engine per cluster,
 kv_aware alone, the storm with device only and host + Redis), as the test suite runs it.
 docs/engine.md#the-device-check says how to read the result.
 """

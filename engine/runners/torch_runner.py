@@ -182,7 +182,7 @@ class TorchRunner:
         with self._lock:
             return self.host.run(plan)
 
-    prefill_rate_hint = 15_000.0  # tokens/s of the built-in model on one CPU thread; recovery refines it online
+    prefill_rate_hint = 15_000.0  # tokens/s until warm_up measures the device (with tiers), then refined online
 
     def store_delay(self, num_blocks: int) -> float:
         return 0.0  # real bytes move here: nothing to model
