@@ -119,11 +119,11 @@ class HostKV:
 
     def _gather(self, rows: torch.Tensor, ids: torch.Tensor):
         """The device-to-host copy of blocks `ids` into `rows`; the lane's mark once they are gathered."""
-        if not self.lane.cuda:
+        if self.device.type == "cpu":
             torch.index_select(self.pool.data, 0, ids, out=rows)  # the "device" is host memory: one copy
             return None
         chunk = self.pool.data.index_select(0, ids)
-        gathered = self.lane.mark()  # the step may overwrite the blocks from here on
+        gathered = self.lane.mark()  # the step may overwrite the blocks from here on (None off CUDA)
         rows.copy_(chunk, non_blocking=True)
         return gathered
 
