@@ -68,6 +68,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="the session-recovery storm on the same engines: device only, + host pool, "
                         "+ host + Redis store, + host + file store")
     p.add_argument("--host-blocks", type=int, default=None, help="with --tiers: host pool blocks per engine")
+    p.add_argument("--tier-runs", default=",".join(TIER_RUNS),
+                   help="with --tiers: the setups to run, device first (the reference of the output comparison)")
     p.add_argument("--out", default="kvroute-bench", help="output directory")
     add_load_args(p, workload_required=False)
     return p
@@ -158,7 +160,7 @@ async def bench(args, policies: list[str], extras: list[tuple[str, str]]) -> lis
 async def bench_tiers(args, config, workload) -> list[Run]:
     """One storm per tier setup (loadgen/bench_tiers.py), each on fresh engines."""
     runs: list[Run] = []
-    for name in TIER_RUNS:
+    for name in args.tier_runs:
         with tier_stores(name) as store_args:
             spec = tier_spec(args, name, store_args)
             t0 = time.monotonic()
@@ -211,6 +213,9 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
         raise ValueError(f"--engines must be at least 1, got {args.engines}")
     if args.tiers and (args.pd or args.extra_target or args.host_blocks < 1):
         raise ValueError("--tiers runs its own four setups: no --pd or --extra-target, and --host-blocks >= 1")
+    args.tier_runs = [r.strip() for r in args.tier_runs.split(",") if r.strip()]
+    if args.tier_runs[:1] != ["device"] or not set(args.tier_runs) <= set(TIER_RUNS):
+        raise ValueError(f"--tier-runs must list device first, then any of {', '.join(TIER_RUNS[1:])}")
     extras = parse_targets(args.extra_target)
     check_load_args(args)
     return args, policies, extras

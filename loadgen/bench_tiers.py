@@ -10,7 +10,9 @@ Runs, each on a fresh cluster (kv_aware router, greedy sampling so outputs compa
 Reported per run, over the returning requests (the storm): TTFT p50/p90/p99,
 cached tokens by tier, errors, how many outputs equal the device-only run's; and
 over the engines (their /metrics after the run): recoveries by choice and bytes
-moved, seconds and GB/s per direction (d2h, h2d, store_write, store_read).
+moved, seconds and GB/s per direction (d2h, h2d, store_write, store_read), and the
+bytes recovery moved over the bytes it needed (1.0: nothing moved in vain).
+`--tier-runs` picks a subset (device first).
 """
 
 from __future__ import annotations
@@ -99,8 +101,12 @@ def tier_metrics(metrics: Mapping[str, float]) -> dict:
     return {
         "recoveries": _labelled(metrics, "kvroute_engine_kv_recoveries_total", "choice"),
         "recovered_blocks": _labelled(metrics, "kvroute_engine_kv_recovered_blocks_total", "choice"),
+        "ahead_copies": _labelled(metrics, "kvroute_engine_kv_ahead_copies_total", "outcome"),
         "bytes": moved,
         "gb_per_s": {d: moved[d] / seconds[d] / 1e9 for d in moved if seconds.get(d)},
+        "recovery_moved_over_needed": (metrics.get("kvroute_engine_kv_recovery_moved_bytes_total", 0.0)
+                                       / metrics["kvroute_engine_kv_recovery_needed_bytes_total"])
+        if metrics.get("kvroute_engine_kv_recovery_needed_bytes_total") else None,
         "store_errors": _labelled(metrics, "kvroute_engine_kv_store_errors_total", "op"),
     }
 
@@ -120,8 +126,8 @@ def storm_summary(run: Run, reference: Run | None) -> dict:
 
 def tier_table(runs: Sequence[Run]) -> str:
     head = ("| run | storm TTFT p50 | p90 | p99 | errors (all requests) | cached by tier (storm) | "
-            "outputs = device | recoveries (runs) | moved (GB/s) |")
-    lines = [head, "|---" * 9 + "|"]
+            "outputs = device | recoveries (runs) | moved (GB/s) | recovery moved / needed |")
+    lines = [head, "|---" * 10 + "|"]
     for run in runs:
         s, t = run.summary, run.summary.get("tiers") or {}
         ms = lambda k: "-" if s.get(k) is None else f"{s[k] * 1e3:.0f} ms"  # noqa: E731
@@ -130,6 +136,7 @@ def tier_table(runs: Sequence[Run]) -> str:
         moved = ", ".join(f"{d} {b / 1e6:.0f} MB ({t['gb_per_s'].get(d, 0):.2f})"
                           for d, b in (t.get("bytes") or {}).items() if b) or "-"
         equal = "-" if s.get("outputs_equal_device") is None else f"{s['outputs_equal_device']}/{s['requests']}"
+        ratio = "-" if t.get("recovery_moved_over_needed") is None else f"{t['recovery_moved_over_needed']:.3f}"
         lines.append(f"| {run.name} | {ms('ttft_p50_s')} | {ms('ttft_p90_s')} | {ms('ttft_p99_s')} | "
-                     f"{s['all_errors']} of {s['all_requests']} | {cached} | {equal} | {runs_} | {moved} |")
+                     f"{s['all_errors']} of {s['all_requests']} | {cached} | {equal} | {runs_} | {moved} | {ratio} |")
     return "\n".join(lines)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import statistics
@@ -39,11 +38,12 @@ import tempfile
 import time
 
 import aiohttp
-import numpy as np
 
 sys.path.insert(0, ".")
 from loadgen.local_cluster import free_port  # noqa: E402
 from loadgen.redis_server import RedisServer  # noqa: E402
+from engine.kv.link_estimate import fit_link  # noqa: E402
+from engine.runners.device_costs import median_seconds  # noqa: E402
 from tools.procs import spawn, wait_ready, write_json  # noqa: E402
 
 BATCHES = (1, 4, 16, 64, 192)
@@ -51,19 +51,8 @@ SESSION, QUESTION, FILLER = 3072, 64, 2048
 
 
 def fit(points: list[tuple[int, float]]) -> dict:
-    x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
-    slope, intercept = np.polyfit(x, y, 1, w=1.0 / y)  # relative residuals: small batches count too
-    return {"bandwidth_bps": 1.0 / slope, "latency_s": max(float(intercept), 0.0),
-            "points": [{"bytes": int(a), "seconds": b} for a, b in points]}
-
-
-def timed(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    link = fit_link(points)  # relative residuals: small batches count too
+    return {**link.to_dict(), "points": [{"bytes": int(a), "seconds": b} for a, b in points]}
 
 
 def memcpy_links(reps: int) -> dict:
@@ -79,37 +68,20 @@ def memcpy_links(reps: int) -> dict:
         for n in BATCHES:
             ids = torch.randperm(1024)[:n]
             slots = torch.randperm(1024)[:n]
-            points.append((n * block, timed(lambda: dst.index_copy_(0, slots, src.index_select(0, ids)), reps)))
+            points.append((n * block, median_seconds(lambda: dst.index_copy_(0, slots, src.index_select(0, ids)), reps)))
         out[name] = fit(points)
     return out
 
 
 async def store_links(url: str, reps: int, block: int) -> dict:
     """The engine's own store path: `put_many` of encoded entries; `get_many` plus checking every entry."""
-    from engine.kv.kv_copies import StoredBlock
     from engine.kv.store import make_store
-    from engine.kv.store.entry import decode, encode
+    from engine.kv.store_probe import store_points
 
     ns = "00000000000000a1"
     store = make_store(url, ns, timeout_s=10.0)
-    payload = os.urandom(block)
-    points = {"store_write": [], "store_read": []}
     try:
-        for n in BATCHES:
-            blocks = [StoredBlock(random.getrandbits(64), tuple(range(16)), 1) for _ in range(n)]
-            items = [(b.hash, encode(ns, b, payload)) for b in blocks]
-            writes, reads = [], []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                await store.put_many(items)
-                writes.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                values = await store.get_many([b.hash for b in blocks])
-                for b, v in zip(blocks, values):
-                    decode(v, ns, b, block)
-                reads.append(time.perf_counter() - t0)
-            points["store_write"].append((n * block, statistics.median(writes)))
-            points["store_read"].append((n * block, statistics.median(reads)))
+        points = await store_points(store, ns, block, BATCHES, reps)
     finally:
         await store.close()
     return {k: fit(v) for k, v in points.items()}

@@ -36,6 +36,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     device: str = "cpu"
+    cuda_graphs: bool = True  # torch on CUDA: decode steps replayed from graphs captured at start-up
     dtype: str | None = None  # override the checkpoint's dtype (float32, bfloat16, float16)
     event_buffer: int = 10_000
     kv_pin_ttl_s: float = 30.0  # prefill role: how long pinned blocks wait for their pull

@@ -64,6 +64,11 @@ class SamplingParams:
     def edits_logits(self) -> bool:
         return self.needs_history or bool(self.logit_bias)
 
+    @property
+    def needs_logits(self) -> bool:
+        """Sampling needs the row's logits on the host (else the device's argmax is the token)."""
+        return not self.greedy or self.edits_logits or self.logprobs is not None
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TokenLogprobs:
@@ -133,6 +138,11 @@ class ModelRunner(Protocol):
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes: ...
 
-    def write_blocks(self, block_ids: Sequence[int], data: bytes) -> None: ...
+    def write_blocks(self, block_ids: Sequence[int], data) -> None:
+        """`data`: the blocks' bytes, one bytes-like object or a sequence of them, in order."""
+
+    def warm_up(self, measure: bool = False):
+        """Once before serving (blocking): prepare the device; with `measure`, return what was measured of
+        it (engine/runners/device_costs.py `DeviceCosts`), else None."""
 
     def close(self) -> None: ...

@@ -15,6 +15,9 @@ The order makes every batch safe: reads come before anything overwrites their
 source; a block evicted to the host (3) may be the fresh destination of a load (4,
 5); a slot read by (4) is held and never the destination of (3) in the same batch.
 Batches run in the order they were planned (one runner thread, or one CUDA stream).
+A runner moves a batch in at most one copy per direction: 1-3, with the device-to-host
+copies staged ahead of eviction alongside it (engine/kv/prestage.py), in one; 4-5 in one
+(engine/runners/model/tier_copies.py).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class CopyPlan:
 
     @property
     def reads(self) -> list[StoredBlock]:
-        """The blocks whose payloads `run_copies` returns, in order."""
+        """The blocks whose payloads the batch's `CopyTimes` carries, in order."""
         return [b for _, b in self.device_reads] + [b for _, b in self.host_reads]
 
     @property
@@ -61,3 +64,4 @@ class CopyTimes:
     read_s: float = 0.0
     d2h_s: float = 0.0
     h2d_s: float = 0.0
+    h2d_bytes: int | None = None  # bytes the host-to-device copy moved (None: exactly the blocks loaded)

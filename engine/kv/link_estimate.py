@@ -9,11 +9,16 @@ same size, and the estimate is clamped to a positive bandwidth and a latency of
 at least 0. Sizes are scaled to MiB inside so the 2x2 system stays well
 conditioned.
 
+`fit_link` fits the same line once to measured points (start-up measurements:
+engine/runners/device_costs.py, engine/kv/store_probe.py).
+
 `RateEstimate` is the EWMA of prefill tokens per second measured on steps with at
 least `min_tokens` prefill tokens (below that, fixed step overhead dominates).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from router.contract.tier_costs import Link
 
@@ -74,3 +79,21 @@ class RateEstimate:
     @property
     def seconds_per_token(self) -> float:
         return 1.0 / self.rate
+
+
+def fit_link(points: list[tuple[int, float]]) -> Link:
+    """Least squares of seconds on bytes (relative error, so small batches count too); a positive bandwidth."""
+    x = np.array([p[0] for p in points], float)
+    y = np.array([max(p[1], 1e-9) for p in points], float)
+    if len(set(x)) < 2:
+        return Link(float(x.sum() / y.sum()), 0.0)
+    slope, intercept = np.polyfit(x, y, 1, w=1.0 / y)
+    if slope <= 0:  # noise swamped the size: all latency, or all bandwidth
+        return Link(float(x.max() / y.max()), 0.0)
+    return Link(float(1.0 / slope), max(float(intercept), 0.0))
+
+
+def describe_links(links: dict) -> str:
+    """One line for a log: each link's bandwidth and latency."""
+    return ", ".join(f"{name} {link.bandwidth_bps / 1e9:.2f} GB/s + {link.latency_s * 1e6:.0f} us"
+                     for name, link in sorted(links.items()))

@@ -30,6 +30,7 @@ class Prestager:
         self.on_host_evicted = on_host_evicted  # (evicted entry, plan whose reads come first) -> None
         self.staged: dict[int, int] = {}  # device block id -> reserved host slot holding its K/V
         self.plan = CopyPlan()
+        self.outcomes = {"evicted": 0, "reused": 0}  # staged copies by what became of the block
 
     def stage(self, num_plain: int, lru: Iterable[int], count: int) -> None:
         """Reserve slots and plan ahead copies for the next `count` blocks the device pool would evict:
@@ -61,12 +62,14 @@ class Prestager:
         slot = self.staged.pop(block_id, None)
         if slot is None:
             return None
+        self.outcomes["evicted"] += 1
         return self.host.commit(slot, meta.hash, meta.token_ids, meta.parent)
 
     def reused(self, block_id: int) -> None:
         """A staged block was taken again before its eviction: drop its copy."""
         slot = self.staged.pop(block_id, None)
         if slot is not None:
+            self.outcomes["reused"] += 1
             self.host.release([slot])
 
     def clear(self) -> None:

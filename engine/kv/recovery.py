@@ -6,7 +6,9 @@ how many to load: the prefix of runs whose predicted load time plus the
 recompute of the rest is lowest (`router.contract.tier_costs.plan_runs`, the same formula
 the router credits with). Load time comes from each link's online estimate
 (bytes / measured bandwidth + latency), recompute time from the measured prefill
-rate. `costs()` is what the engine advertises at GET /kv/info and /load.
+rate; a torch engine starts both from what it measured on its device before serving
+(`use_measured`: engine/runners/device_costs.py, the store's links in tier_service.py).
+`costs()` is what the engine advertises at GET /kv/info and /load.
 
 Counters of the choices (runs and blocks, by "load_host", "load_remote" and
 "recompute") are kept here for the metrics and for `kvroute bench --tiers`.
@@ -37,6 +39,13 @@ class Recovery:
         self.store_key = store_key
         self.runs: collections.Counter[str] = collections.Counter()
         self.blocks: collections.Counter[str] = collections.Counter()
+
+    def use_measured(self, links: Mapping[str, Link], prefill_tokens_per_s: float | None = None) -> None:
+        """Figures measured on this device (at start-up) replace the starting ones; estimates go on from them."""
+        for name, link in links.items():
+            self.links[name] = LinkEstimate(link)
+        if prefill_tokens_per_s:
+            self.prefill = RateEstimate(prefill_tokens_per_s)
 
     def costs(self) -> TierCosts:
         return TierCosts(self.bytes_per_block, {n: e.link for n, e in self.links.items()}, self.has_host,

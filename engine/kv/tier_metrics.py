@@ -28,6 +28,9 @@ class TierMetrics:
         self.recoveries = by("kvroute_engine_kv_recoveries", "Cached runs after the device prefix, by choice "
                              "(load_host, load_remote, recompute).", "choice")
         self.recovered_blocks = by("kvroute_engine_kv_recovered_blocks", "Blocks of those runs, by choice.", "choice")
+        self.ahead = by("kvroute_engine_kv_ahead_copies", "Blocks copied to the host ahead of their eviction, by "
+                        "what became of them (evicted: the copy was used; reused: the block was hit on the device "
+                        "first and its copy dropped).", "outcome")
         self.store_lookups = by("kvroute_engine_kv_store_lookup_blocks", "Blocks looked up in the store, by result "
                                 "(hit, miss).", "result")
         self.store_errors = by("kvroute_engine_kv_store_errors", "Store calls that failed or timed out, by operation.",
@@ -43,17 +46,35 @@ class TierMetrics:
                                ["model_name"], registry=r).labels(**m)
         self.host_usage = Gauge("kvroute_engine_kv_host_usage_perc", "Fraction of host pool blocks in use (0-1).",
                                 ["model_name"], registry=r).labels(**m)
+        self.recovery_moved = Counter("kvroute_engine_kv_recovery_moved_bytes", "Bytes moved to bring cached "
+                                      "blocks back into the device (store reads, whole entries, and host-to-device "
+                                      "copies).", ["model_name"], registry=r).labels(**m)
+        self.recovery_needed = Counter("kvroute_engine_kv_recovery_needed_bytes", "The K/V bytes those moves "
+                                       "carried (blocks x bytes per block, per link crossed).", ["model_name"],
+                                       registry=r).labels(**m)
+        self.recovery_ratio = Gauge("kvroute_engine_kv_recovery_moved_ratio", "Recovery bytes moved over bytes "
+                                    "needed since start (1 = nothing moved in vain; 0 before any recovery).",
+                                    ["model_name"], registry=r).labels(**m)
         self.load_queue = Gauge("kvroute_engine_kv_load_queue_blocks", "Blocks waiting to be loaded into the device.",
                                 ["model_name"], registry=r).labels(**m)
         self._model = model
+        self._moved = self._needed = 0
         self._seen_runs: dict[str, int] = {}
         self._seen_blocks: dict[str, int] = {}
+        self._seen_ahead: dict[str, int] = {}
 
     def transfer(self, direction: str, nbytes: float, seconds: float) -> None:
         labels = (self._model, direction)
         self.transfer_bytes.labels(*labels).inc(nbytes)
         self.transfer_seconds.labels(*labels).inc(seconds)
         self.transfers.labels(*labels).inc()
+
+    def recovery_bytes(self, moved: int, needed: int) -> None:
+        self.recovery_moved.inc(moved)
+        self.recovery_needed.inc(needed)
+        self._moved += moved
+        self._needed += needed
+        self.recovery_ratio.set(self._moved / self._needed)
 
     def lookups(self, hits: int, misses: int) -> None:
         self.store_lookups.labels(self._model, "hit").inc(hits)
@@ -64,9 +85,15 @@ class TierMetrics:
 
     def observe_recovery(self, runs: dict[str, int], blocks: dict[str, int]) -> None:
         """Bring the choice counters up to `recovery.runs` / `.blocks` (cumulative counts)."""
-        for seen, counts, metric in ((self._seen_runs, runs, self.recoveries),
-                                     (self._seen_blocks, blocks, self.recovered_blocks)):
-            for choice, n in counts.items():
-                if n > seen.get(choice, 0):
-                    metric.labels(self._model, choice).inc(n - seen.get(choice, 0))
-                    seen[choice] = n
+        self._catch_up(self._seen_runs, runs, self.recoveries)
+        self._catch_up(self._seen_blocks, blocks, self.recovered_blocks)
+
+    def observe_ahead(self, outcomes: dict[str, int]) -> None:
+        """Bring the ahead-copy counters up to the prestager's cumulative `outcomes`."""
+        self._catch_up(self._seen_ahead, outcomes, self.ahead)
+
+    def _catch_up(self, seen: dict[str, int], counts: dict[str, int], metric: Counter) -> None:
+        for label, n in counts.items():
+            if n > seen.get(label, 0):
+                metric.labels(self._model, label).inc(n - seen.get(label, 0))
+                seen[label] = n

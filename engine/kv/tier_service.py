@@ -4,17 +4,18 @@
   a store is configured, one `contains_many` asks the store for the rest before
   the request is queued (`Sequence.store_hits`); a store that is down or slow
   answers "none" at once (engine/kv/store/guard.py) and the request recomputes.
-- `run_copies()`, after every schedule: hands the block manager's copy batch to
-  the runner (same thread as the steps, so in order with them), records bytes and
-  seconds per direction, feeds the link estimates, and queues the blocks read out
-  for the store; then starts the ahead batch (engine/kv/prestage.py) that runs while
-  the step computes, which `settle()` awaits after the step. It also starts
+- `run_copies()`, after every schedule: hands the block manager's copy batch, with the
+  ahead copies (engine/kv/prestage.py), to the runner (same thread as the steps, so in
+  order with them), which queues them before the step -- at most one copy per direction,
+  the device-to-host one overlapping the step -- and `settle()` collects them after it:
+  bytes and seconds per direction, the link estimates, the bytes recovery moved against
+  the bytes it needed, the blocks read out for the store. It also starts
   fetching the store loads just admitted: one
   `get_many` per chunk (at most `FETCH_CHUNK_BYTES`) for all requests together,
   each entry checked (engine/kv/store/entry.py) before its bytes are used.
-- The writer task drains the write queue into `put_many` calls off the TTFT path
-  and publishes `stored` events with tier "remote" and the store key; a write
-  that fails is dropped (counted) and forgotten, the queue is bounded in bytes.
+- The writer task (engine/kv/store_writes.py) drains the write queue into `put_many`
+  calls off the TTFT path; this publishes `stored` events with tier "remote" and the
+  store key for what it wrote.
 """
 
 from __future__ import annotations
@@ -31,21 +32,23 @@ from engine.core.config import EngineConfig
 from engine.core.kv_events import KVChange
 from engine.core.sequence import Sequence
 from engine.core.work import RunnerInfo
-from engine.kv.kv_copies import CopyPlan, CopyTimes, StoredBlock
+from engine.kv.kv_copies import CopyPlan, CopyTimes
+from engine.kv.link_estimate import describe_links
 from engine.kv.load_queue import Load
 from engine.kv.store import check_reachable, make_store
 from engine.kv.store.base import StoreUnavailable
-from engine.kv.store.entry import BadEntry, decode, encode
+from engine.kv.store.entry import BadEntry, decode
 from engine.kv.store.guard import GuardedStore
+from engine.kv.store_probe import measure_store
+from engine.kv.store_writes import StoreWrites
 from engine.kv.tier_metrics import TierMetrics
 from engine.kv.tier_setup import model_name, namespace
 from engine.kv.tiers import CacheTiers
+from engine.runners.device_costs import DeviceCosts
 
 log = logging.getLogger(__name__)
 
 FETCH_CHUNK_BYTES = 8 << 20  # bytes per store read call
-WRITE_CHUNK_BYTES = 8 << 20  # bytes per store write call
-MAX_QUEUED_WRITE_BYTES = 256 << 20  # beyond this, blocks are not written (counted as dropped)
 MAX_FETCHES = 2  # store read calls in flight
 SLOW_READ_FACTOR = 4.0  # a read may take this many times its expected transfer time (plus the read timeout)
 
@@ -55,9 +58,11 @@ class CopyRunner(Protocol):
 
     payload_bytes_per_block: int
 
-    async def run_copies(self, plan: CopyPlan) -> CopyTimes: ...
+    async def start_copies(self, plan: CopyPlan, ahead: CopyPlan) -> None:
+        """Queue the batch before the step: its loads are in place for the step when this returns."""
 
-    async def run_ahead(self, plan: CopyPlan) -> CopyTimes: ...
+    async def finish_copies(self) -> CopyTimes:
+        """After the step: the batch's payloads for the store and its times."""
 
     def store_delay(self, num_blocks: int) -> float: ...
 
@@ -86,19 +91,19 @@ class TierWiring:
 
 
 class TierService:
-    def __init__(self, wiring: TierWiring, store: GuardedStore | None, namespace: str, metrics: TierMetrics) -> None:
+    def __init__(self, wiring: TierWiring, store: GuardedStore | None, namespace: str, metrics: TierMetrics,
+                 measure_store_timeout_s: float | None = None) -> None:
+        """`measure_store_timeout_s`: measure the store's links at start (None: keep the starting figures)."""
         self.tiers, self.store, self.namespace, self.metrics = wiring.tiers, store, namespace, metrics
         self.bm, self.runner, self.wake, self.publish = wiring.device, wiring.runner, wiring.wake, wiring.publish
         self.store_url = wiring.store_url
         self.payload_bytes = wiring.runner.payload_bytes_per_block
         self.tasks: set[asyncio.Task] = set()
-        self.writes: list[tuple[StoredBlock, bytes]] = []
-        self.write_bytes = 0
-        self._write_ready = asyncio.Event()
+        self.writes = StoreWrites(store, namespace, wiring.tiers, metrics, self._written)
         self._fetch_slots = asyncio.Semaphore(MAX_FETCHES)
-        self._ahead: asyncio.Future | None = None
-        self._ahead_plan: CopyPlan | None = None
+        self._pending: tuple[CopyPlan, CopyPlan] | None = None  # a batch started, not yet settled
         self.max_fresh = wiring.max_fresh
+        self.measure_store_timeout_s = measure_store_timeout_s
         if store is not None:
             metrics.store_up.set(1)
 
@@ -106,11 +111,29 @@ class TierService:
         """Refuses to start (ValueError naming the store) when the store cannot be reached now."""
         if self.store is not None:
             await asyncio.to_thread(check_reachable, self.store_url)
-            self._spawn(self._writer(), "kv-store-writer")
+            if self.measure_store_timeout_s is not None and self.payload_bytes:
+                await self._measure_store()
+            self._spawn(self.writes.run(), "kv-store-writer")
+
+    async def _measure_store(self) -> None:
+        try:
+            links = await measure_store(self.store_url, self.namespace, self.payload_bytes,
+                                        self.measure_store_timeout_s)
+        except Exception as e:  # noqa: BLE001 - reachable a moment ago: keep the starting figures
+            log.warning("could not measure the KV store's links (%s: %s); starting from the preset figures",
+                        type(e).__name__, e)
+            return
+        self.tiers.recovery.use_measured(links)
+        log.info("KV store measured: %s", describe_links(links))
+
+    def use_measured(self, costs: DeviceCosts, host_link: bool = True) -> None:
+        """What the runner measured on its device at start-up (`host_link`: its host link figures too)."""
+        self.tiers.recovery.use_measured(costs.links if host_link else {}, costs.prefill_tokens_per_s)
+        log.info("device measured: %s, prefill %.0f tokens/s", describe_links(costs.links), costs.prefill_tokens_per_s)
 
     async def stop(self) -> None:
-        if self._ahead is not None:
-            await asyncio.gather(self._ahead, return_exceptions=True)
+        if self._pending is not None:
+            await asyncio.gather(self.settle(), return_exceptions=True)
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -148,35 +171,38 @@ class TierService:
     # -- copy batches and store fetches ---------------------------------------------------
 
     async def run_copies(self) -> None:
-        """Before the step: start the ahead batch (runs while this batch and the step do), run this batch."""
-        await self.settle()  # an ahead batch started while the engine was idle
+        """Before the step: start this batch (with the ahead copies, which touch neither its blocks nor its
+        slots), and the store fetches of the loads just admitted."""
+        await self.settle()  # a batch started while the engine was idle
         plan = self.bm.take_copy_plan()
         ahead = self.bm.take_ahead_plan(self.max_fresh)
-        if ahead:  # touches neither this batch's blocks nor its slots: runs alongside it and the step
-            self._ahead = asyncio.ensure_future(self.runner.run_ahead(ahead))
-            self._ahead_plan = ahead
-        if plan:
-            self._record(plan, await self.runner.run_copies(plan))
+        if plan or ahead:
+            self._pending = (plan, ahead)
+            await self.runner.start_copies(plan, ahead)
         self.metrics.observe_recovery(self.tiers.recovery.runs, self.tiers.recovery.blocks)
         loads = self.tiers.loads.fetches()
         if loads:
             self._spawn(self._fetch(loads), "kv-store-fetch")
 
     async def settle(self) -> None:
-        """After the step: wait for the ahead batch (the next step may reuse what it copied)."""
-        if self._ahead is not None:
-            task, plan, self._ahead = self._ahead, self._ahead_plan, None
-            self._record(plan, await task)
+        """After the step: collect the batch (the next step may reuse what it copied)."""
+        if self._pending is not None:
+            (plan, ahead), self._pending = self._pending, None
+            self._record(plan, ahead, await self.runner.finish_copies())
 
-    def _record(self, plan: CopyPlan, times) -> None:
+    def _record(self, plan: CopyPlan, ahead: CopyPlan, times: CopyTimes) -> None:
         bpb, recovery, m = self.tiers.recovery.bytes_per_block, self.tiers.recovery, self.metrics
-        for direction, blocks, seconds in (("d2h", len(plan.reads) + len(plan.d2h), times.read_s + times.d2h_s),
+        out_blocks = len(plan.reads) + len(plan.d2h) + len(ahead.d2h)
+        for direction, blocks, seconds in (("d2h", out_blocks, times.read_s + times.d2h_s),
                                            ("h2d", plan.num_loaded, times.h2d_s)):
             if blocks:
                 m.transfer(direction, blocks * bpb, seconds)
                 recovery.observe(direction, blocks * bpb, seconds)
+        if plan.num_loaded:
+            needed = plan.num_loaded * bpb
+            m.recovery_bytes(needed if times.h2d_bytes is None else times.h2d_bytes, needed)
         for block, payload in zip(plan.reads, times.payloads):
-            self._queue_write(block, payload)
+            self.writes.queue(block, payload)
 
     async def _fetch(self, loads: list[Load]) -> None:
         per_call = max(1, FETCH_CHUNK_BYTES // max(self.tiers.recovery.bytes_per_block, 1))
@@ -200,6 +226,9 @@ class TierService:
         if delay:
             await asyncio.sleep(delay)
         self.observe_store("store_read", len(loads), time.perf_counter() - t0)
+        got = [v for v in values if v is not None]
+        if got:
+            self.metrics.recovery_bytes(sum(map(len, got)), len(got) * self.tiers.recovery.bytes_per_block)
         bad, reasons = [], []
         for load, value in zip(loads, values):
             payload = None
@@ -218,41 +247,9 @@ class TierService:
             log.warning("%d store entries refused (%s); their blocks are recomputed", len(reasons), reasons[0])
         self.wake()
 
-    # -- store writes --------------------------------------------------------------------
-
-    def _queue_write(self, block: StoredBlock, payload: bytes) -> None:
-        if self.store is None or not self.store.up or self.write_bytes + len(payload) > MAX_QUEUED_WRITE_BYTES:
-            self.metrics.store_dropped.inc()
-            self.tiers.write_failed([block])
-            return
-        self.writes.append((block, payload))
-        self.write_bytes += len(payload)
-        self._write_ready.set()
-
-    async def _writer(self) -> None:
-        while True:
-            await self._write_ready.wait()
-            self._write_ready.clear()
-            while self.writes:
-                batch, size = [], 0
-                while self.writes and (not batch or size + len(self.writes[0][1]) <= WRITE_CHUNK_BYTES):
-                    block, payload = self.writes.pop(0)
-                    batch.append((block, payload))
-                    size += len(payload)
-                self.write_bytes -= size
-                await self._put(batch)
-
-    async def _put(self, batch: list[tuple[StoredBlock, bytes]]) -> None:
-        items = [(b.hash, encode(self.namespace, b, p)) for b, p in batch]
-        t0 = time.perf_counter()
-        try:
-            await self.store.put_many(items)
-        except StoreUnavailable:
-            self.metrics.store_dropped.inc(len(batch))
-            self.tiers.write_failed([b for b, _ in batch])
-            return
-        self.observe_store("store_write", len(batch), time.perf_counter() - t0)
-        self._emit_remote("stored", [b.hash for b, _ in batch])
+    def _written(self, hashes: list[int], seconds: float) -> None:
+        self.observe_store("store_write", len(hashes), seconds)
+        self._emit_remote("stored", hashes)
 
     def _emit_remote(self, kind: str, hashes: list[int]) -> None:
         self.publish(KVChange(kind, hashes, None, "remote", self.tiers.store_key))
@@ -265,6 +262,7 @@ class TierService:
         if host is not None:
             self.metrics.host_used.set(host.num_used)
             self.metrics.host_usage.set(host.num_used / host.num_slots)
+            self.metrics.observe_ahead(self.tiers.prestager.outcomes)
         self.metrics.load_queue.set(len(self.tiers.loads))
 
     def observe_store(self, op: str, num_blocks: int, seconds: float) -> None:
@@ -296,4 +294,5 @@ def build_service(config: EngineConfig, info: RunnerInfo, wiring: TierWiring,
         store = GuardedStore(raw, config.kv_store_timeout_s,
                              on_error=metrics.store_error,
                              on_state=lambda up: metrics.store_up.set(1 if up else 0))
-    return TierService(wiring, store, namespace(config, info), metrics)
+    measure = None if config.kv_store_link else config.kv_store_timeout_s  # a named link is taken as given
+    return TierService(wiring, store, namespace(config, info), metrics, measure)

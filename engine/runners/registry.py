@@ -21,7 +21,7 @@ def _torch(config: EngineConfig) -> ModelRunner:
 
     return TorchRunner(model_config(config), config.num_blocks, config.block_size, model_dir=config.model,
                        device=config.device, num_threads=config.num_threads, seed=config.seed,
-                       host_blocks=config.host_blocks)
+                       host_blocks=config.host_blocks, max_running=config.max_running, cuda_graphs=config.cuda_graphs)
 
 
 def _sim(config: EngineConfig) -> ModelRunner:

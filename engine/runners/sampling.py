@@ -3,8 +3,9 @@
 A request with `SamplingParams.seed` draws its n-th token from a fresh `torch.Generator`
 seeded with mix(seed, n), so its tokens don't depend on what else shares the batch.
 Unseeded requests draw from the runner's own generator. `sample_works` is what a runner
-calls: logit bias and penalties (engine/runners/logits_processors.py), then `sample`, plus the
-logprobs the works asked for, taken from the raw logits as vLLM V1 does by default.
+calls with what its step read back: a greedy row without logit edits takes the device's argmax;
+the others get logit bias and penalties (engine/runners/logits_processors.py), then `sample`, plus
+the logprobs the works asked for, taken from the raw logits as vLLM V1 does by default.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from engine.runners.logits_processors import apply_logit_bias, apply_penalties
 from engine.core.work import SampledTokens, SamplingParams, SeqWork, TokenLogprobs
+from engine.runners.readback import HostLogits
 
 _MASK64 = (1 << 64) - 1
 
@@ -72,21 +74,31 @@ def token_logprobs(logprobs: torch.Tensor, token_id: int, num_top: int) -> Token
     return TokenLogprobs(token_id, float(logprobs[token_id]), top)
 
 
-def sample_works(logits: torch.Tensor, works: Sequence[SeqWork], generator: torch.Generator) -> SampledTokens:
-    """logits: (S, V), one row per work -> one token per work, with the logprobs the works asked for."""
-    logits = logits.float().cpu()
-    raw = logits
-    if any(w.sampling.edits_logits for w in works):
-        logits = logits.clone()
-        for row, w in enumerate(works):
-            apply_logit_bias(logits[row], w.sampling.logit_bias)
-            if w.sampling.needs_history:
-                apply_penalties(logits[row], w.prompt_ids, w.output_ids, w.sampling)
-    tokens = sample(logits, [w.sampling for w in works], [w.num_generated for w in works], generator)
-    wanted = [row for row, w in enumerate(works) if w.sampling.logprobs is not None]
+def sample_works(host: HostLogits, works: Sequence[SeqWork], generator: torch.Generator) -> SampledTokens:
+    """One token per work from what the step read back (engine/runners/readback.py): the device's argmax,
+    or for the works whose sampling needs logits (`SamplingParams.needs_logits`, rows of `host.logits` in
+    order) a draw from them, with the logprobs the works asked for."""
+    tokens = list(host.greedy)
+    need = [row for row, w in enumerate(works) if w.sampling.needs_logits]
     logprobs: list[TokenLogprobs | None] = [None] * len(works)
-    if wanted:
-        rows = torch.log_softmax(raw[wanted], dim=-1)  # (R, V)
-        for i, row in enumerate(wanted):
-            logprobs[row] = token_logprobs(rows[i], tokens[row], works[row].sampling.logprobs)
+    if not need:
+        return SampledTokens(tokens, logprobs)
+    raw = host.logits.float()
+    logits = raw
+    if any(works[row].sampling.edits_logits for row in need):
+        logits = raw.clone()
+        for i, row in enumerate(need):
+            w = works[row]
+            apply_logit_bias(logits[i], w.sampling.logit_bias)
+            if w.sampling.needs_history:
+                apply_penalties(logits[i], w.prompt_ids, w.output_ids, w.sampling)
+    drawn = sample(logits, [works[row].sampling for row in need], [works[row].num_generated for row in need],
+                   generator)
+    wanted = [i for i, row in enumerate(need) if works[row].sampling.logprobs is not None]
+    rows = torch.log_softmax(raw[wanted], dim=-1) if wanted else None  # (W, V)
+    for i, row in enumerate(need):
+        tokens[row] = drawn[i]
+    for j, i in enumerate(wanted):
+        row = need[i]
+        logprobs[row] = token_logprobs(rows[j], tokens[row], works[row].sampling.logprobs)
     return SampledTokens(tokens, logprobs)

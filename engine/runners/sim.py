@@ -13,6 +13,7 @@ token and the N - 1 ids after it (all tied).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from typing import Sequence
 
@@ -72,6 +73,7 @@ class SimRunner:
         dtype_bytes = 2 if info.dtype in ("bfloat16", "float16") else 4
         per_token = cost_model.kv_bytes_per_token or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes
         self.kv_bytes_per_block = per_token * block_size
+        self._times, self._ahead = CopyTimes([]), None  # the batch between start_copies and finish_copies
 
     transfer_payload_bytes = 0  # per block on the wire: nothing moves, `transfer_time` stands for it
 
@@ -79,7 +81,7 @@ class SimRunner:
         """No K/V exists here: a pull moves empty payloads and `transfer_time` stands for the bytes."""
         return b""
 
-    def write_blocks(self, block_ids: Sequence[int], data: bytes) -> None:
+    def write_blocks(self, block_ids: Sequence[int], data) -> None:
         pass
 
     def transfer_time(self, num_blocks: int) -> float:
@@ -96,13 +98,23 @@ class SimRunner:
                          d2h_s=self._link_time(self.host_link, len(plan.d2h)),
                          h2d_s=self._link_time(self.host_link, plan.num_loaded))
 
-    async def run_copies(self, plan: CopyPlan) -> CopyTimes:
-        times = self.copy_times(plan)
+    async def start_copies(self, plan: CopyPlan, ahead: CopyPlan) -> None:
+        """The plan's copies before the step; the ahead copies alongside it (overlapped with its sleep)."""
+        times, ahead_s = self.copy_times(plan), self.copy_times(ahead).d2h_s
+        self._ahead = asyncio.ensure_future(asyncio.sleep(ahead_s)) if ahead_s else None
+        self._times = dataclasses.replace(times, d2h_s=times.d2h_s + ahead_s)
         await asyncio.sleep(times.read_s + times.d2h_s + times.h2d_s)
-        return times
 
-    async def run_ahead(self, plan: CopyPlan) -> CopyTimes:
-        return await self.run_copies(plan)  # concurrently with the step's sleep: overlapped
+    async def finish_copies(self) -> CopyTimes:
+        """After the step (once the ahead copies are done too): the batch's modelled times."""
+        if self._ahead is not None:
+            await self._ahead
+            self._ahead = None
+        return self._times
+
+    def warm_up(self, measure: bool = False) -> None:
+        """Nothing to capture or measure: the links and the step times are the model's."""
+        return None
 
     @property
     def prefill_rate_hint(self) -> float:

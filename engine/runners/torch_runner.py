@@ -1,10 +1,16 @@
 """`TorchRunner`: the real `ModelRunner`, a Llama forward over a paged K/V pool.
 
 `execute` runs each step on one dedicated worker thread, so the event loop stays free while
-torch computes; `run_copies` (the batched host/store tier copies of engine/kv/kv_copies.py)
-runs on the same thread, so a batch always runs between the steps it was planned between. `execute_sync`, `forward_logits`, `read_blocks` and `write_blocks` run in
+torch computes; `start_copies` (the batched host/store tier copies of engine/kv/kv_copies.py,
+engine/runners/model/tier_copies.py) runs on the same thread, so a batch is queued between
+the steps it was planned between. `execute_sync`, `forward_logits` and `write_blocks` run in
 the caller's thread; all of them take one lock, so they are safe to call from any thread
 but never overlap (a step and a block copy are serialized).
+
+A step is queued on the device without waiting (its indices packed into one host-to-device
+copy, engine/runners/model/step_inputs.py; decode-only steps replayed from CUDA graphs on CUDA,
+engine/runners/model/decode_graphs.py), then synchronised once: the sampled rows' argmax and
+the logits sampling needs come back in one wait (engine/runners/readback.py).
 
 What a step expects of its works (checked where cheap, ValueError otherwise):
 - each sequence at most once per step, with at least one new token;
@@ -19,28 +25,39 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from engine.runners.model.config import ModelConfig
-from engine.runners.model.kv_pool import DTYPES, KVPool
-from engine.runners.model.llama import DecodeGroup, PrefillChunk, StepBatch
-from engine.runners.model.loader import build_model
-from engine.kv.kv_copies import CopyPlan, CopyTimes
-from engine.runners.model.tier_copies import HostKV
-from engine.runners.sampling import sample_works
 from engine.core.work import RunnerInfo, SampledTokens, SeqWork
+from engine.kv.kv_copies import CopyPlan, CopyTimes
+from engine.runners import device_costs
+from engine.runners.device_costs import DeviceCosts
+from engine.runners.model.config import ModelConfig
+from engine.runners.model.decode_graphs import DecodeGraphs
+from engine.runners.model.kv_pool import DTYPES, GatherSpace, KVPool
+from engine.runners.model.loader import build_model
+from engine.runners.model.step_inputs import StepInputs
+from engine.runners.model.tier_copies import HostKV
+from engine.runners.readback import HostLogits, Readback
+from engine.runners.sampling import sample_works
+
+
+log = logging.getLogger(__name__)
 
 
 class TorchRunner:
     def __init__(self, model_config: ModelConfig | None = None, num_blocks: int = 1024,
                  block_size: int = 16, model_dir: str | Path | None = None,
                  device: str = "cpu", num_threads: int | None = None, seed: int = 0,
-                 host_blocks: int = 0) -> None:
-        """No config and no model_dir: the tiny random model. model_dir alone: its config.json."""
+                 host_blocks: int = 0, max_running: int = 64, cuda_graphs: bool = True) -> None:
+        """No config and no model_dir: the tiny random model. model_dir alone: its config.json.
+        Decode steps of up to `max_running` sequences replay CUDA graphs when the device is CUDA
+        and `cuda_graphs` (engine/runners/model/decode_graphs.py)."""
         if model_config is None:
             model_config = ModelConfig.from_hf_dir(model_dir) if model_dir else ModelConfig.tiny()
         if num_threads is not None:
@@ -53,6 +70,13 @@ class TorchRunner:
         self.pool = KVPool(num_blocks, block_size, model_config.num_layers, model_config.num_kv_heads,
                            model_config.head_dim, DTYPES[model_config.dtype], self.device)
         self.host = HostKV(host_blocks, self.pool)
+        self.inputs = StepInputs(block_size, self.pool.scratch_block, self.device)
+        self.space = GatherSpace(self.pool)
+        self.readback = Readback(self.device)
+        self.graphs, self.num_graphs = None, 0
+        if cuda_graphs and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(self.model, self.pool, self.inputs, max_running,
+                                       -(-model_config.max_position_embeddings // block_size), capture=True)
         self.info = RunnerInfo(
             model=model_config.name, vocab_size=model_config.vocab_size,
             max_model_len=model_config.max_position_embeddings,
@@ -83,8 +107,7 @@ class TorchRunner:
             return SampledTokens()
         sampled = [w for w in works if w.sample]
         with self._lock:
-            logits = self._forward(works)
-            out = sample_works(logits, sampled, self._generator)
+            out = sample_works(self._step(works), sampled, self._generator)
         tokens, logprobs = iter(out), iter(out.logprobs)
         return SampledTokens([next(tokens) if w.sample else None for w in works],
                              [next(logprobs) if w.sample else None for w in works])
@@ -92,13 +115,37 @@ class TorchRunner:
     def forward_logits(self, works: Sequence[SeqWork]) -> torch.Tensor:
         """Runs the step; (S, V) float32 logits, one row per work with `sample`, in order."""
         with self._lock:
-            return self._forward(works)
+            for w in works:
+                self._check(w)
+            with torch.inference_mode():
+                logits, _ = self._forward(works)
+                return logits.clone()
 
-    def _forward(self, works: Sequence[SeqWork]) -> torch.Tensor:
+    def _step(self, works: Sequence[SeqWork]) -> HostLogits:
+        """The step on the device, then its one synchronisation: what sampling needs, on the host."""
         for w in works:
             self._check(w)
         with torch.inference_mode():
-            return self.model(self._prepare(works), self.pool)
+            logits, wanted = self._forward(works)
+            return self.readback.read(logits, wanted)
+
+    def _forward(self, works: Sequence[SeqWork]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queues the step's work on the device: ((S, V) logits, the `wanted` rows), nothing waited for."""
+        pad = self.graphs.bucket(works) if self.graphs is not None else None
+        if pad is not None:
+            return self.graphs.run(works, pad)
+        batch = self.inputs.build(works, self.space)
+        return self.model(batch, self.pool), batch.wanted
+
+    def warm_up(self, measure: bool = False) -> DeviceCosts | None:
+        """Before serving: capture the decode graphs (CUDA) and, with `measure`, time the host link and the
+        prefill rate on this device (engine/runners/device_costs.py)."""
+        if self.graphs is not None:
+            t0 = time.perf_counter()
+            with self._lock, torch.inference_mode():
+                self.num_graphs = self.graphs.capture_all()
+            log.info("captured %d decode graphs in %.1f s", self.num_graphs, time.perf_counter() - t0)
+        return device_costs.measure(self) if measure else None
 
     def read_blocks(self, block_ids: Sequence[int]) -> bytes:
         """Raw K/V of whole blocks, all layers; layout in `engine.runners.model.kv_pool`.
@@ -107,7 +154,8 @@ class TorchRunner:
         referenced, so never reallocated), and a transfer must not wait for a long step."""
         return self.pool.read_blocks(block_ids)
 
-    def write_blocks(self, block_ids: Sequence[int], data: bytes | bytearray | memoryview) -> None:
+    def write_blocks(self, block_ids: Sequence[int], data) -> None:
+        """`data`: the blocks' bytes, one bytes-like object or a sequence of them: one copy to the device."""
         with self._lock:
             self.pool.write_blocks(block_ids, data)
 
@@ -116,27 +164,32 @@ class TorchRunner:
         """Bytes of one block's K/V as `read_blocks` returns them (what a store entry carries)."""
         return self.pool.bytes_per_block
 
-    async def run_copies(self, plan: CopyPlan) -> CopyTimes:
-        """Run a batch of tier copies on the step thread: in order with the steps around it."""
+    async def start_copies(self, plan: CopyPlan, ahead: CopyPlan) -> None:
+        """Queue a batch of tier copies on the step thread, before the step it was planned for."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.run_copies_sync, plan)
+        await loop.run_in_executor(self._executor, self._start_copies, plan, ahead)
+
+    def _start_copies(self, plan: CopyPlan, ahead: CopyPlan) -> None:
+        with self._lock:
+            self.host.start(plan, ahead)
+
+    async def finish_copies(self) -> CopyTimes:
+        """After the step: the batch's payloads for the store and its times."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.host.finish)
 
     def run_copies_sync(self, plan: CopyPlan) -> CopyTimes:
+        """One batch, start to finish, in the caller's thread."""
         with self._lock:
             return self.host.run(plan)
 
-    async def run_ahead(self, plan: CopyPlan) -> CopyTimes:
-        """Ahead copies (engine/kv/prestage.py) on another thread, while a step runs: they read only free
-        blocks and write only reserved host slots, so they take no lock."""
-        return await asyncio.to_thread(self.host.run, plan, True)
-
-    prefill_rate_hint = 15_000.0  # tokens/s of the built-in model on one CPU thread; recovery refines it online
+    prefill_rate_hint = 15_000.0  # tokens/s until warm_up measures the device (with tiers), then refined online
 
     def store_delay(self, num_blocks: int) -> float:
         return 0.0  # real bytes move here: nothing to model
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        self.host.close()
 
     def _check(self, w: SeqWork) -> None:
         if not w.token_ids:
@@ -155,55 +208,3 @@ class TorchRunner:
 
     def _num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
-
-    def _prepare(self, works: Sequence[SeqWork]) -> StepBatch:
-        """Decode rows first, then each prefill chunk; logits rows in work order."""
-        bs = self.block_size
-        decodes = [i for i, w in enumerate(works) if w.num_new == 1]
-        prefills = [i for i, w in enumerate(works) if w.num_new > 1]
-        ids = [works[i].token_ids[0] for i in decodes]
-        positions = [torch.tensor([works[i].start_pos for i in decodes], dtype=torch.long)]
-        slots = [torch.tensor([works[i].block_table[works[i].start_pos // bs] for i in decodes],
-                              dtype=torch.long)]
-        last_row = {i: row for row, i in enumerate(decodes)}  # work index -> row of its last token
-        chunks = []
-        for i in prefills:
-            w = works[i]
-            row_start = len(ids)
-            last_row[i] = row_start + w.num_new - 1
-            ids.extend(w.token_ids)
-            pos = torch.arange(w.start_pos, w.context_len)
-            positions.append(pos)
-            table = torch.tensor(w.block_table[:self._num_blocks_for(w.context_len)], dtype=torch.long)
-            slots.append(table[pos // bs])
-            chunks.append(self._prefill_chunk(w, row_start, table))
-        positions_t = torch.cat(positions)
-        return StepBatch(
-            input_ids=self._to_device(torch.tensor(ids, dtype=torch.long)),
-            positions=self._to_device(positions_t),
-            slot_blocks=self._to_device(torch.cat(slots)),
-            slot_offsets=self._to_device(positions_t % bs),
-            decode=self._decode_group([works[i] for i in decodes]) if decodes else None,
-            prefills=chunks,
-            logits_rows=self._to_device(torch.tensor(
-                [last_row[i] for i, w in enumerate(works) if w.sample], dtype=torch.long)))
-
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.device, non_blocking=True)
-
-    def _decode_group(self, decodes: list[SeqWork]) -> DecodeGroup:
-        nblk = max(self._num_blocks_for(w.context_len) for w in decodes)
-        tables = []
-        for w in decodes:  # pad with block 0: any valid id, masked out below
-            n = self._num_blocks_for(w.context_len)
-            tables.append(tuple(w.block_table[:n]) + (0,) * (nblk - n))
-        context_lens = torch.tensor([w.context_len for w in decodes])
-        key_mask = torch.arange(nblk * self.block_size)[None, :] < context_lens[:, None]  # (B, L)
-        return DecodeGroup(len(decodes), self._to_device(torch.tensor(tables, dtype=torch.long)),
-                           self._to_device(key_mask[:, None, None, :]))
-
-    def _prefill_chunk(self, w: SeqWork, row_start: int, table: torch.Tensor) -> PrefillChunk:
-        prefix = None
-        if w.start_pos > 0:
-            prefix = self._to_device(table[None, :self._num_blocks_for(w.start_pos)])
-        return PrefillChunk(row_start, w.num_new, w.start_pos, prefix)

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-threads", type=int, default=d.num_threads,
                    help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--device", default=d.device, help="torch backend: cpu, cuda, cuda:N or mps")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=d.cuda_graphs,
+                   help="torch on CUDA: replay decode steps from CUDA graphs captured at start-up, per batch "
+                        "and context bucket; --no-cuda-graphs: every step eager (default: on)")
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16", "float16"),
                    help="override the checkpoint's dtype (bf16 is slow on most CPUs)")
     p.add_argument("--kv-pin-ttl-s", type=float, default=d.kv_pin_ttl_s,

@@ -99,8 +99,13 @@ class LLMEngine:
     # -- lifecycle ----------------------------------------------------------------
 
     async def start(self, local_info: dict) -> None:
+        """Prepare the device (and, with tiers, measure it: recovery and the routers' credit start from
+        what this device does), then serve."""
         self.events.append("cleared", [])
+        costs = await asyncio.to_thread(self.runner.warm_up, self.kv is not None)
         if self.kv is not None:
+            if costs is not None:
+                self.kv.use_measured(costs, host_link=not self.config.kv_host_link)
             await self.kv.start()
         await self.remote.start(local_info)
         self._task = asyncio.create_task(self._run(), name="engine-loop")
@@ -220,9 +225,10 @@ class LLMEngine:
             self._housekeeping()
             self.last_progress = time.monotonic()
             if not self.scheduler.has_work():
+                self._wakeup.clear()  # before any await: a request arriving from here on sets it again
                 if self.kv is not None:
                     await self.kv.run_copies()  # what the last step left planned (reads for the store)
-                self._wakeup.clear()
+                    await self.kv.settle()
                 if self.pinned.pinned or self.remote.waiting:
                     await wait_set(self._wakeup, 0.5)  # pins expire and waiting pulls time out even when nothing runs
                 else:
@@ -262,6 +268,7 @@ class LLMEngine:
             self._publish_events()
             self._deliver(step, tokens)
             self.metrics.observe_state(self.core)
+            await asyncio.sleep(0)  # the handlers write these tokens out before the next step is scheduled
 
     def _deliver(self, step: Step, tokens: list[int | None]) -> None:
         now = time.monotonic()

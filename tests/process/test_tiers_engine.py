@@ -1,47 +1,19 @@
 """KV tiers in running engines over loopback: host hits, store hits and failures, layouts, events, outages."""
 
-import asyncio
 import logging
 import os
-import random
 
 import torch
 
 from engine.kv.kv_copies import CopyPlan
+from engine.kv.store_probe import probe_namespace
 from engine.runners.torch_runner import TorchRunner
-from engine.core.work import SamplingParams, SeqWork
+from engine.core.work import SeqWork
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.tier_requests import (BS, GREEDY, SESSION, at_least, complete, evict, filler, metric, remote_written,
+                                         wait_for)
 
 torch.set_num_threads(1)
-
-BS = 16
-GREEDY = SamplingParams(temperature=0.0)
-SESSION = random.Random(5).sample(range(5, 8000), 160)  # 10 blocks
-
-
-def filler(seed: int, n: int = 300) -> list[int]:
-    return random.Random(seed).sample(range(5, 8000), n)
-
-
-async def complete(http, url, prompt, max_tokens=6):
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    async with http.post(url + "/v1/completions", json=body) as r:
-        assert r.status == 200, await r.text()
-        out = await r.json()
-    return out["choices"][0]["text"], out["usage"]["prompt_tokens_details"]
-
-
-async def metric(http, url, name, *labels) -> float:
-    """Sum of the samples of `name` whose labels contain every string in `labels`."""
-    async with http.get(url + "/metrics") as r:
-        text = await r.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and all(label in line for label in labels))
-
-
-async def evict(http, url, seeds=(1, 2)):
-    for seed in seeds:
-        await complete(http, url, filler(seed), max_tokens=1)
 
 
 def test_host_round_trip_is_bit_identical_and_greedy_equals_a_fresh_compute():
@@ -80,20 +52,17 @@ async def test_host_hit_is_copied_back_and_greedy_output_is_unchanged(start_engi
     assert await metric(http, url, "kvroute_engine_kv_transfer_bytes_total", 'direction="h2d"') == 9 * 32768
 
 
-async def wait_for(condition, timeout=10.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 async def test_store_entries_corrupt_truncated_or_missing_are_recomputed_never_used(start_engine, http, tmp_path):
     store = f"file://{tmp_path}"
     url, server = await start_engine(backend="torch", num_blocks=24, kv_store=store)
     text, _ = await complete(http, url, SESSION)
-    await wait_for(lambda: _ge(remote_written(http, url), 10))
+    await wait_for(lambda: at_least(remote_written(http, url), 10))
     await server.close()
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs)
+    namespaces = set(os.listdir(tmp_path))
+    probes = {probe_namespace(ns) for ns in namespaces} & namespaces  # the start-up measurement's own entries
+    assert len(probes) == 1 and len(namespaces) == 2
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs
+                   if probes.isdisjoint(os.path.relpath(d, tmp_path).split(os.sep)))
     assert len(files) == 10
     entries = {}
     for path in files:  # one file per block, named by hash: order them by chain position via the fresh engine
@@ -113,15 +82,11 @@ async def test_store_entries_corrupt_truncated_or_missing_are_recomputed_never_u
     assert await metric(http, fresh, "kvroute_engine_kv_store_rejected_entries_total") >= 1
 
 
-async def _ge(coro, n):
-    return await coro >= n
-
-
 async def test_an_engine_with_another_layout_never_reads_the_entries(start_engine, http, tmp_path):
     store = f"file://{tmp_path}"
     url, _ = await start_engine(backend="sim", time_scale=0.01, kv_store=store)
     await complete(http, url, SESSION)
-    await wait_for(lambda: _ge(remote_written(http, url), 10))
+    await wait_for(lambda: at_least(remote_written(http, url), 10))
     for other in ({"block_size": 32}, {"served_model_name": "another-model"}):
         other_url, _ = await start_engine(backend="sim", time_scale=0.01, kv_store=store, **other)
         _, details = await complete(http, other_url, SESSION)
@@ -140,7 +105,7 @@ async def test_tiers_in_events_snapshot_info_load_and_usage(start_engine, http, 
     await evict(http, url)
     _, details = await complete(http, url, SESSION)
     assert details["cached_tokens_by_tier"]["host"] == 144
-    await wait_for(lambda: _ge(remote_written(http, url), 10 + 2 * 18))  # store writes run in the background
+    await wait_for(lambda: at_least(remote_written(http, url), 10 + 2 * 18))  # store writes run in the background
     async with http.get(url + "/kv/events", params={"since": 0}) as r:
         events = (await r.json())["events"]
     async with http.get(url + "/kv/snapshot") as r:
@@ -223,7 +188,7 @@ async def test_entries_the_store_dropped_are_announced_as_removed(start_engine, 
     url, _ = await start_engine(backend="sim", time_scale=0.01, num_blocks=24, kv_store=f"file://{tmp_path}")
     await complete(http, url, SESSION)
     await evict(http, url)
-    await wait_for(lambda: _ge(remote_written(http, url), 10 + 2 * 18))  # the session and the fillers
+    await wait_for(lambda: at_least(remote_written(http, url), 10 + 2 * 18))  # the session and the fillers
     for entry in tmp_path.iterdir():  # someone pruned the store
         shutil.rmtree(entry)
     _, details = await complete(http, url, SESSION)
@@ -234,11 +199,4 @@ async def test_entries_the_store_dropped_are_announced_as_removed(start_engine, 
 
     removed = [h for e in events if e["tier"] == "remote" and e["type"] == "removed" for h in e["blocks"]]
     assert removed == block_hashes(SESSION, BS, hash_seed("kvroute-tiny"))[:9]  # the lookup's misses
-    await wait_for(lambda: _ge(remote_written(http, url), 10 + 2 * 18 + 9))  # recomputed and written again
-
-
-async def remote_written(http, url) -> int:
-    """Blocks the engine has announced as written to the store (its `stored` events of tier remote)."""
-    async with http.get(url + "/kv/events", params={"since": 0}) as r:
-        events = (await r.json())["events"]
-    return sum(len(e["blocks"]) for e in events if e["tier"] == "remote" and e["type"] == "stored")
+    await wait_for(lambda: at_least(remote_written(http, url), 10 + 2 * 18 + 9))  # recomputed and written again

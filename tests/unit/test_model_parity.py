@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from engine.runners.model import llama
+from engine.runners.model import attention
 from engine.runners.model.config import ModelConfig
 from engine.runners.torch_runner import TorchRunner
 from engine.core.work import SamplingParams, SeqWork
@@ -55,7 +55,7 @@ def llama_pair(tmp_path_factory):
 def prefix_path(request, monkeypatch):
     """Both ways `prefix_attention` can run: split + log-sum-exp merge, or one masked call."""
     if request.param == "masked_sdpa":
-        monkeypatch.setattr(llama, "_FLASH_CPU", None)
+        monkeypatch.setattr(attention, "_FLASH_CPU", None)
     return request.param
 
 

@@ -32,8 +32,8 @@ class Runner:
     def __init__(self):
         self.writes = []
 
-    def write_blocks(self, targets, data):
-        self.writes.append((list(targets), data))
+    def write_blocks(self, targets, data):  # one call per pull: the payloads in order (copied once, to the device)
+        self.writes.append((list(targets), data if isinstance(data, bytes) else b"".join(data)))
 
 
 class SimRunner(Runner):

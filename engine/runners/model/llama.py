@@ -3,14 +3,9 @@
 One call runs a step: the new tokens of several sequences, flattened into T rows. Rows of
 decode sequences (one new token each) come first, then each prefill chunk as a contiguous
 run of rows. Every layer writes the new K/V into the pool, then attends over each
-sequence's whole context read back from the pool through its block table:
-
-- decodes: one SDPA call for all of them, padded to the longest context with a key mask;
-  the n_rep query heads sharing a KV head ride in SDPA's query-length dimension (no K/V copy);
-- prefill chunks: one SDPA call each, `is_causal` on the fresh K/V when nothing is cached;
-  with a cached prefix, the prefix (read from the pool, no mask needed) and the chunk's own
-  causal part are attended separately and merged (`prefix_attention`), so a chunk costs
-  n * (start_pos + n/2) score pairs, never (start_pos + n)^2.
+sequence's whole context read back from the pool (engine/runners/model/attention.py).
+What every layer shares -- rotary tables, the decode key mask, the chunks' masks -- is built
+once per step, so a layer is a fixed, short list of operations whatever the batch.
 
 Logits are computed only for the rows listed in `StepBatch.logits_rows`.
 Shapes: T new tokens, H hidden, nh/kvh query/KV heads, hd head dim, B decode sequences,
@@ -26,15 +21,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.runners.model import attention
+from engine.runners.model.attention import ChunkMask
 from engine.runners.model.config import ModelConfig
-from engine.runners.model.kv_pool import KVPool
+from engine.runners.model.kv_pool import GatherSpace, KVPool
 
 
 @dataclasses.dataclass(slots=True)
 class DecodeGroup:
     num_seqs: int  # rows [0, num_seqs) of the step
-    block_tables: torch.Tensor  # (B, nblk) long, padded with any valid block id
-    key_mask: torch.Tensor  # (B, 1, 1, nblk * bs) bool, True where key position < context_len
+    block_ids: torch.Tensor  # (B * nblk,) long: each sequence's nblk context blocks, padded with the scratch block
+    context_lens: torch.Tensor  # (B,) long
+    key_mask: torch.Tensor | None = None  # (B, 1, 1, nblk * bs) bool, key position < context_len: set per step
 
 
 @dataclasses.dataclass(slots=True)
@@ -42,7 +40,8 @@ class PrefillChunk:
     row_start: int  # rows [row_start, row_start + num_new) of the step
     num_new: int
     start_pos: int  # positions < start_pos are read from the pool
-    prefix_blocks: torch.Tensor | None  # (1, ceil(start_pos / bs)) long; None when start_pos == 0
+    block_ids: torch.Tensor | None  # (ceil(context / bs),) long; None when start_pos == 0
+    mask: ChunkMask | None = None  # the masked path's mask: set per step
 
 
 @dataclasses.dataclass(slots=True)
@@ -54,18 +53,22 @@ class StepBatch:
     decode: DecodeGroup | None
     prefills: list[PrefillChunk]
     logits_rows: torch.Tensor  # (S,) long, rows whose next-token logits are wanted
+    wanted: torch.Tensor  # (R,) long, which of the S logits rows sampling needs on the host
+    space: GatherSpace  # where the attention gathers context blocks
 
 
 class RMSNorm(nn.Module):
+    """Normalised in float32 (as Hugging Face does), then scaled by the weight in the model's dtype."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -86,37 +89,25 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+@dataclasses.dataclass(slots=True)
+class Rotary:
+    """Per-step tables: x -> x * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as
+    (x's halves swapped) * (sin with its first half negated): one copy and two products per call."""
 
+    cos: torch.Tensor  # (T, 1, hd)
+    sin: torch.Tensor  # (T, 1, hd), first half negated
 
-# Returns the log-sum-exp with the output, which lets two partial attentions be merged.
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    @classmethod
+    def at(cls, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> "Rotary":
+        freqs = positions[:, None].float() * inv_freq  # (T, hd/2)
+        cos, sin = freqs.cos(), freqs.sin()
+        return cls(torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1),
+                   torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(1))
 
-
-def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor,
-                     k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
-    """n new rows attend to P cached keys (all visible) and, causally, to their own n keys.
-
-    q: (1, nh, n, hd); k_pre, v_pre: (1, kvh, P, hd); k_new, v_new: (1, kvh, n, hd).
-    On CPU: two flash calls (no mask over the prefix) merged by log-sum-exp; elsewhere one
-    masked SDPA call over the concatenated keys. Returns (1, nh, n, hd).
-    """
-    _, nh, n, hd = q.shape
-    kvh, P = k_pre.shape[1], k_pre.shape[2]
-    if _FLASH_CPU is None or q.device.type != "cpu":
-        k, v = torch.cat((k_pre, k_new), dim=2), torch.cat((v_pre, v_new), dim=2)  # (1, kvh, P+n, hd)
-        mask = torch.full((n, P + n), float("-inf"), dtype=q.dtype, device=q.device).triu_(P + 1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    r = nh // kvh
-    o_pre, lse_pre = _FLASH_CPU(q.reshape(1, kvh, r * n, hd), k_pre, v_pre)  # (1, kvh, r*n, hd)
-    o_new, lse_new = _FLASH_CPU(q, k_new.repeat_interleave(r, 1), v_new.repeat_interleave(r, 1),
-                                is_causal=True)  # (1, nh, n, hd), lse (1, nh, n)
-    lse_pre, lse_new = lse_pre.reshape(1, nh, n, 1), lse_new.unsqueeze(-1)
-    lse = torch.logaddexp(lse_pre, lse_new)  # (1, nh, n, 1) float32
-    o = o_pre.reshape(1, nh, n, hd) * (lse_pre - lse).exp() + o_new * (lse_new - lse).exp()
-    return o.to(q.dtype)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (T, heads, hd) -> a new (T, heads, hd)."""
+        swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+        return torch.addcmul(x * self.cos, swapped, self.sin)
 
 
 class Attention(nn.Module):
@@ -128,36 +119,36 @@ class Attention(nn.Module):
                                   bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, config.hidden_size, bias=config.o_bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: StepBatch, pool: KVPool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rotary, batch: StepBatch, pool: KVPool) -> torch.Tensor:
         T = x.shape[0]
         nh, kvh, hd = self.nh, self.kvh, self.hd
-        qk, v = self.qkv_proj(x).split([(nh + kvh) * hd, kvh * hd], dim=-1)
-        qk = qk.view(T, nh + kvh, hd)  # q heads then k heads: one RoPE for both
-        qk = qk * cos + rotate_half(qk) * sin  # cos, sin: (T, 1, hd)
-        q, k, v = qk[:, :nh], qk[:, nh:], v.view(T, kvh, hd)  # (T, nh, hd), (T, kvh, hd) x2
+        qkv = self.qkv_proj(x)  # (T, (nh + 2 kvh) hd): q heads, k heads, v heads
+        qk = rope(qkv[:, :(nh + kvh) * hd].view(T, nh + kvh, hd))  # one RoPE for q and k
+        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, (nh + kvh) * hd:].view(T, kvh, hd)
         pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
+        d = batch.decode
+        if not batch.prefills:  # decodes only: the attention's output is the whole step's
+            kc, vc = pool.gather(self.layer, d.block_ids, batch.space)
+            return self.o_proj(attention.decode_attention(q, kc, vc, d.key_mask).view(T, nh * hd))
         out = x.new_empty(T, nh, hd)
-        if batch.decode is not None:
-            d = batch.decode
-            B = d.num_seqs
-            kc, vc = pool.gather(self.layer, d.block_tables)  # (B, kvh, L, hd)
-            qd = q[:B].view(B, kvh, nh // kvh, hd)  # query heads of one KV head side by side
-            o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=d.key_mask)
-            out[:B] = o.view(B, nh, hd)
+        if d is not None:
+            kc, vc = pool.gather(self.layer, d.block_ids, batch.space)
+            out[:d.num_seqs] = attention.decode_attention(q[:d.num_seqs], kc, vc, d.key_mask)
         for p in batch.prefills:
             rows = slice(p.row_start, p.row_start + p.num_new)
-            qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
-            kn = k[rows].transpose(0, 1).unsqueeze(0)  # (1, kvh, n, hd)
-            vn = v[rows].transpose(0, 1).unsqueeze(0)
-            if p.prefix_blocks is None:
-                o = F.scaled_dot_product_attention(qp, kn, vn, is_causal=True, enable_gqa=True)
-            else:
-                kc, vc = pool.gather(self.layer, p.prefix_blocks)  # (1, kvh, >= P, hd)
-                P = p.start_pos
-                o = prefix_attention(qp, kc[:, :, :P], vc[:, :, :P], kn, vn)
-            out[rows] = o[0].transpose(0, 1)
+            out[rows] = self._chunk(p, q[rows], k[rows], v[rows], batch, pool)
         return self.o_proj(out.view(T, nh * hd))  # (T, H)
+
+    def _chunk(self, p: PrefillChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               batch: StepBatch, pool: KVPool) -> torch.Tensor:
+        """One prefill chunk's attention: q (n, nh, hd), its fresh k, v (n, kvh, hd) -> (n, nh, hd)."""
+        if p.block_ids is None:
+            return attention.causal_attention(q, k, v)
+        if p.mask is None:  # split: the cached prefix's blocks only
+            kc, vc = pool.gather(self.layer, p.block_ids[:-(-p.start_pos // pool.block_size)], batch.space)
+            return attention.split_prefix_attention(q, kc[:p.start_pos], vc[:p.start_pos], k, v)
+        kc, vc = pool.gather(self.layer, p.block_ids, batch.space)  # the whole context, this step's K/V included
+        return attention.masked_attention(q, kc, vc, p.mask)
 
 
 class MLP(nn.Module):
@@ -180,9 +171,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: StepBatch, pool: KVPool) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, pool)
+    def forward(self, x: torch.Tensor, rope: Rotary, batch: StepBatch, pool: KVPool) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -202,11 +192,22 @@ class Llama(nn.Module):
     def forward(self, batch: StepBatch, pool: KVPool) -> torch.Tensor:
         """Runs the step, writing its K/V into `pool`; returns (S, V) float32 logits."""
         x = self.embed_tokens(batch.input_ids)  # (T, H)
-        freqs = batch.positions[:, None].float() * self.inv_freq  # (T, hd/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
-        cos = emb.cos().to(x.dtype).unsqueeze(1)  # (T, 1, hd)
-        sin = emb.sin().to(x.dtype).unsqueeze(1)
+        rope = Rotary.at(batch.positions, self.inv_freq, x.dtype)
+        self._masks(batch, pool)
         for layer in self.layers:
-            x = layer(x, cos, sin, batch, pool)
-        x = self.norm(x[batch.logits_rows])  # (S, H)
+            x = layer(x, rope, batch, pool)
+        x = self.norm(x.index_select(0, batch.logits_rows))  # (S, H)
         return self.lm_head(x).float()  # (S, V)
+
+    def _masks(self, batch: StepBatch, pool: KVPool) -> None:
+        """What every layer's attention shares, built once: the decode key mask, the chunks' masks."""
+        bs, d = pool.block_size, batch.decode
+        if d is not None:
+            keys = torch.arange(d.block_ids.shape[0] // d.num_seqs * bs, device=pool.device)
+            d.key_mask = (keys[None, :] < d.context_lens[:, None])[:, None, None, :]  # (B, 1, 1, L)
+        if attention.splits_prefix(pool.device):
+            return
+        rep = self.config.num_heads // self.config.num_kv_heads
+        for p in batch.prefills:
+            if p.block_ids is not None:
+                p.mask = ChunkMask.build(p.start_pos, p.num_new, p.block_ids.shape[0] * bs, rep, pool.device)
