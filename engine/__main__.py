@@ -1,5 +1,5 @@
 import sys
 
-from engine.service.cli import main
+from kvroute.engine.service.cli import main
 
 sys.exit(main())

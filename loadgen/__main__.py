@@ -1,5 +1,5 @@
 import sys
 
-from loadgen.cli import main
+from kvroute.loadgen.cli import main
 
 sys.exit(main())

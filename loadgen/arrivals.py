@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from loadgen.workloads.content import check_int, check_number
+from kvroute.loadgen.workloads.content import check_int, check_number
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,15 +16,15 @@ import time
 
 import aiohttp
 
-from loadgen.bench_tiers import (STORM_DEFAULTS, TIER_RUNS, TIER_SIZING, engine_metrics, storm_summary, tier_metrics,
+from kvroute.loadgen.bench_tiers import (STORM_DEFAULTS, TIER_RUNS, TIER_SIZING, engine_metrics, storm_summary, tier_metrics,
                                  tier_spec, tier_stores, tier_table)
-from loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
-from loadgen.client import TargetError, probe_target
-from loadgen.local_cluster import ClusterSpec, LocalCluster
-from loadgen.progress import Progress
-from loadgen.report import Run, markdown_table, verdict, write_report, write_run
-from loadgen.runner import run_load
-from router.contract.cli_help import HelpFormatter
+from kvroute.loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
+from kvroute.loadgen.client import TargetError, probe_target
+from kvroute.loadgen.local_cluster import ClusterSpec, LocalCluster
+from kvroute.loadgen.progress import Progress
+from kvroute.loadgen.report import Run, markdown_table, verdict, write_report, write_run
+from kvroute.loadgen.runner import run_load
+from kvroute.router.contract.cli_help import HelpFormatter
 
 PROG = "kvroute bench"
 DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"
@@ -203,7 +203,7 @@ async def transfer_stats(engine_urls: list[str], summary: dict) -> dict:
 def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace, list[str], list[tuple[str, str]]]:
     """Validated (args, policies, extra targets); UsageError or ValueError with a one-line message."""
     args = apply_defaults(build_parser(prog).parse_args(argv))
-    from router.decision.policies import POLICIES
+    from kvroute.router.decision.policies import POLICIES
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]

@@ -25,11 +25,11 @@ from typing import Iterator, Mapping, Sequence
 
 import aiohttp
 
-from loadgen.local_cluster import ClusterSpec
-from loadgen.record import as_record
-from loadgen.report import Run
-from loadgen.summary import summarize
-from loadgen.workloads.session_storm import is_return
+from kvroute.loadgen.local_cluster import ClusterSpec
+from kvroute.loadgen.record import as_record
+from kvroute.loadgen.report import Run
+from kvroute.loadgen.summary import summarize
+from kvroute.loadgen.workloads.session_storm import is_return
 
 TIER_RUNS = ("device", "host", "host+redis", "host+file")
 TIER_SIZING = {"torch": {"engines": 4, "num_blocks": 512, "host_blocks": 4096},
@@ -42,7 +42,7 @@ STORM_DEFAULTS = {"sessions": 32, "context_tokens": 3072, "min_context_tokens": 
 def tier_stores(run: str) -> Iterator[tuple[str, ...]]:
     """The engine flags that give `run` its store, alive for the run (a redis-server or a temp dir)."""
     if run.endswith("redis"):
-        from loadgen.redis_server import RedisServer
+        from kvroute.loadgen.redis_server import RedisServer
 
         server = RedisServer()
         try:

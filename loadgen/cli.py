@@ -17,15 +17,15 @@ import sys
 
 import aiohttp
 
-from loadgen.arrivals import ArrivalConfig, count_within
-from loadgen.client import APIS, PROMPT_FORMATS, TargetError, normalize_target, probe_target
-from loadgen.progress import Progress
-from loadgen.report import write_run
-from loadgen.runner import LoadConfig, LoadResult, run_load
-from loadgen.summary import format_summary
-from loadgen.tenants import parse_tenant, run_tenants, tenant_summary, workload_of
-from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
-from router.contract.cli_help import HelpFormatter
+from kvroute.loadgen.arrivals import ArrivalConfig, count_within
+from kvroute.loadgen.client import APIS, PROMPT_FORMATS, TargetError, normalize_target, probe_target
+from kvroute.loadgen.progress import Progress
+from kvroute.loadgen.report import write_run
+from kvroute.loadgen.runner import LoadConfig, LoadResult, run_load
+from kvroute.loadgen.summary import format_summary
+from kvroute.loadgen.tenants import parse_tenant, run_tenants, tenant_summary, workload_of
+from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
+from kvroute.router.contract.cli_help import HelpFormatter
 
 PROG = "kvroute loadgen"
 CLOSED_LOOP_CAP = 10_000  # requests generated for --concurrency with --duration and no --num-requests

@@ -19,8 +19,8 @@ import aiohttp
 import orjson
 import xxhash
 
-from loadgen.record import RequestRecord
-from loadgen.workload_base import RequestSpec
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.workload_base import RequestSpec
 
 INSTANCE_HEADER = "x-kvroute-instance"
 APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

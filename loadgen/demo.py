@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from loadgen import bench
-from loadgen.cli import UsageError
+from kvroute.loadgen import bench
+from kvroute.loadgen.cli import UsageError
 
 PROG = "kvroute demo"
 

@@ -20,7 +20,7 @@ import tempfile
 
 import aiohttp
 
-from router.contract.kv_auth import SECRET_ENV
+from kvroute.router.contract.kv_auth import SECRET_ENV
 
 _live: set[subprocess.Popen] = set()
 

@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-from loadgen.record import RequestRecord
+from kvroute.loadgen.record import RequestRecord
 
 Named = Sequence[tuple[str, Sequence[RequestRecord]]]
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from loadgen.record import RequestRecord
+from kvroute.loadgen.record import RequestRecord
 
 _WIDTH = 24
 _RECENT = 200  # TTFT p50 over the last this many requests

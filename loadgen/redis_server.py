@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import time
 
-from loadgen.local_cluster import free_port
+from kvroute.loadgen.local_cluster import free_port
 
 
 def find_redis_server() -> str | None:

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
-from loadgen.plots import PLOTS
-from loadgen.record import RequestRecord, as_record
+from kvroute.loadgen.plots import PLOTS
+from kvroute.loadgen.record import RequestRecord, as_record
 
 _JSON = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 COLUMNS = (  # (header, summary key, scale, digits, unit)

@@ -19,12 +19,12 @@ import time
 
 import aiohttp
 
-from loadgen.arrivals import ArrivalConfig, arrival_times
-from loadgen.client import APIS, PROMPT_FORMATS, normalize_target, probe_target, request_body, send_request
-from loadgen.record import RequestRecord
-from loadgen.summary import summarize
-from loadgen.workload_base import RequestSpec, Workload
-from loadgen.workloads.content import check_number
+from kvroute.loadgen.arrivals import ArrivalConfig, arrival_times
+from kvroute.loadgen.client import APIS, PROMPT_FORMATS, normalize_target, probe_target, request_body, send_request
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.summary import summarize
+from kvroute.loadgen.workload_base import RequestSpec, Workload
+from kvroute.loadgen.workloads.content import check_number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +169,7 @@ class _Run:
 def _body_maker(config: LoadConfig, model: str | None):
     tokenizer = None
     if config.api == "chat" or config.prompt_format == "text":
-        from router.contract.tokenizer import load_tokenizer
+        from kvroute.router.contract.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer()
     return lambda spec: request_body(spec, model, config.api, config.prompt_format, tokenizer, config.temperature,

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from loadgen.record import RequestRecord, as_record
+from kvroute.loadgen.record import RequestRecord, as_record
 
 PERCENTILES = (50, 90, 99)
 

@@ -19,11 +19,11 @@ import asyncio
 import dataclasses
 from typing import Sequence
 
-from loadgen.arrivals import ArrivalConfig, count_within
-from loadgen.record import RequestRecord
-from loadgen.runner import LoadConfig, LoadResult, run_load
-from loadgen.summary import percentile, summarize
-from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name
+from kvroute.loadgen.arrivals import ArrivalConfig, count_within
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.runner import LoadConfig, LoadResult, run_load
+from kvroute.loadgen.summary import percentile, summarize
+from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name
 
 OWN = {"name", "workload", "rate", "duration", "priority", "key", "header", "start", "seed"}
 REFUSED = (429, 503)

@@ -1,5 +1,5 @@
 import sys
 
-from router.service.cli import main
+from kvroute.router.service.cli import main
 
 sys.exit(main())

@@ -41,8 +41,8 @@ def redis_url(redis_server):
 @pytest.fixture
 async def start_engine():
     """Start engine apps on loopback; yields a factory returning (base URL, server)."""
-    from engine.core.config import EngineConfig
-    from engine.service.server import create_app
+    from kvroute.engine.core.config import EngineConfig
+    from kvroute.engine.service.server import create_app
 
     servers = []
 
@@ -70,8 +70,8 @@ async def http():
 @pytest.fixture
 async def start_router():
     """Start router apps on loopback over given engine URLs; yields (base URL, server)."""
-    from router.service.app import create_app, site_for
-    from router.service.config import RouterConfig
+    from kvroute.router.service.app import create_app, site_for
+    from kvroute.router.service.config import RouterConfig
 
     servers = []
 

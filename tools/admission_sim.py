@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.runner import SimConfig, simulate
-from loadgen.sim.tenant_mix import mixed_specs, per_tenant
-from loadgen.tenants import parse_tenant
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.runner import SimConfig, simulate
+from kvroute.loadgen.sim.tenant_mix import mixed_specs, per_tenant
+from kvroute.loadgen.tenants import parse_tenant
 
 
 def run(base: SimConfig, specs: list[str], slo: float, admission: bool, tenants=()) -> dict:

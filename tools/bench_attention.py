@@ -27,7 +27,7 @@ NB, BS, KVH, NH, HD, CONTEXT = 4096, 16, 2, 4, 64, 512
 
 
 def median_ms(fn, reps: int) -> float:
-    from engine.runners.device_costs import median_seconds
+    from kvroute.engine.runners.device_costs import median_seconds
 
     return median_seconds(fn, reps) * 1e3
 
@@ -36,7 +36,7 @@ def attention(device: str, reps: int) -> dict:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from engine.runners.model.attention import decode_attention
+    from kvroute.engine.runners.model.attention import decode_attention
 
     pool_k, pool_v = (torch.randn(NB * BS, KVH, HD, device=device) for _ in range(2))
     flex = torch.compile(flex_attention, dynamic=False)
@@ -83,7 +83,7 @@ def attention(device: str, reps: int) -> dict:
 
 
 def step_times(runner, reps: int) -> dict:
-    from engine.core.work import SamplingParams, SeqWork
+    from kvroute.engine.core.work import SamplingParams, SeqWork
 
     greedy = SamplingParams(temperature=0.0)
     tokens = [5 + i % 8000 for i in range(2048)]
@@ -103,8 +103,8 @@ def step_times(runner, reps: int) -> dict:
 def compiled(device: str, reps: int) -> dict:
     import torch
 
-    from engine.runners.model import llama
-    from engine.runners.torch_runner import TorchRunner
+    from kvroute.engine.runners.model import llama
+    from kvroute.engine.runners.torch_runner import TorchRunner
 
     runner = TorchRunner(num_blocks=8192, device=device)
     try:

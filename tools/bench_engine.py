@@ -22,7 +22,7 @@ import time
 import aiohttp
 
 sys.path.insert(0, ".")
-from loadgen.redis_server import free_port  # noqa: E402
+from kvroute.loadgen.redis_server import free_port  # noqa: E402
 from tools.procs import spawn, wait_ready  # noqa: E402
 
 LENGTHS = (256, 512, 1024)

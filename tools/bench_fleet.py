@@ -24,10 +24,10 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loadgen.local_cluster import free_port, stop_process  # noqa: E402
-from loadgen.local_cluster import spawn as local_spawn  # noqa: E402
-from loadgen.redis_server import RedisServer  # noqa: E402
-from router.contract.prometheus_text import metric_sum  # noqa: E402
+from kvroute.loadgen.local_cluster import free_port, stop_process  # noqa: E402
+from kvroute.loadgen.local_cluster import spawn as local_spawn  # noqa: E402
+from kvroute.loadgen.redis_server import RedisServer  # noqa: E402
+from kvroute.router.contract.prometheus_text import metric_sum  # noqa: E402
 from tools.procs import wait_ready, write_json  # noqa: E402
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
@@ -35,7 +35,7 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
 def spawn(*args: str) -> subprocess.Popen:
     """kvroute in its own process group, killed at exit at the latest (loadgen.local_cluster.spawn)."""
-    return local_spawn([sys.executable, "-m", "kvroute_cli", *args], os.devnull, ENV)
+    return local_spawn([sys.executable, "-m", "kvroute", *args], os.devnull, ENV)
 
 
 async def until(check, what: str, timeout_s: float = 60.0, poll_s: float = 0.02) -> None:

@@ -35,12 +35,12 @@ import time
 
 import aiohttp
 
-from loadgen.bench import Run, apply_defaults, run_one
-from loadgen.bench import build_parser as bench_parser
-from loadgen.cli import check_load_args
-from loadgen.local_cluster import free_port, spawn, stop_process
-from loadgen.report import markdown_table, write_report
-from router.contract.tokenizer import DATA_DIR
+from kvroute.loadgen.bench import Run, apply_defaults, run_one
+from kvroute.loadgen.bench import build_parser as bench_parser
+from kvroute.loadgen.cli import check_load_args
+from kvroute.loadgen.local_cluster import free_port, spawn, stop_process
+from kvroute.loadgen.report import markdown_table, write_report
+from kvroute.router.contract.tokenizer import DATA_DIR
 
 VLLM_ROUTER = "/work/venv-vllm-router/bin/vllm-router"
 
@@ -63,7 +63,7 @@ class Fleet:
     async def start_engines(self) -> None:
         for i in range(self.engines):  # ZeroMQ sockets on free ports; /kv/info says which
             port = free_port()
-            self.spawn(f"engine-{i}", [sys.executable, "-m", "engine", "--port", str(port), "--instance-id", f"e{i}",
+            self.spawn(f"engine-{i}", [sys.executable, "-m", "kvroute.engine", "--port", str(port), "--instance-id", f"e{i}",
                                        "--backend", "sim", "--num-blocks", str(self.num_blocks), "--num-threads", "1",
                                        "--log-level", "WARNING", "--kv-events-zmq", "tcp://127.0.0.1:0",
                                        "--kv-events-replay", "tcp://127.0.0.1:0", *self.engine_args])
@@ -84,7 +84,7 @@ class Fleet:
     async def start_kvroute_router(self, zmq: bool = True) -> None:
         port = free_port()
         self.router_url = f"http://127.0.0.1:{port}"
-        self.spawn("router", [sys.executable, "-m", "router", "--port", str(port), "--log-level", "WARNING",
+        self.spawn("router", [sys.executable, "-m", "kvroute.router", "--port", str(port), "--log-level", "WARNING",
                               "--engine-kind", "kvroute", *[a for u in self.urls for a in ("--engine", u)],
                               *(self.source_flags() if zmq else [])])
         await self.wait("/health", [self.router_url])

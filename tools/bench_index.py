@@ -31,8 +31,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for tests.redis_server
 
-from router.index import make_index
-from router.contract.protocol import TIERS
+from kvroute.router.index import make_index
+from kvroute.router.contract.protocol import TIERS
 
 
 def layout_holdings(layout: str, n: int, num_instances: int):
@@ -130,7 +130,7 @@ def main() -> None:
 
     server = None
     if args.redis is None and "redis" in args.backends:
-        from loadgen.redis_server import RedisServer
+        from kvroute.loadgen.redis_server import RedisServer
 
         server = RedisServer()
     try:

@@ -33,13 +33,13 @@ import json
 import sys
 import time
 
-from engine.runners.cost_model import get_cost_model
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.profile import profile
-from loadgen.sim.runner import SimConfig, simulate
-from loadgen.summary import meets_slo
-from loadgen.workloads import make_workload
-from router.planner.decide import PlannerConfig
+from kvroute.engine.runners.cost_model import get_cost_model
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.profile import profile
+from kvroute.loadgen.sim.runner import SimConfig, simulate
+from kvroute.loadgen.summary import meets_slo
+from kvroute.loadgen.workloads import make_workload
+from kvroute.router.planner.decide import PlannerConfig
 
 sys.path.insert(0, ".")
 from tools.procs import wait_ready, write_json  # noqa: E402
@@ -122,8 +122,8 @@ async def http_run(args, specs, roles: tuple[str, ...], planner_profile: str | N
     """One fresh local cluster with `roles`, the workload through its router, optionally a planner."""
     import aiohttp
 
-    from loadgen.local_cluster import ClusterSpec, LocalCluster, free_port, spawn, stop_process
-    from loadgen.runner import LoadConfig, run_load
+    from kvroute.loadgen.local_cluster import ClusterSpec, LocalCluster, free_port, spawn, stop_process
+    from kvroute.loadgen.runner import LoadConfig, run_load
 
     spec = ClusterSpec(engines=len(roles), backend="sim", num_blocks=args.num_blocks, roles=roles, admin_key=KEY,
                        engine_args=("--cost-model", args.cost_model, "--kv-link", "nvlink", "--time-scale",
@@ -133,7 +133,7 @@ async def http_run(args, specs, roles: tuple[str, ...], planner_profile: str | N
         if planner_profile:
             port = free_port()
             planner = spawn(
-                [sys.executable, "-m", "kvroute_cli", "planner", "--router", cluster.router_url, "--admin-key", KEY,
+                [sys.executable, "-m", "kvroute", "planner", "--router", cluster.router_url, "--admin-key", KEY,
                  "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot), "--profile", planner_profile,
                  "--interval-s", str(args.interval_s), "--window-s", str(args.window_s), "--hold", str(args.hold),
                  "--cooldown-s", str(args.cooldown_s), "--port", str(port), "--log-level", "WARNING"],

@@ -43,7 +43,7 @@ sys.path.insert(0, ".")
 
 import aiohttp  # noqa: E402
 
-from loadgen.redis_server import RedisServer, free_port  # noqa: E402
+from kvroute.loadgen.redis_server import RedisServer, free_port  # noqa: E402
 from tools.procs import spawn, wait_ready, write_json  # noqa: E402
 
 WORDS = "the router hashes blocks of tokens and sends each request where its prefix is cached".split()
@@ -67,13 +67,13 @@ def pct(xs, q):
 
 
 def make_router(tok, index, n_inst: int, max_model_len: int = 131072):
-    from router.fleet.cluster import Cluster
-    from router.service.config import RouterConfig
-    from router.fleet.instance import EngineInfo
-    from router.service.metrics import RouterMetrics
-    from router.decision.policies import make_policy
-    from router.contract.protocol import hash_seed
-    from router.service.routing import Router
+    from kvroute.router.fleet.cluster import Cluster
+    from kvroute.router.service.config import RouterConfig
+    from kvroute.router.fleet.instance import EngineInfo
+    from kvroute.router.service.metrics import RouterMetrics
+    from kvroute.router.decision.policies import make_policy
+    from kvroute.router.contract.protocol import hash_seed
+    from kvroute.router.service.routing import Router
 
     model = "kvroute-tiny"
     urls = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(n_inst))
@@ -133,7 +133,7 @@ def timed_tokenizer(tok):
 
 async def hold_prefixes(index, ids: list[int], holders: int) -> None:
     """`holders` instances hold growing shares of the prompt's prefix; the rest hold nothing."""
-    from router.contract.protocol import block_hashes, hash_seed
+    from kvroute.router.contract.protocol import block_hashes, hash_seed
 
     hashes = block_hashes(ids, 16, hash_seed("kvroute-tiny"))
     for i in range(holders):
@@ -191,8 +191,8 @@ def never_seen(name: str, index_name: str, tokens: int,
 
 
 async def decision(args) -> dict:
-    from router.index import make_index
-    from router.contract.tokenizer import DATA_DIR, load_tokenizer
+    from kvroute.router.index import make_index
+    from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
 
     redis = RedisServer()
     rows = []
@@ -284,7 +284,7 @@ def cpu_seconds(pid: int) -> float:
 def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str, tuple[list[str], dict]]:
     """name -> (argv, extra env) for every router to compare (those installed)."""
     out = {}
-    kv = [sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
+    kv = [sys.executable, "-m", "kvroute.router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
           *[a for u in engines for a in ("--engine", u)]]
     out["kvroute kv_aware"] = ([*kv], {})
     out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
@@ -299,7 +299,7 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
         out["sglang-router 0.3.2 cache_aware"] = ([*sg, "--policy", "cache_aware"], {})
         out["sglang-router 0.3.2 round_robin"] = ([*sg, "--policy", "round_robin"], {})
     if os.path.exists(VLLM_ROUTER):
-        from router.contract.tokenizer import DATA_DIR
+        from kvroute.router.contract.tokenizer import DATA_DIR
 
         out["vllm-router 0.1.17 round_robin"] = (
             [VLLM_ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines, "--policy",
@@ -378,7 +378,7 @@ def callgrind_totals(pattern: str) -> int:
 def instruction_commands(engine: str, port: int) -> dict[str, tuple[list[str], dict]]:
     """name -> argv of every router counted: kvroute's variants, the no-routing floor, and the
     Rust routers where their venvs exist (the same command lines as `latency`'s)."""
-    kv = [sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
+    kv = [sys.executable, "-m", "kvroute.router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
           "--engine", engine, "--load-interval-s", "30", "--health-interval-s", "60"]  # requests, not polls
     out = {f"kvroute {name}": ([*kv, *extra], {}) for name, extra in INSTRUCTION_VARIANTS.items()}
     for name, command in router_commands([engine], port, set()).items():

@@ -40,10 +40,10 @@ import time
 import aiohttp
 
 sys.path.insert(0, ".")
-from loadgen.local_cluster import free_port  # noqa: E402
-from loadgen.redis_server import RedisServer  # noqa: E402
-from engine.kv.link_estimate import fit_link  # noqa: E402
-from engine.runners.device_costs import median_seconds  # noqa: E402
+from kvroute.loadgen.local_cluster import free_port  # noqa: E402
+from kvroute.loadgen.redis_server import RedisServer  # noqa: E402
+from kvroute.engine.kv.link_estimate import fit_link  # noqa: E402
+from kvroute.engine.runners.device_costs import median_seconds  # noqa: E402
 from tools.procs import spawn, wait_ready, write_json  # noqa: E402
 
 BATCHES = (1, 4, 16, 64, 192)
@@ -75,8 +75,8 @@ def memcpy_links(reps: int) -> dict:
 
 async def store_links(url: str, reps: int, block: int) -> dict:
     """The engine's own store path: `put_many` of encoded entries; `get_many` plus checking every entry."""
-    from engine.kv.store import make_store
-    from engine.kv.store_probe import store_points
+    from kvroute.engine.kv.store import make_store
+    from kvroute.engine.kv.store_probe import store_points
 
     ns = "00000000000000a1"
     store = make_store(url, ns, timeout_s=10.0)

@@ -93,7 +93,7 @@ def write_checkpoint(model_dir: Path, shape: str, device: str, seed: int = 0) ->
     import torch
     from safetensors.torch import save_file
 
-    from router.contract.tokenizer import DATA_DIR
+    from kvroute.router.contract.tokenizer import DATA_DIR
 
     hidden, layers, heads, kv_heads, inter, dtype = SHAPES[shape]
     hd = hidden // heads
@@ -159,7 +159,7 @@ def prompt(n: int, rng: random.Random) -> list[int]:
 
 
 def step_prefill(ctx) -> dict:
-    from engine.core.work import SamplingParams, SeqWork
+    from kvroute.engine.core.work import SamplingParams, SeqWork
 
     runner, p, bs, rng = ctx.runner(), ctx.plan.prompt, 16, random.Random(1)
     greedy = SamplingParams(max_tokens=1, temperature=0.0)
@@ -177,7 +177,7 @@ def step_prefill(ctx) -> dict:
 def repeat_step_s(runner, n: int, rng: random.Random) -> float:
     """A cold `n`-token prompt, then the step of its repeat (all but the last block cached), timed:
     what the runner does for a served repeat, with the caches as a served repeat finds them."""
-    from engine.core.work import SamplingParams, SeqWork
+    from kvroute.engine.core.work import SamplingParams, SeqWork
 
     greedy, bs = SamplingParams(max_tokens=1, temperature=0.0), 16
     tokens, table = prompt(n, rng), tuple(range(n // bs + 1))
@@ -188,7 +188,7 @@ def repeat_step_s(runner, n: int, rng: random.Random) -> float:
 
 
 def step_decode(ctx) -> dict:
-    from engine.core.work import SamplingParams, SeqWork
+    from kvroute.engine.core.work import SamplingParams, SeqWork
 
     runner, bs, c, rng = ctx.runner(), 16, ctx.plan.decode_context, random.Random(2)
     greedy = SamplingParams(max_tokens=1, temperature=0.0)
@@ -353,7 +353,7 @@ def kvroute_bench(ctx, name: str, *args: str) -> list[dict]:
     shutil.rmtree(out, ignore_errors=True)
     engine_args = [f"--engine-arg={a}" for a in ctx.engine_args]
     with Procs(ctx) as procs:
-        proc = procs.start(name, "kvroute_cli", "bench", "--backend", "torch", "--engines", str(ctx.plan.engines),
+        proc = procs.start(name, "kvroute", "bench", "--backend", "torch", "--engines", str(ctx.plan.engines),
                            "--no-progress", "--out", str(out), *engine_args, *args)
         if proc.wait() != 0:
             raise RuntimeError(f"kvroute bench ({name}) failed: see {ctx.out / 'logs' / (name + '.log')}")
@@ -424,7 +424,7 @@ class Check:
 
     def runner(self):
         if self._runner is None:
-            from engine.runners.torch_runner import TorchRunner
+            from kvroute.engine.runners.torch_runner import TorchRunner
 
             per = -(-(self.plan.decode_context + self.plan.decode_steps + 1) // 16)
             blocks = max(64 * per, self.plan.prompt // 16 + 1) + 1
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=480.0, help="steps not started by then are skipped")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))  # the repository's code, wherever this is run from
-    from engine.runners.devices import check_device_available
+    from kvroute.engine.runners.devices import check_device_available
 
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     try:

@@ -25,9 +25,9 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.arrivals import ArrivalConfig  # noqa: E402
-from loadgen.runner import LoadConfig, run_load  # noqa: E402
-from loadgen.workloads import make_workload  # noqa: E402
+from kvroute.loadgen.arrivals import ArrivalConfig  # noqa: E402
+from kvroute.loadgen.runner import LoadConfig, run_load  # noqa: E402
+from kvroute.loadgen.workloads import make_workload  # noqa: E402
 
 
 def stub_app() -> web.Application:

@@ -69,7 +69,7 @@ def mutmut_section(module: str, tests: list[str], extra_args: list[str],
 
     return ("\n[tool.mutmut]\n"
             f"source_paths = {toml_list(['router', 'engine', 'loadgen'])}\n"
-            f"also_copy = {toml_list(['kvroute_cli.py', 'tools'])}\n"
+            f"also_copy = {toml_list(['kvroute', 'tools'])}\n"
             f"only_mutate = {toml_list([module])}\n"
             f"pytest_add_cli_args = {toml_list(['-q', '-p', 'no:cacheprovider', *extra_args])}\n"
             f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"

@@ -21,8 +21,8 @@ sys.path.insert(0, ".")
 
 from aiohttp import web  # noqa: E402
 
-from router.contract.serve import install_uvloop  # noqa: E402
-from router.service.upstream import Upstream  # noqa: E402
+from kvroute.router.contract.serve import install_uvloop  # noqa: E402
+from kvroute.router.service.upstream import Upstream  # noqa: E402
 
 TIMEOUT_S = 30.0
 

@@ -21,10 +21,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, ".")
-from loadgen.arrivals import ArrivalConfig  # noqa: E402
-from loadgen.sim import SimConfig, simulate  # noqa: E402
-from loadgen.workloads import make_workload  # noqa: E402
-from loadgen.workloads.session_storm import is_return  # noqa: E402
+from kvroute.loadgen.arrivals import ArrivalConfig  # noqa: E402
+from kvroute.loadgen.sim import SimConfig, simulate  # noqa: E402
+from kvroute.loadgen.workloads import make_workload  # noqa: E402
+from kvroute.loadgen.workloads.session_storm import is_return  # noqa: E402
 from tools.procs import write_json  # noqa: E402
 
 STORM = dict(sessions=1024, context_tokens=3072, min_context_tokens=2048, session_rate=150.0, idle_requests=2048,

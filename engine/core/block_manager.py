@@ -30,13 +30,13 @@ import dataclasses
 import time
 from typing import Callable
 
-from engine.core.kv_events import KVChange, KVChanges
-from engine.core.lower_tiers import LowerTiers
-from engine.core.prefix_hit import PrefixHit
-from engine.core.sequence import Sequence
-from engine.kv.kv_copies import CopyPlan, StoredBlock
-from router.contract.idle_ages import IdleAges
-from router.contract.protocol import block_hashes
+from kvroute.engine.core.kv_events import KVChange, KVChanges
+from kvroute.engine.core.lower_tiers import LowerTiers
+from kvroute.engine.core.prefix_hit import PrefixHit
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
+from kvroute.router.contract.idle_ages import IdleAges
+from kvroute.router.contract.protocol import block_hashes
 
 
 @dataclasses.dataclass(slots=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from engine.runners.cost_model import COST_MODELS
-from engine.runners.devices import check_device_syntax
-from engine.runners.sim import LINKS
-from router.contract.kv_encode import ENCODINGS
-from router.contract.kv_wire import SCHEMES
-from router.contract.protocol import ROLES
+from kvroute.engine.runners.cost_model import COST_MODELS
+from kvroute.engine.runners.devices import check_device_syntax
+from kvroute.engine.runners.sim import LINKS
+from kvroute.router.contract.kv_encode import ENCODINGS
+from kvroute.router.contract.kv_wire import SCHEMES
+from kvroute.router.contract.protocol import ROLES
 
 BACKENDS = ("torch", "sim")
 
@@ -134,8 +134,8 @@ class EngineConfig:
         return f"http://{host}:{self.port}"
 
     def _check_tiers(self) -> None:
-        from engine.kv.store import check_url
-        from engine.kv.tiers import STORE_WRITE_MODES
+        from kvroute.engine.kv.store import check_url
+        from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 
         if self.host_blocks < 0:
             raise ValueError(f"--host-blocks cannot be negative, got {self.host_blocks}")

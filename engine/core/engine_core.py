@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.core.block_manager import BlockManager
-from engine.core.kv_events import KVChange
-from engine.core.scheduler import Scheduler, SchedulerConfig, Step
-from engine.core.sequence import Sequence
-from router.contract.protocol import LoadRecord
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.kv_events import KVChange
+from kvroute.engine.core.scheduler import Scheduler, SchedulerConfig, Step
+from kvroute.engine.core.sequence import Sequence
+from kvroute.router.contract.protocol import LoadRecord
 
 QUEUE_FULL = "engine queue is full"
 NO_FIT = "prompt does not fit in the KV block pool"

@@ -13,8 +13,8 @@ import dataclasses
 import itertools
 from typing import Callable, NamedTuple
 
-from engine.core.event_wait import wait_set
-from router.contract.protocol import KVEvent, new_epoch
+from kvroute.engine.core.event_wait import wait_set
+from kvroute.router.contract.protocol import KVEvent, new_epoch
 
 
 class KVChange(NamedTuple):

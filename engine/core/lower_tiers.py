@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
-from engine.core.kv_events import KVChanges
-from engine.core.prefix_hit import PrefixHit
-from engine.core.sequence import Sequence
-from engine.kv.kv_copies import CopyPlan, StoredBlock
+from kvroute.engine.core.kv_events import KVChanges
+from kvroute.engine.core.prefix_hit import PrefixHit
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 
 
 class LowerTiers(Protocol):

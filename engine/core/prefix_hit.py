@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.kv.host_pool import HostEntry
-from engine.kv.kv_copies import StoredBlock
+from kvroute.engine.kv.host_pool import HostEntry
+from kvroute.engine.kv.kv_copies import StoredBlock
 
 
 @dataclasses.dataclass(slots=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from engine.core.block_manager import BlockManager
-from engine.core.sequence import Sequence, SeqStatus
-from engine.core.work import SeqWork
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.work import SeqWork
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 
-from engine.core.work import SamplingParams
+from kvroute.engine.core.work import SamplingParams
 
 _ids = itertools.count()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from router.contract.tier_costs import Link
+from kvroute.router.contract.tier_costs import Link
 
 MIB = float(1 << 20)
 

@@ -21,8 +21,8 @@ import collections
 import dataclasses
 from typing import Callable
 
-from engine.kv.kv_copies import CopyPlan, StoredBlock
-from engine.core.sequence import Sequence
+from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
+from kvroute.engine.core.sequence import Sequence
 
 
 @dataclasses.dataclass(slots=True, eq=False)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from engine.kv.host_pool import HostEntry, HostPool
-from engine.kv.kv_copies import CopyPlan, StoredBlock
+from kvroute.engine.kv.host_pool import HostEntry, HostPool
+from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 
 
 class Prestager:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import collections
 from typing import Mapping, Sequence
 
-from engine.kv.link_estimate import LinkEstimate, RateEstimate
-from router.contract.tier_costs import LINK_NAMES, Link, TierCosts, plan_runs
+from kvroute.engine.kv.link_estimate import LinkEstimate, RateEstimate
+from kvroute.router.contract.tier_costs import LINK_NAMES, Link, TierCosts, plan_runs
 
 CHOICES = ("load_host", "load_remote", "recompute")
 

@@ -13,12 +13,12 @@ import asyncio
 import time
 from typing import Callable
 
-from engine.kv.kv_copies import StoredBlock
-from engine.kv.store.base import StoreUnavailable
-from engine.kv.store.entry import encode
-from engine.kv.store.guard import GuardedStore
-from engine.kv.tier_metrics import TierMetrics
-from engine.kv.tiers import CacheTiers
+from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.kv.store.base import StoreUnavailable
+from kvroute.engine.kv.store.entry import encode
+from kvroute.engine.kv.store.guard import GuardedStore
+from kvroute.engine.kv.tier_metrics import TierMetrics
+from kvroute.engine.kv.tiers import CacheTiers
 
 WRITE_CHUNK_BYTES = 8 << 20  # bytes per store write call
 MAX_QUEUED_WRITE_BYTES = 256 << 20  # beyond this, blocks are not written (counted as dropped)

@@ -28,23 +28,23 @@ from typing import Callable, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from engine.core.config import EngineConfig
-from engine.core.kv_events import KVChange
-from engine.core.sequence import Sequence
-from engine.core.work import RunnerInfo
-from engine.kv.kv_copies import CopyPlan, CopyTimes
-from engine.kv.link_estimate import describe_links
-from engine.kv.load_queue import Load
-from engine.kv.store import check_reachable, make_store
-from engine.kv.store.base import StoreUnavailable
-from engine.kv.store.entry import BadEntry, decode
-from engine.kv.store.guard import GuardedStore
-from engine.kv.store_probe import measure_store
-from engine.kv.store_writes import StoreWrites
-from engine.kv.tier_metrics import TierMetrics
-from engine.kv.tier_setup import model_name, namespace
-from engine.kv.tiers import CacheTiers
-from engine.runners.device_costs import DeviceCosts
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.kv_events import KVChange
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import RunnerInfo
+from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.kv.link_estimate import describe_links
+from kvroute.engine.kv.load_queue import Load
+from kvroute.engine.kv.store import check_reachable, make_store
+from kvroute.engine.kv.store.base import StoreUnavailable
+from kvroute.engine.kv.store.entry import BadEntry, decode
+from kvroute.engine.kv.store.guard import GuardedStore
+from kvroute.engine.kv.store_probe import measure_store
+from kvroute.engine.kv.store_writes import StoreWrites
+from kvroute.engine.kv.tier_metrics import TierMetrics
+from kvroute.engine.kv.tier_setup import model_name, namespace
+from kvroute.engine.kv.tiers import CacheTiers
+from kvroute.engine.runners.device_costs import DeviceCosts
 
 log = logging.getLogger(__name__)
 

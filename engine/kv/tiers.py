@@ -28,14 +28,14 @@ from __future__ import annotations
 import collections
 from typing import Iterable
 
-from engine.core.kv_events import KVChange, KVChanges
-from engine.core.prefix_hit import PrefixHit
-from engine.core.sequence import Sequence
-from engine.kv.host_pool import HostEntry, HostPool
-from engine.kv.kv_copies import CopyPlan, StoredBlock
-from engine.kv.load_queue import Load, LoadQueue
-from engine.kv.prestage import Prestager
-from engine.kv.recovery import Recovery
+from kvroute.engine.core.kv_events import KVChange, KVChanges
+from kvroute.engine.core.prefix_hit import PrefixHit
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.kv.host_pool import HostEntry, HostPool
+from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
+from kvroute.engine.kv.load_queue import Load, LoadQueue
+from kvroute.engine.kv.prestage import Prestager
+from kvroute.engine.kv.recovery import Recovery
 
 STORE_WRITE_MODES = ("through", "evict")
 KNOWN_CAPACITY = 1 << 20  # hashes remembered as held by the store

@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-from engine.core.config import EngineConfig
-from engine.runners.cost_model import CostModel
-from engine.core.work import SamplingParams, SeqWork
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.runners.cost_model import CostModel
+from kvroute.engine.core.work import SamplingParams, SeqWork
 
 PREFILLS = [(64, 0), (256, 0), (512, 0), (1024, 0), (2048, 0), (256, 1024), (512, 1536), (256, 1792), (1024, 1024)]
 DECODES = [(1, 128), (1, 1024), (4, 256), (8, 256), (16, 512), (32, 256), (32, 1024)]
@@ -62,7 +62,7 @@ def fit(rows: list[tuple[tuple[float, ...], float]]) -> np.ndarray:
 
 
 def run_calibration(config: EngineConfig, out_path: str | None = None, repeats: int = 5) -> int:
-    from engine.runners.registry import RUNNERS
+    from kvroute.engine.runners.registry import RUNNERS
 
     runner = RUNNERS["torch"](dataclasses.replace(config, backend="torch", num_blocks=max(config.num_blocks, 4096),
                                                   num_threads=config.num_threads or 1))

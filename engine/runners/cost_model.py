@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from engine.core.work import SeqWork
+from kvroute.engine.core.work import SeqWork
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,10 +16,10 @@ import dataclasses
 import statistics
 import time
 
-from engine.core.work import SamplingParams, SeqWork
-from engine.kv.kv_copies import CopyPlan
-from engine.kv.link_estimate import fit_link
-from router.contract.tier_costs import Link
+from kvroute.engine.core.work import SamplingParams, SeqWork
+from kvroute.engine.kv.kv_copies import CopyPlan
+from kvroute.engine.kv.link_estimate import fit_link
+from kvroute.router.contract.tier_costs import Link
 
 SIZES = (1, 8, 32)  # blocks per measured batch
 REPS = 3

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from engine.core.work import SamplingParams
+from kvroute.engine.core.work import SamplingParams
 
 
 def apply_logit_bias(row: torch.Tensor, bias: Sequence[tuple[int, float]]) -> None:

@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from engine.runners.model.staging import Staging
+from kvroute.engine.runners.model.staging import Staging
 
 
 @dataclasses.dataclass(slots=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from engine.core.config import EngineConfig
-from engine.runners.cost_model import get_cost_model
-from engine.runners.model.config import ModelConfig
-from engine.core.work import ModelRunner, RunnerInfo
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.runners.cost_model import get_cost_model
+from kvroute.engine.runners.model.config import ModelConfig
+from kvroute.engine.core.work import ModelRunner, RunnerInfo
 
 
 def model_config(config: EngineConfig) -> ModelConfig:
@@ -17,7 +17,7 @@ def model_config(config: EngineConfig) -> ModelConfig:
 
 
 def _torch(config: EngineConfig) -> ModelRunner:
-    from engine.runners.torch_runner import TorchRunner
+    from kvroute.engine.runners.torch_runner import TorchRunner
 
     return TorchRunner(model_config(config), config.num_blocks, config.block_size, model_dir=config.model,
                        device=config.device, num_threads=config.num_threads, seed=config.seed,
@@ -25,13 +25,13 @@ def _torch(config: EngineConfig) -> ModelRunner:
 
 
 def _sim(config: EngineConfig) -> ModelRunner:
-    from engine.runners.sim import SimRunner
+    from kvroute.engine.runners.sim import SimRunner
 
     mc = model_config(config)
     info = RunnerInfo(model=mc.name, vocab_size=mc.vocab_size, max_model_len=mc.max_position_embeddings,
                       eos_token_id=mc.eos_token_id, dtype=mc.dtype, num_layers=mc.num_layers,
                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
-    from engine.kv.tier_setup import host_link_name, store_link_name
+    from kvroute.engine.kv.tier_setup import host_link_name, store_link_name
 
     return SimRunner(get_cost_model(config.cost_model), info, seed=config.seed, time_scale=config.time_scale,
                      block_size=config.block_size, link=config.kv_link, host_link=host_link_name(config),

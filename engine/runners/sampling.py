@@ -14,9 +14,9 @@ from typing import Sequence
 
 import torch
 
-from engine.runners.logits_processors import apply_logit_bias, apply_penalties
-from engine.core.work import SampledTokens, SamplingParams, SeqWork, TokenLogprobs
-from engine.runners.readback import HostLogits
+from kvroute.engine.runners.logits_processors import apply_logit_bias, apply_penalties
+from kvroute.engine.core.work import SampledTokens, SamplingParams, SeqWork, TokenLogprobs
+from kvroute.engine.runners.readback import HostLogits
 
 _MASK64 = (1 << 64) - 1
 

@@ -19,9 +19,9 @@ from typing import Sequence
 
 import xxhash
 
-from engine.runners.cost_model import CostModel
-from engine.kv.kv_copies import CopyPlan, CopyTimes
-from engine.core.work import RunnerInfo, SampledTokens, SeqWork, TokenLogprobs
+from kvroute.engine.runners.cost_model import CostModel
+from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.core.work import RunnerInfo, SampledTokens, SeqWork, TokenLogprobs
 
 NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special tokens
 

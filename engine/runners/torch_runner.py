@@ -33,18 +33,18 @@ from typing import Sequence
 
 import torch
 
-from engine.core.work import RunnerInfo, SampledTokens, SeqWork
-from engine.kv.kv_copies import CopyPlan, CopyTimes
-from engine.runners import device_costs
-from engine.runners.device_costs import DeviceCosts
-from engine.runners.model.config import ModelConfig
-from engine.runners.model.decode_graphs import DecodeGraphs
-from engine.runners.model.kv_pool import DTYPES, GatherSpace, KVPool
-from engine.runners.model.loader import build_model
-from engine.runners.model.step_inputs import StepInputs
-from engine.runners.model.tier_copies import HostKV
-from engine.runners.readback import HostLogits, Readback
-from engine.runners.sampling import sample_works
+from kvroute.engine.core.work import RunnerInfo, SampledTokens, SeqWork
+from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.runners import device_costs
+from kvroute.engine.runners.device_costs import DeviceCosts
+from kvroute.engine.runners.model.config import ModelConfig
+from kvroute.engine.runners.model.decode_graphs import DecodeGraphs
+from kvroute.engine.runners.model.kv_pool import DTYPES, GatherSpace, KVPool
+from kvroute.engine.runners.model.loader import build_model
+from kvroute.engine.runners.model.step_inputs import StepInputs
+from kvroute.engine.runners.model.tier_copies import HostKV
+from kvroute.engine.runners.readback import HostLogits, Readback
+from kvroute.engine.runners.sampling import sample_works
 
 
 log = logging.getLogger(__name__)

@@ -15,10 +15,10 @@ import logging
 
 from aiohttp import web
 
-from engine.core.config import ROLES
-from engine.service.app_keys import CONFIG, DRAIN, ENGINE, REGISTRATION
-from router.contract.errors import BadRequest, Forbidden, Unauthorized
-from router.contract.http import json_response, read_json
+from kvroute.engine.core.config import ROLES
+from kvroute.engine.service.app_keys import CONFIG, DRAIN, ENGINE, REGISTRATION
+from kvroute.router.contract.errors import BadRequest, Forbidden, Unauthorized
+from kvroute.router.contract.http import json_response, read_json
 
 log = logging.getLogger(__name__)
 

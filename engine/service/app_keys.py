@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from engine.core.config import EngineConfig
-from engine.service.drain import Drain
-from engine.service.event_publisher import RedisEventPublisher
-from engine.service.llm_engine import LLMEngine
-from engine.service.metrics import EngineMetrics
-from engine.service.registration import Registration
-from engine.service.serving import CompletionService
-from engine.service.zmq_publisher import ZmqEventPublisher
-from router.contract.tokenizer import Tokenizer
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.service.drain import Drain
+from kvroute.engine.service.event_publisher import RedisEventPublisher
+from kvroute.engine.service.llm_engine import LLMEngine
+from kvroute.engine.service.metrics import EngineMetrics
+from kvroute.engine.service.registration import Registration
+from kvroute.engine.service.serving import CompletionService
+from kvroute.engine.service.zmq_publisher import ZmqEventPublisher
+from kvroute.router.contract.tokenizer import Tokenizer
 
 CONFIG = web.AppKey("config", EngineConfig)
 ENGINE = web.AppKey("engine", LLMEngine)

@@ -6,13 +6,13 @@ import argparse
 import os
 import sys
 
-from engine.core.config import BACKENDS, ROLES, EngineConfig
-from router.contract.kv_encode import ENCODINGS
-from engine.runners.cost_model import COST_MODELS
-from engine.runners.sim import LINKS
-from engine.kv.tiers import STORE_WRITE_MODES
-from router.contract.cli_help import HelpFormatter
-from router.contract.serve import bind_socket, config_values, run_app, setup_logging
+from kvroute.engine.core.config import BACKENDS, ROLES, EngineConfig
+from kvroute.router.contract.kv_encode import ENCODINGS
+from kvroute.engine.runners.cost_model import COST_MODELS
+from kvroute.engine.runners.sim import LINKS
+from kvroute.engine.kv.tiers import STORE_WRITE_MODES
+from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,22 +117,22 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(args.log_level)
         config = EngineConfig(**config_values(EngineConfig, args))
         if args.calibrate:
-            from engine.runners.calibrate import run_calibration
+            from kvroute.engine.runners.calibrate import run_calibration
 
             return run_calibration(config, args.calibrate_out)
-        from engine.runners.model.config import ModelConfig  # validate --model before binding a port
+        from kvroute.engine.runners.model.config import ModelConfig  # validate --model before binding a port
 
-        from router.contract.tokenizer import load_tokenizer
+        from kvroute.router.contract.tokenizer import load_tokenizer
 
         if config.model:
             ModelConfig.from_hf_dir(config.model)
         load_tokenizer(config.model)
         if config.backend == "torch":
-            from engine.runners.devices import check_device_available
+            from kvroute.engine.runners.devices import check_device_available
 
             check_device_available(config.device)
         if config.kv_store:
-            from engine.kv.store import check_reachable
+            from kvroute.engine.kv.store import check_reachable
 
             check_reachable(config.kv_store)
     except ValueError as e:
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"kvroute engine: {e}", file=sys.stderr)
         return 1
-    from engine.service.server import DRAIN, create_app
+    from kvroute.engine.service.server import DRAIN, create_app
 
     app = create_app(config)
     return run_app(app, sock, "engine " + config.instance, on_sigterm=lambda: app[DRAIN].start("SIGTERM"))

@@ -15,9 +15,9 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from router.contract.cancellation import raise_if_cancelled
-from engine.core.kv_events import KVEventLog
-from router.contract.protocol import REDIS_EVENT_STREAM, KVEvent, LoadRecord
+from kvroute.router.contract.cancellation import raise_if_cancelled
+from kvroute.engine.core.kv_events import KVEventLog
+from kvroute.router.contract.protocol import REDIS_EVENT_STREAM, KVEvent, LoadRecord
 
 log = logging.getLogger(__name__)
 

@@ -18,22 +18,22 @@ import dataclasses
 import logging
 import time
 
-from engine.core.block_manager import BlockManager
-from engine.core.config import EngineConfig
-from engine.core.engine_core import NO_FIT, CoreConfig, EngineCore
-from engine.core.event_wait import wait_set
-from engine.core.kv_events import KVChange, KVEventLog
-from engine.core.scheduler import Step
-from engine.core.sequence import Sequence, SeqStatus
-from engine.core.work import ModelRunner, SamplingParams, TokenLogprobs
-from engine.kv.tier_service import TierWiring, build_service
-from engine.kv.tier_setup import build_tiers
-from engine.service.metrics import EngineMetrics
-from engine.transfer.kv_transfer import PinnedBlocks, TransferHandle
-from engine.transfer.remote_prefill import PullWiring, RemotePrefill
-from router.contract.kv_auth import KVAuth, secret_from
-from router.contract.errors import KVRouteError, Overloaded, Unavailable
-from router.contract.protocol import LoadRecord
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.engine_core import NO_FIT, CoreConfig, EngineCore
+from kvroute.engine.core.event_wait import wait_set
+from kvroute.engine.core.kv_events import KVChange, KVEventLog
+from kvroute.engine.core.scheduler import Step
+from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.work import ModelRunner, SamplingParams, TokenLogprobs
+from kvroute.engine.kv.tier_service import TierWiring, build_service
+from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.engine.service.metrics import EngineMetrics
+from kvroute.engine.transfer.kv_transfer import PinnedBlocks, TransferHandle
+from kvroute.engine.transfer.remote_prefill import PullWiring, RemotePrefill
+from kvroute.router.contract.kv_auth import KVAuth, secret_from
+from kvroute.router.contract.errors import KVRouteError, Overloaded, Unavailable
+from kvroute.router.contract.protocol import LoadRecord
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
-from engine.core.work import TokenLogprobs
-from router.contract.tokenizer import Tokenizer
+from kvroute.engine.core.work import TokenLogprobs
+from kvroute.router.contract.tokenizer import Tokenizer
 
 FLOOR = -9999.0
 

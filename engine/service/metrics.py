@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from router.contract.metric_buckets import (ITERATION_TOKEN_BUCKETS, REQUEST_LATENCY_BUCKETS, STEP_BUCKETS, TPOT_BUCKETS,
+from kvroute.router.contract.metric_buckets import (ITERATION_TOKEN_BUCKETS, REQUEST_LATENCY_BUCKETS, STEP_BUCKETS, TPOT_BUCKETS,
                                    TTFT_BUCKETS, buckets_1_2_5)
 
 if TYPE_CHECKING:
-    from engine.core.engine_core import EngineCore
-    from engine.core.sequence import Sequence
+    from kvroute.engine.core.engine_core import EngineCore
+    from kvroute.engine.core.sequence import Sequence
 
 FINISH_REASONS = ("stop", "length", "abort")
 

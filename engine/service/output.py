@@ -6,8 +6,8 @@ so a streamed response never shows part of a stop string.
 
 from __future__ import annotations
 
-from router.contract.detokenizer import IncrementalDetokenizer
-from router.contract.tokenizer import Tokenizer
+from kvroute.router.contract.detokenizer import IncrementalDetokenizer
+from kvroute.router.contract.tokenizer import Tokenizer
 
 
 class OutputProcessor:

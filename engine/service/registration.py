@@ -19,7 +19,7 @@ from typing import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from router.contract.registry_record import CHANNEL, IDS, LEFT, EngineRecord, announcement, engine_key
+from kvroute.router.contract.registry_record import CHANNEL, IDS, LEFT, EngineRecord, announcement, engine_key
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from router.contract.errors import BadRequest
+from kvroute.router.contract.errors import BadRequest
 
 
 def _empty(value: Any) -> bool:

@@ -31,10 +31,10 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
-from engine.core.block_manager import Block
-from engine.core.kv_events import KVEventLog
-from router.contract.kv_encode import BatchEncoder
-from router.contract.protocol import KVEvent, hash_seed
+from kvroute.engine.core.block_manager import Block
+from kvroute.engine.core.kv_events import KVEventLog
+from kvroute.router.contract.kv_encode import BatchEncoder
+from kvroute.router.contract.protocol import KVEvent, hash_seed
 
 
 class CachedBlocks(Protocol):

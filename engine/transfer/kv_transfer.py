@@ -40,8 +40,8 @@ from typing import AsyncIterator, Iterator
 import aiohttp
 import xxhash
 
-from router.contract.errors import BadRequest
-from router.contract.protocol import block_hashes, u32le
+from kvroute.router.contract.errors import BadRequest
+from kvroute.router.contract.protocol import block_hashes, u32le
 
 FRAME = struct.Struct("<IQQI")
 END_INDEX = 0xFFFFFFFF

@@ -18,13 +18,13 @@ from typing import Callable
 
 import aiohttp
 
-from engine.core.block_manager import BlockManager
-from engine.core.sequence import Sequence
-from engine.core.work import ModelRunner
-from engine.service.metrics import EngineMetrics
-from engine.transfer.kv_transfer import LinkMismatch, Links, TransferError, TransferHandle, read_frames
-from router.contract.errors import KVRouteError
-from router.contract.protocol import block_hashes
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import ModelRunner
+from kvroute.engine.service.metrics import EngineMetrics
+from kvroute.engine.transfer.kv_transfer import LinkMismatch, Links, TransferError, TransferHandle, read_frames
+from kvroute.router.contract.errors import KVRouteError
+from kvroute.router.contract.protocol import block_hashes
 
 log = logging.getLogger(__name__)
 

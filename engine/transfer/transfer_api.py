@@ -6,10 +6,10 @@ import asyncio
 
 from aiohttp import web
 
-from engine.service.app_keys import ENGINE
-from engine.transfer.kv_transfer import encode_frames
-from router.contract.errors import BadRequest, Forbidden, NotFound
-from router.contract.http import prepare_client, read_json, write_client
+from kvroute.engine.service.app_keys import ENGINE
+from kvroute.engine.transfer.kv_transfer import encode_frames
+from kvroute.router.contract.errors import BadRequest, Forbidden, NotFound
+from kvroute.router.contract.http import prepare_client, read_json, write_client
 
 
 async def read_pinned(engine, request_id: str, from_block: int) -> list[tuple[int, int, bytes]] | None:

@@ -1,5 +1,5 @@
 import sys
 
-from loadgen.chaos.cli import main
+from kvroute.loadgen.chaos.cli import main
 
 sys.exit(main())

@@ -13,10 +13,10 @@ import sys
 
 import orjson
 
-from loadgen.chaos.config import ChaosConfig
-from loadgen.chaos.rows import markdown
-from loadgen.chaos.runner import run_chaos
-from loadgen.chaos.scenarios import SCENARIOS, chosen
+from kvroute.loadgen.chaos.config import ChaosConfig
+from kvroute.loadgen.chaos.rows import markdown
+from kvroute.loadgen.chaos.runner import run_chaos
+from kvroute.loadgen.chaos.scenarios import SCENARIOS, chosen
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,11 +18,11 @@ import tempfile
 
 import aiohttp
 
-from loadgen.chaos.procs import Proc
-from loadgen.local_cluster import free_port
-from loadgen.redis_server import find_redis_server, redis_argv
-from router.contract.prometheus_text import metric_sum
-from router.contract.kv_auth import SECRET_ENV
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.local_cluster import free_port
+from kvroute.loadgen.redis_server import find_redis_server, redis_argv
+from kvroute.router.contract.prometheus_text import metric_sum
+from kvroute.router.contract.kv_auth import SECRET_ENV
 
 # Sim engines with a tenth of the tiny model's CPU time (a 512-token answer takes ~0.8 s, so faults
 # find requests in flight), room for 1,000 concurrent streams.

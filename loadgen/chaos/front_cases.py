@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from loadgen.chaos.httpraw import exchange
-from router.contract.connections import LINGER_S
+from kvroute.loadgen.chaos.httpraw import exchange
+from kvroute.router.contract.connections import LINGER_S
 
 KEY = "front-case-key"
 BODY = b'{"prompt": "hello there", "max_tokens": 2}'

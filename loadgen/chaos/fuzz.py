@@ -17,8 +17,8 @@ from typing import Callable, Iterable, Sequence
 
 import orjson
 
-from loadgen.chaos.fuzz_cases import FuzzCase
-from loadgen.chaos.httpraw import RawResponse, send
+from kvroute.loadgen.chaos.fuzz_cases import FuzzCase
+from kvroute.loadgen.chaos.httpraw import RawResponse, send
 
 MAX_FAILURES_KEPT = 20
 

@@ -22,9 +22,9 @@ from typing import Iterator
 
 import orjson
 
-from loadgen.chaos.fuzz_fields import BASE, FIELDS, OUT_OF_RANGE, PATHS, POOL
-from loadgen.chaos.httpraw import RawRequest
-from router.contract.limits import Limits
+from kvroute.loadgen.chaos.fuzz_fields import BASE, FIELDS, OUT_OF_RANGE, PATHS, POOL
+from kvroute.loadgen.chaos.httpraw import RawRequest
+from kvroute.router.contract.limits import Limits
 
 MB = 1 << 20
 HOLE = "@@fuzz@@"

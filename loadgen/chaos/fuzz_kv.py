@@ -13,7 +13,7 @@ from typing import Iterator
 
 import orjson
 
-from loadgen.chaos.fuzz_cases import FuzzCase, _case, with_raw
+from kvroute.loadgen.chaos.fuzz_cases import FuzzCase, _case, with_raw
 
 FAKE_SIGNATURE = "ab" * 32
 

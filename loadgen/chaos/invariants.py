@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 import re
 
-from loadgen.chaos.procs import Proc
-from loadgen.chaos.rows import Row
-from loadgen.chaos.rss import MB
-from loadgen.chaos.scenario_base import Violation
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.rss import MB
+from kvroute.loadgen.chaos.scenario_base import Violation
 
 _ALARM = re.compile(rb"Traceback \(most recent call last\)|\bERROR\b")
 

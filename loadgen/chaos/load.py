@@ -25,7 +25,7 @@ import time
 import aiohttp
 import orjson
 
-from loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.rows import Row
 
 MAX_EXAMPLES = 5
 LONG_TOKENS = 512  # ~0.8 s at the chaos engines' time scale

@@ -10,10 +10,10 @@ import time
 
 import aiohttp
 
-from loadgen.chaos.fleet import get_json, instances
-from loadgen.chaos.procs import Proc
-from loadgen.chaos.rows import Row
-from loadgen.chaos.scenario_base import Context
+from kvroute.loadgen.chaos.fleet import get_json, instances
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.scenario_base import Context
 
 
 async def spawn_router(ctx: Context, name: str, args: list[str], engines: list[Proc] | None = None) -> Proc:

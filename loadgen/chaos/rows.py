@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from loadgen.chaos.rss import MB, Memory
+from kvroute.loadgen.chaos.rss import MB, Memory
 
 
 @dataclasses.dataclass(kw_only=True)

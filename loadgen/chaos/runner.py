@@ -14,15 +14,15 @@ import time
 
 import aiohttp
 
-from loadgen.chaos.config import ChaosConfig
-from loadgen.chaos.fleet import ENGINE_ARGS, ROUTER_ARGS, Fleet
-from loadgen.chaos.invariants import LogWatch, check_rows
-from loadgen.chaos.load import LoadClient, Prompts
-from loadgen.chaos.rows import Row
-from loadgen.chaos.rss import RssWatch
-from loadgen.chaos.scenario_base import Context, Outcome, Violation
-from loadgen.chaos.scenarios import SCENARIOS, chosen
-from loadgen.chaos.watch import Views
+from kvroute.loadgen.chaos.config import ChaosConfig
+from kvroute.loadgen.chaos.fleet import ENGINE_ARGS, ROUTER_ARGS, Fleet
+from kvroute.loadgen.chaos.invariants import LogWatch, check_rows
+from kvroute.loadgen.chaos.load import LoadClient, Prompts
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.rss import RssWatch
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome, Violation
+from kvroute.loadgen.chaos.scenarios import SCENARIOS, chosen
+from kvroute.loadgen.chaos.watch import Views
 
 WARMUP_S = 2.0  # load before the first scenario, so caches and the index are warm
 DRAIN_S = 40.0  # longest wait for a row's last requests to end

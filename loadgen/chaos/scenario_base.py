@@ -8,11 +8,11 @@ from typing import Awaitable, Callable, Protocol
 
 import aiohttp
 
-from loadgen.chaos.config import ChaosConfig
-from loadgen.chaos.fleet import Fleet
-from loadgen.chaos.load import LoadClient, Prompts
-from loadgen.chaos.rows import Row
-from loadgen.chaos.watch import Views, wait_for
+from kvroute.loadgen.chaos.config import ChaosConfig
+from kvroute.loadgen.chaos.fleet import Fleet
+from kvroute.loadgen.chaos.load import LoadClient, Prompts
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.watch import Views, wait_for
 
 
 @dataclasses.dataclass(frozen=True)

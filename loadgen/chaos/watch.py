@@ -12,8 +12,8 @@ from typing import Awaitable, Callable
 import aiohttp
 import orjson
 
-from loadgen.chaos.fleet import Fleet, get_json, instances, metric
-from loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.fleet import Fleet, get_json, instances, metric
+from kvroute.loadgen.chaos.procs import Proc
 
 POLL_S = 0.05
 BREAKER = "kvroute_index_breaker_open"

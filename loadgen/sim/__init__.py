@@ -13,7 +13,7 @@
     cli.py        `kvroute sim` (main)
 """
 
-from loadgen.sim.cli import main
-from loadgen.sim.runner import SimConfig, SimResult, simulate
+from kvroute.loadgen.sim.cli import main
+from kvroute.loadgen.sim.runner import SimConfig, SimResult, simulate
 
 __all__ = ["main", "simulate", "SimConfig", "SimResult"]

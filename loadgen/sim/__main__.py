@@ -1,5 +1,5 @@
 import sys
 
-from loadgen.sim import main
+from kvroute.loadgen.sim import main
 
 sys.exit(main())

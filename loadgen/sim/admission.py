@@ -13,15 +13,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping
 
-from loadgen.record import RequestRecord
-from loadgen.workload_base import RequestSpec
-from router.contract.protocol import block_hashes
-from router.decision import admission as adm
-from router.decision.base import RouteRequest
-from router.decision.fair_queue import FairQueue, QueueEntry, band_of
-from router.decision.route import NoCandidates, RouteDecision
-from router.decision.tenants import DEFAULT_TENANT
-from router.index.memory import MemoryIndex
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.contract.protocol import block_hashes
+from kvroute.router.decision import admission as adm
+from kvroute.router.decision.base import RouteRequest
+from kvroute.router.decision.fair_queue import FairQueue, QueueEntry, band_of
+from kvroute.router.decision.route import NoCandidates, RouteDecision
+from kvroute.router.decision.tenants import DEFAULT_TENANT
+from kvroute.router.index.memory import MemoryIndex
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AdmissionSetup:

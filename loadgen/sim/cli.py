@@ -32,22 +32,22 @@ import sys
 import time
 from pathlib import Path
 
-from engine.runners.cost_model import COST_MODELS, get_cost_model
-from engine.runners.sim import LINKS
-from engine.kv.tiers import STORE_WRITE_MODES
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.parallel import PolicyRun, default_jobs, run_policies
-from loadgen.sim.pd_sweep import format_sweep, pd_sweep
-from loadgen.sim.profile import profile
-from loadgen.sim.report import format_suite, format_table, relative_to_oracle
-from loadgen.sim.runner import SimConfig, arrivals, policy_names
-from loadgen.sim.tenant_mix import format_tenants, mixed_specs, per_tenant
-from loadgen.tenants import parse_tenant
-from loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
-from loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
+from kvroute.engine.runners.cost_model import COST_MODELS, get_cost_model
+from kvroute.engine.runners.sim import LINKS
+from kvroute.engine.kv.tiers import STORE_WRITE_MODES
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.parallel import PolicyRun, default_jobs, run_policies
+from kvroute.loadgen.sim.pd_sweep import format_sweep, pd_sweep
+from kvroute.loadgen.sim.profile import profile
+from kvroute.loadgen.sim.report import format_suite, format_table, relative_to_oracle
+from kvroute.loadgen.sim.runner import SimConfig, arrivals, policy_names
+from kvroute.loadgen.sim.tenant_mix import format_tenants, mixed_specs, per_tenant
+from kvroute.loadgen.tenants import parse_tenant
+from kvroute.loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
+from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 
-from router.contract.cli_help import HelpFormatter
-from router.planner.decide import PlannerConfig
+from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.planner.decide import PlannerConfig
 
 PROG = "kvroute sim"
 

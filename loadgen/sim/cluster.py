@@ -25,12 +25,12 @@ import itertools
 import math
 from typing import Callable, Iterator, Protocol
 
-from engine.core.kv_events import KVChange
-from engine.core.config import EngineConfig
-from engine.core.sequence import Sequence
-from loadgen.sim.instance import QUEUE_FULL, SimInstance
-from loadgen.sim.tiers import SimStore, SimTierIO
-from loadgen.workload_base import RequestSpec
+from kvroute.engine.core.kv_events import KVChange
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.sequence import Sequence
+from kvroute.loadgen.sim.instance import QUEUE_FULL, SimInstance
+from kvroute.loadgen.sim.tiers import SimStore, SimTierIO
+from kvroute.loadgen.workload_base import RequestSpec
 
 STEP, DELIVER, POLL, ARRIVE, CALL = 0, 1, 2, 3, 4  # CALL: payload() (a KV transfer's end, disagg.py)
 

@@ -28,14 +28,14 @@ import dataclasses
 import random
 from typing import Mapping
 
-from engine.core.sequence import Sequence, SeqStatus
-from loadgen.sim.cluster import CALL, Cluster
-from loadgen.sim.instance import SimInstance
-from loadgen.sim.load_view import LoadView
-from router.decision.decode_choice import COLOCATED_ROLES, DECODE_ROLES, PREFILL_ROLES, pick_decode_member
-from router.decision.route import RouteDecision, Routed
-from router.decision.base import RouteRequest
-from router.index.base import PrefixMatch
+from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.loadgen.sim.cluster import CALL, Cluster
+from kvroute.loadgen.sim.instance import SimInstance
+from kvroute.loadgen.sim.load_view import LoadView
+from kvroute.router.decision.decode_choice import COLOCATED_ROLES, DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from kvroute.router.decision.route import RouteDecision, Routed
+from kvroute.router.decision.base import RouteRequest
+from kvroute.router.index.base import PrefixMatch
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

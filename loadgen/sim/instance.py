@@ -37,17 +37,17 @@ from typing import Callable
 
 import time
 
-from engine.core.block_manager import BlockManager
-from engine.core.config import EngineConfig
-from engine.core.engine_core import DROPPED, NO_FIT, QUEUE_FULL, CoreConfig, EngineCore
-from engine.core.scheduler import Step
-from engine.core.sequence import Sequence, SeqStatus
-from engine.kv.tier_setup import build_tiers
-from engine.runners.cost_model import CostModel
-from engine.runners.registry import RUNNERS
-from engine.runners.sim import NUM_SPECIAL_TOKENS
-from loadgen.sim.tiers import SimTierIO
-from router.contract.protocol import LoadRecord
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.engine_core import DROPPED, NO_FIT, QUEUE_FULL, CoreConfig, EngineCore
+from kvroute.engine.core.scheduler import Step
+from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.engine.runners.cost_model import CostModel
+from kvroute.engine.runners.registry import RUNNERS
+from kvroute.engine.runners.sim import NUM_SPECIAL_TOKENS
+from kvroute.loadgen.sim.tiers import SimTierIO
+from kvroute.router.contract.protocol import LoadRecord
 
 __all__ = ["DROPPED", "NO_FIT", "QUEUE_FULL", "SimInstance", "step_time"]
 SAMPLED_TOKEN = NUM_SPECIAL_TOKENS  # the first ordinary id

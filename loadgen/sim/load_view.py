@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence as SequenceABC
 from typing import Callable, Iterator, Mapping, Sequence
 
-from router.decision.base import InstanceState
-from router.decision.candidates import LeastLoaded
-from router.contract.protocol import LoadRecord
+from kvroute.router.decision.base import InstanceState
+from kvroute.router.decision.candidates import LeastLoaded
+from kvroute.router.contract.protocol import LoadRecord
 
 
 class FleetStates(SequenceABC):

@@ -39,11 +39,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from loadgen.sim.cluster import Cluster, KVEvents
-from loadgen.sim.instance import SimInstance
-from router.index.base import PrefixMatch
-from router.index.memory import MemoryIndex
-from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.loadgen.sim.cluster import Cluster, KVEvents
+from kvroute.loadgen.sim.instance import SimInstance
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 class OraclePolicy(PolicyBase):

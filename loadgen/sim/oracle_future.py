@@ -34,12 +34,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from loadgen.sim.cluster import Cluster
-from loadgen.sim.oracle import OraclePolicy
-from loadgen.workload_base import RequestSpec
-from router.index.base import PrefixMatch
-from router.decision.base import Decision, InstanceState, RouteRequest
-from router.contract.protocol import block_hashes, hash_seed
+from kvroute.loadgen.sim.cluster import Cluster
+from kvroute.loadgen.sim.oracle import OraclePolicy
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.decision.base import Decision, InstanceState, RouteRequest
+from kvroute.router.contract.protocol import block_hashes, hash_seed
 
 
 class FutureUses:

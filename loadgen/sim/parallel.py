@@ -20,11 +20,11 @@ import os
 import sys
 import time
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.record import RequestRecord
-from loadgen.sim.runner import SimConfig, simulate
-from loadgen.workload_base import RequestSpec
-from router.planner.decide import PlannerConfig
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.sim.runner import SimConfig, simulate
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.planner.decide import PlannerConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -17,9 +17,9 @@ import dataclasses
 import sys
 from typing import Any, Mapping
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.runner import SimConfig, simulate
-from loadgen.workload_base import RequestSpec
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.runner import SimConfig, simulate
+from kvroute.loadgen.workload_base import RequestSpec
 
 COLUMNS = (  # (header, row key, scale, digits)
     ("ttft p50 ms", "ttft_p50_s", 1e3, 1),

@@ -10,10 +10,10 @@ fleet's roles and load -- and its role changes apply at once, as POST /admin/rol
 
 from __future__ import annotations
 
-from loadgen.record import RequestRecord
-from loadgen.sim.cluster import CALL, Cluster
-from router.planner.decide import EngineView, Observation, Plan, Planner, PlannerConfig
-from router.planner.recent import Finished, RecentWindow, observation
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.sim.cluster import CALL, Cluster
+from kvroute.router.planner.decide import EngineView, Observation, Plan, Planner, PlannerConfig
+from kvroute.router.planner.recent import Finished, RecentWindow, observation
 
 MODEL = "sim"  # the one model a simulated fleet serves
 

@@ -12,7 +12,7 @@ takes them from a profiling run).
 
 from __future__ import annotations
 
-from engine.runners.cost_model import CostModel
+from kvroute.engine.runners.cost_model import CostModel
 
 
 def profile(model: CostModel, slo_tpot_s: float, context_tokens: int = 2000, max_batched_tokens: int = 2048,

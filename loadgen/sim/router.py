@@ -20,21 +20,21 @@ from __future__ import annotations
 import time
 from array import array
 
-from engine.core.sequence import Sequence
-from engine.core.work import SamplingParams
-from loadgen.record import RequestRecord
-from loadgen.sim.admission import AdmissionSetup, SimAdmission
-from loadgen.sim.cluster import ARRIVE, CALL, Cluster, KVEvents
-from loadgen.sim.disagg import Disagg, DisaggConfig
-from loadgen.sim.planning import SimWindow
-from loadgen.sim.instance import QUEUE_FULL, SimInstance
-from loadgen.sim.load_view import LoadView
-from loadgen.workload_base import RequestSpec
-from router.index.base import event_owner
-from router.index.memory import MemoryIndex
-from router.decision.base import Policy, RouteRequest
-from router.decision.route import RouteDecision, Routed, RouteSettings, uncached_tokens
-from router.contract.protocol import block_hashes, hash_seed
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import SamplingParams
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.sim.admission import AdmissionSetup, SimAdmission
+from kvroute.loadgen.sim.cluster import ARRIVE, CALL, Cluster, KVEvents
+from kvroute.loadgen.sim.disagg import Disagg, DisaggConfig
+from kvroute.loadgen.sim.planning import SimWindow
+from kvroute.loadgen.sim.instance import QUEUE_FULL, SimInstance
+from kvroute.loadgen.sim.load_view import LoadView
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.index.base import event_owner
+from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.decision.base import Policy, RouteRequest
+from kvroute.router.decision.route import RouteDecision, Routed, RouteSettings, uncached_tokens
+from kvroute.router.contract.protocol import block_hashes, hash_seed
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
 

@@ -19,24 +19,24 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.core.config import EngineConfig
-from engine.runners.cost_model import get_cost_model
-from engine.runners.sim import LINKS
-from loadgen.arrivals import ArrivalConfig, arrival_times
-from loadgen.record import RequestRecord
-from loadgen.sim.admission import AdmissionSetup
-from loadgen.sim.cluster import Cluster
-from loadgen.sim.disagg import DisaggConfig
-from loadgen.sim.oracle import make_oracle
-from loadgen.sim.planning import SimPlanning
-from loadgen.sim.oracle_future import make_future_oracle
-from loadgen.sim.router import SimRouter
-from loadgen.summary import summarize
-from loadgen.workload_base import RequestSpec
-from router.decision.admission import AdmissionConfig
-from router.planner.decide import PlannerConfig
-from router.decision.policies import POLICIES, make_policy, policy_params
-from router.decision.base import Policy
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.runners.cost_model import get_cost_model
+from kvroute.engine.runners.sim import LINKS
+from kvroute.loadgen.arrivals import ArrivalConfig, arrival_times
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.sim.admission import AdmissionSetup
+from kvroute.loadgen.sim.cluster import Cluster
+from kvroute.loadgen.sim.disagg import DisaggConfig
+from kvroute.loadgen.sim.oracle import make_oracle
+from kvroute.loadgen.sim.planning import SimPlanning
+from kvroute.loadgen.sim.oracle_future import make_future_oracle
+from kvroute.loadgen.sim.router import SimRouter
+from kvroute.loadgen.summary import summarize
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.decision.admission import AdmissionConfig
+from kvroute.router.planner.decide import PlannerConfig
+from kvroute.router.decision.policies import POLICIES, make_policy, policy_params
+from kvroute.router.decision.base import Policy
 
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
 # planned (send time, spec) of every request that is not a follow-up.

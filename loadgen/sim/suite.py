@@ -34,11 +34,11 @@ import pathlib
 import sys
 from typing import Any, Mapping
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.report import ORACLE, relative_to_oracle
-from loadgen.sim.parallel import PolicyRun, run_policies
-from loadgen.sim.runner import SimConfig
-from loadgen.workloads import make_workload
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.report import ORACLE, relative_to_oracle
+from kvroute.loadgen.sim.parallel import PolicyRun, run_policies
+from kvroute.loadgen.sim.runner import SimConfig
+from kvroute.loadgen.workloads import make_workload
 
 SUITE_CONFIG = SimConfig(instances=8, num_blocks=1024, request_overhead_s=0.005)
 STRONGER = "oracle_future"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from loadgen.arrivals import arrival_times
-from loadgen.summary import summarize
-from loadgen.tenants import TenantLoad, refusals, workload_of
-from loadgen.workload_base import RequestSpec
+from kvroute.loadgen.arrivals import arrival_times
+from kvroute.loadgen.summary import summarize
+from kvroute.loadgen.tenants import TenantLoad, refusals, workload_of
+from kvroute.loadgen.workload_base import RequestSpec
 
 
 def mixed_specs(loads: Sequence[TenantLoad]) -> list[RequestSpec]:

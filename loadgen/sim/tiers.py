@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from engine.core.kv_events import KVChange
-from engine.kv.kv_copies import CopyPlan
-from engine.core.sequence import Sequence
-from engine.kv.tiers import CacheTiers
+from kvroute.engine.core.kv_events import KVChange
+from kvroute.engine.kv.kv_copies import CopyPlan
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.kv.tiers import CacheTiers
 
 
 class SimStore:

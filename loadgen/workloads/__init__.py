@@ -14,14 +14,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from loadgen.workload_base import Workload
-from loadgen.workloads.doc_qa import DocQAConfig, DocQAWorkload
-from loadgen.workloads.multi_turn import MultiTurnConfig, MultiTurnWorkload
-from loadgen.workloads.no_sharing import RandomConfig, RandomWorkload
-from loadgen.workloads.session_storm import SessionStormConfig, SessionStormWorkload
-from loadgen.workloads.shared_prefix import SharedPrefixConfig, SharedPrefixWorkload
-from loadgen.workloads.shifting import ShiftConfig, ShiftWorkload
-from loadgen.workloads.trace import TraceConfig, TraceWorkload
+from kvroute.loadgen.workload_base import Workload
+from kvroute.loadgen.workloads.doc_qa import DocQAConfig, DocQAWorkload
+from kvroute.loadgen.workloads.multi_turn import MultiTurnConfig, MultiTurnWorkload
+from kvroute.loadgen.workloads.no_sharing import RandomConfig, RandomWorkload
+from kvroute.loadgen.workloads.session_storm import SessionStormConfig, SessionStormWorkload
+from kvroute.loadgen.workloads.shared_prefix import SharedPrefixConfig, SharedPrefixWorkload
+from kvroute.loadgen.workloads.shifting import ShiftConfig, ShiftWorkload
+from kvroute.loadgen.workloads.trace import TraceConfig, TraceWorkload
 
 WORKLOADS: dict[str, Any] = {
     "shared-prefix": SharedPrefixWorkload,

@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from loadgen.workload_base import RequestSpec
-from loadgen.workloads.content import check_int, check_number, distinct_start, random_tokens
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.loadgen.workloads.content import check_int, check_number, distinct_start, random_tokens
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,8 @@ import dataclasses
 
 import numpy as np
 
-from loadgen.workload_base import RequestSpec
-from loadgen.workloads.content import check_int, distinct_start
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.loadgen.workloads.content import check_int, distinct_start
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,8 @@ import json
 import math
 import pathlib
 
-from loadgen.workload_base import RequestSpec
-from loadgen.workloads.content import check_int, check_number, keyed_tokens
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.loadgen.workloads.content import check_int, check_number, keyed_tokens
 
 SOURCE_BLOCK_TOKENS = 512  # Mooncake's block size
 _BLOCK_STREAM, _PAD_STREAM = 5, 6

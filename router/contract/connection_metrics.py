@@ -16,7 +16,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from router.contract.connections import ConnectionGuard
+from kvroute.router.contract.connections import ConnectionGuard
 
 CLOSE_REASONS = ("header_timeout", "body_timeout", "displaced", "over_capacity", "over_peer_capacity")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from router.contract.tokenizer import Tokenizer
+from kvroute.router.contract.tokenizer import Tokenizer
 
 _DETOK_CONTEXT = 5
 

@@ -24,7 +24,7 @@ from typing import Protocol, Sequence
 import msgspec
 import tokenizers
 
-from router.contract.protocol import u32le
+from kvroute.router.contract.protocol import u32le
 
 
 class Encoding(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,7 +22,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
 if TYPE_CHECKING:
-    from router.contract.connections import ConnectionGuard
+    from kvroute.router.contract.connections import ConnectionGuard
 
 
 def peer_of(transport: asyncio.BaseTransport) -> str:

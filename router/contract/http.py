@@ -13,8 +13,8 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
-from router.contract.connections import CONNECTION_GUARD, ConnectionGuard, ConnectionLimits
-from router.contract.errors import (BadRequest, Conflict, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge,
+from kvroute.router.contract.connections import CONNECTION_GUARD, ConnectionGuard, ConnectionLimits
+from kvroute.router.contract.errors import (BadRequest, Conflict, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge,
                                     RequestTimeout, Unauthorized, Unavailable)
 
 log = logging.getLogger(__name__)

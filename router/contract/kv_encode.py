@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import msgspec
 
-from router.contract import kv_wire as wire
+from kvroute.router.contract import kv_wire as wire
 
 ENCODINGS = ("map", "array", "map-batch")
 _FAMILIES = {

@@ -21,8 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from router.contract.errors import BadRequest, ContextTooLong
-from router.contract.openai_request import CompletionRequest
+from kvroute.router.contract.errors import BadRequest, ContextTooLong
+from kvroute.router.contract.openai_request import CompletionRequest
 
 CHARS_PER_TOKEN = 8
 # A chat template wraps every message in text of its own (ChatML: 24 characters plus the role),

@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
-from router.contract.errors import BadRequest
-from router.contract.openai_sampling import sampling_fields
-from router.contract.protocol import u32le
+from kvroute.router.contract.errors import BadRequest
+from kvroute.router.contract.openai_sampling import sampling_fields
+from kvroute.router.contract.protocol import u32le
 
 KINDS = ("completion", "chat")
 MAX_TOKEN_ID = 0xFFFFFFFF  # ids are hashed as little-endian uint32 (router/contract/protocol.py)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.contract.errors import BadRequest
+from kvroute.router.contract.errors import BadRequest
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 MAX_LOGIT_BIAS = 1024

@@ -101,7 +101,7 @@ def _load_extension():
     if os.environ.get("KVROUTE_NO_EXTENSION"):
         return None, None
     try:
-        from router.contract._chainhash import chain, u32le as pack
+        from kvroute.router.contract._chainhash import chain, u32le as pack
     except ImportError:
         return None, None
     probe = bytes(range(256)) * 9

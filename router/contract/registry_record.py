@@ -38,7 +38,7 @@ import time
 
 import orjson
 
-from router.contract.kv_auth import sign, verify
+from kvroute.router.contract.kv_auth import sign, verify
 
 PREFIX = "kvroute:registry:"
 IDS = PREFIX + "ids"

@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import tokenizers
 
-from router.contract.encoding import Encoding
-from router.contract.protocol import u32le
+from kvroute.router.contract.encoding import Encoding
+from kvroute.router.contract.protocol import u32le
 
 SAFE_PRE_TOKENIZERS = ("ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit")
 PROBES = ("hello{t}world", " lead{t} trail ", "a{t}{t}\n\nb", "{t}x", "x{t}", "naïve {t}\n  café 1234",

@@ -15,7 +15,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from router.contract.connections import GuardedRunner
+from kvroute.router.contract.connections import GuardedRunner
 
 log = logging.getLogger(__name__)
 

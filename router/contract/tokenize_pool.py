@@ -30,7 +30,7 @@ import concurrent.futures
 import dataclasses
 from typing import Callable, TypeVar
 
-from router.contract.errors import Overloaded
+from kvroute.router.contract.errors import Overloaded
 
 T = TypeVar("T")
 FORGET_AFTER = 4096  # tenants' last finishes kept before those behind the virtual time are dropped

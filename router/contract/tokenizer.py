@@ -35,8 +35,8 @@ import jinja2.sandbox
 import tokenizers
 import xxhash
 
-from router.contract.encoding import EncodePlan, FullPlan
-from router.contract.segment_cache import SegmentCache
+from kvroute.router.contract.encoding import EncodePlan, FullPlan
+from kvroute.router.contract.segment_cache import SegmentCache
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
 BUILTIN_NAME = "kvroute-bpe-8k"

@@ -38,8 +38,8 @@ from typing import Mapping
 
 import msgspec
 
-from router.decision.base import Decision
-from router.decision.fair_queue import FairQueue, QueueEntry
+from kvroute.router.decision.base import Decision
+from kvroute.router.decision.fair_queue import FairQueue, QueueEntry
 
 ADMIT, QUEUE, WAIT, REFUSE = "admit", "queue", "wait", "refuse"
 

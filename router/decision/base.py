@@ -13,9 +13,9 @@ from typing import Callable, ClassVar, Mapping, Protocol, Sequence
 
 import msgspec
 
-from router.index.base import PrefixMatch
-from router.contract.protocol import LoadRecord
-from router.contract.tier_costs import TierCosts
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.contract.tier_costs import TierCosts
 
 
 class InstanceState(msgspec.Struct, frozen=True):

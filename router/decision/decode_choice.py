@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Collection, Hashable
 
-from router.decision.route import Members
+from kvroute.router.decision.route import Members
 
 DECODE_ROLES = ("decode", "both")
 PREFILL_ROLES = ("prefill",)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import collections
 
-from router.contract.encoding import Encoding
-from router.contract.protocol import block_hashes_of_bytes
+from kvroute.router.contract.encoding import Encoding
+from kvroute.router.contract.protocol import block_hashes_of_bytes
 
 
 class PrefixHashes:

@@ -25,9 +25,9 @@ from typing import Hashable, Mapping, Protocol, Sequence
 
 import msgspec
 
-from router.decision.base import Decision, InstanceState, Policy, RouteRequest
-from router.decision.candidates import LeastLoaded, RecentSenders, pick
-from router.index.base import PrefixMatch
+from kvroute.router.decision.base import Decision, InstanceState, Policy, RouteRequest
+from kvroute.router.decision.candidates import LeastLoaded, RecentSenders, pick
+from kvroute.router.index.base import PrefixMatch
 
 
 class Members(Protocol):

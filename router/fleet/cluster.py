@@ -11,19 +11,19 @@ from typing import Callable, Sequence
 import aiohttp
 import orjson
 
-from router.service.config import RouterConfig
-from router.index.base import BlockIndex, IndexUnavailable
-from router.fleet.instance import EngineInfo, Generation, Instance
-from router.fleet.kinds import assign_kinds, discover_info, poll_load
-from router.fleet.kinds.http import EngineHTTP
-from router.fleet.fleet_shape import FleetShape
-from router.fleet.groups import Group, Groups
-from router.fleet.progress import ProgressWatch
-from router.contract.limits import Limits
-from router.service.metrics import RouterMetrics
-from router.contract.protocol import LoadRecord
-from router.contract.tier_costs import store_owner
-from router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.index.base import BlockIndex, IndexUnavailable
+from kvroute.router.fleet.instance import EngineInfo, Generation, Instance
+from kvroute.router.fleet.kinds import assign_kinds, discover_info, poll_load
+from kvroute.router.fleet.kinds.http import EngineHTTP
+from kvroute.router.fleet.fleet_shape import FleetShape
+from kvroute.router.fleet.groups import Group, Groups
+from kvroute.router.fleet.progress import ProgressWatch
+from kvroute.router.contract.limits import Limits
+from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.contract.tier_costs import store_owner
+from kvroute.router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import collections
 import logging
 from typing import Iterable
 
-from router.fleet.instance import EngineInfo, Instance
-from router.contract.limits import Limits
-from router.contract.protocol import hash_seed
+from kvroute.router.fleet.instance import EngineInfo, Instance
+from kvroute.router.contract.limits import Limits
+from kvroute.router.contract.protocol import hash_seed
 
 log = logging.getLogger(__name__)
 

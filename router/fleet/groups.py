@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from router.decision.candidates import LeastLoaded
-from router.fleet.instance import Generation, Instance
+from kvroute.router.decision.candidates import LeastLoaded
+from kvroute.router.fleet.instance import Generation, Instance
 
 
 class Group:

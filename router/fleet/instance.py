@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from router.decision.base import InstanceState
-from router.contract.protocol import LoadRecord
-from router.fleet.progress import moved
-from router.fleet.queued_prefill import QueuedPrefill
-from router.contract.tier_costs import TierCosts
+from kvroute.router.decision.base import InstanceState
+from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.fleet.progress import moved
+from kvroute.router.fleet.queued_prefill import QueuedPrefill
+from kvroute.router.contract.tier_costs import TierCosts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

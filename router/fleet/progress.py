@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 
-from router.contract.protocol import LoadRecord
+from kvroute.router.contract.protocol import LoadRecord
 
 log = logging.getLogger(__name__)
 

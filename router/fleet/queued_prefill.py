@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from router.contract.protocol import LoadRecord
+from kvroute.router.contract.protocol import LoadRecord
 
 MARGIN_S = 0.05
 

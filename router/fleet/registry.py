@@ -25,10 +25,10 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from router.fleet.cluster import Cluster
-from router.contract.redact import redact
-from router.contract.registry_record import CHANNEL, IDS, LEFT, EngineRecord, engine_key
-from router.fleet.registry_trust import RegistryTrust
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.contract.redact import redact
+from kvroute.router.contract.registry_record import CHANNEL, IDS, LEFT, EngineRecord, engine_key
+from kvroute.router.fleet.registry_trust import RegistryTrust
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ is forgotten (`forget_old`), and what is kept is bounded by the instances that r
 
 from __future__ import annotations
 
-from router.contract.registry_record import LEFT, MAX_CLOCK_SKEW_S, SIGNED_FOR_S, EngineRecord
+from kvroute.router.contract.registry_record import LEFT, MAX_CLOCK_SKEW_S, SIGNED_FOR_S, EngineRecord
 
 
 class RegistryTrust:

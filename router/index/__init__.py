@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import inspect
 
-from router.index.base import NO_MATCH, Applied, BlockIndex, IndexUnavailable, PrefixMatch
-from router.index.breaker import BreakerIndex
-from router.index.instrumented import InstrumentedIndex
-from router.index.memory import MemoryIndex
-from router.index.redis import RedisIndex
+from kvroute.router.index.base import NO_MATCH, Applied, BlockIndex, IndexUnavailable, PrefixMatch
+from kvroute.router.index.breaker import BreakerIndex
+from kvroute.router.index.instrumented import InstrumentedIndex
+from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.index.redis import RedisIndex
 
 INDEXES: dict[str, type] = {"memory": MemoryIndex, "redis": RedisIndex}
 

@@ -11,8 +11,8 @@ from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
 import msgspec
 
-from router.contract.protocol import TIERS, KVEvent
-from router.contract.tier_costs import store_owner
+from kvroute.router.contract.protocol import TIERS, KVEvent
+from kvroute.router.contract.tier_costs import store_owner
 
 TIER_RANK = {tier: i for i, tier in enumerate(TIERS)}  # lower is better: device < host < remote
 

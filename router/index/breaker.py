@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from router.index.base import Applied, BlockIndex, IndexUnavailable, PrefixMatch
-from router.contract.protocol import KVEvent
+from kvroute.router.index.base import Applied, BlockIndex, IndexUnavailable, PrefixMatch
+from kvroute.router.contract.protocol import KVEvent
 
 
 class BreakerIndex:

@@ -24,9 +24,9 @@ from itertools import compress, islice
 from operator import is_not
 from typing import Iterable, Mapping, Sequence
 
-from router.index.base import TIER_RANK, Applied, PrefixMatch, event_owner
-from router.index.holder_maps import HolderMap, HolderMaps
-from router.contract.protocol import TIERS, KVEvent
+from kvroute.router.index.base import TIER_RANK, Applied, PrefixMatch, event_owner
+from kvroute.router.index.holder_maps import HolderMap, HolderMaps
+from kvroute.router.contract.protocol import TIERS, KVEvent
 
 # BEST_TIER[mask] = index into TIERS of the best (lowest) tier set in mask; mask 0 unused.
 BEST_TIER = tuple(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from router.index.base import Applied, BlockIndex, PrefixMatch
-from router.index.memory import MemoryIndex
-from router.contract.protocol import KVEvent
+from kvroute.router.index.base import Applied, BlockIndex, PrefixMatch
+from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.contract.protocol import KVEvent
 
 
 class SplitIndex:

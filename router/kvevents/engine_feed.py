@@ -15,11 +15,11 @@ import time
 import aiohttp
 import orjson
 
-from router.contract.cancellation import raise_if_cancelled
-from router.fleet.cluster import Cluster, answered_late
-from router.index.base import IndexUnavailable, event_owner
-from router.fleet.instance import Instance
-from router.contract.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
+from kvroute.router.contract.cancellation import raise_if_cancelled
+from kvroute.router.fleet.cluster import Cluster, answered_late
+from kvroute.router.index.base import IndexUnavailable, event_owner
+from kvroute.router.fleet.instance import Instance
+from kvroute.router.contract.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
 
 log = logging.getLogger(__name__)
 

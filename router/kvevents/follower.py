@@ -24,14 +24,14 @@ from typing import Mapping, Sequence
 
 import zmq.asyncio
 
-from router.index.base import IndexUnavailable
-from router.fleet.instance import Instance
-from router.kvevents.metrics import ZmqMetrics
-from router.kvevents.sources import EventSource
-from router.kvevents.subscriber import SourceStats, Subscriber
-from router.kvevents.translate import BlockMap
-from router.contract.kv_wire import Batch
-from router.contract.protocol import KVEvent, hash_seed, new_epoch
+from kvroute.router.index.base import IndexUnavailable
+from kvroute.router.fleet.instance import Instance
+from kvroute.router.kvevents.metrics import ZmqMetrics
+from kvroute.router.kvevents.sources import EventSource
+from kvroute.router.kvevents.subscriber import SourceStats, Subscriber
+from kvroute.router.kvevents.translate import BlockMap
+from kvroute.router.contract.kv_wire import Batch
+from kvroute.router.contract.protocol import KVEvent, hash_seed, new_epoch
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Iterable, Protocol, Sequence
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from router.kvevents.subscriber import SourceStats
-from router.kvevents.translate import BlockMap
+from kvroute.router.kvevents.subscriber import SourceStats
+from kvroute.router.kvevents.translate import BlockMap
 
 LAG_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 5.0)
 SOURCE_COUNTERS = {

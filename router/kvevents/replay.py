@@ -15,7 +15,7 @@ import logging
 import zmq
 import zmq.asyncio
 
-from router.contract.kv_wire import MAX_MESSAGE_BYTES, WireError, split_replay
+from kvroute.router.contract.kv_wire import MAX_MESSAGE_BYTES, WireError, split_replay
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping
 
-from router.contract.kv_wire import SCHEMES
+from kvroute.router.contract.kv_wire import SCHEMES
 
 
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 import collections
 from typing import Iterator
 
-from router.contract.kv_wire import Cleared, Event, Removed, Stored
-from router.contract.protocol import TIERS, block_hashes
+from kvroute.router.contract.kv_wire import Cleared, Event, Removed, Stored
+from kvroute.router.contract.protocol import TIERS, block_hashes
 
 MEDIUM_TIERS = {
     "GPU": "device",

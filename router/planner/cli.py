@@ -7,8 +7,8 @@ import dataclasses
 import json
 import sys
 
-from router.planner.decide import PlannerConfig
-from router.contract.serve import bind_socket, run_app, setup_logging
+from kvroute.router.planner.decide import PlannerConfig
+from kvroute.router.contract.serve import bind_socket, run_app, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +55,7 @@ def read_profile(path: str, fields: set[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from router.planner.service import PlannerService, create_app
+    from kvroute.router.planner.service import PlannerService, create_app
 
     args = build_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(PlannerConfig)}

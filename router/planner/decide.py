@@ -45,7 +45,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from router.contract.protocol import ROLES
+from kvroute.router.contract.protocol import ROLES
 
 # The roles (router/contract/protocol.py ROLES) in the order `assign` fills them: among equally
 # loaded surplus engines prefill is served first, then decode. Plans and reports list them so.

@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 
 import msgspec
 
-from router.planner.decide import EngineView, Observation
-from router.planner.demand import estimate
+from kvroute.router.planner.decide import EngineView, Observation
+from kvroute.router.planner.demand import estimate
 
 
 class Finished(msgspec.Struct, frozen=True, kw_only=True):

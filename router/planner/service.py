@@ -19,11 +19,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from router.contract.http import json_response
-from router.contract.protocol import ROLES
-from router.planner.decide import ORDER, EngineView, Observation, Plan, Planner, PlannerConfig
-from router.planner.recent import observation
-from router.service.upstream_errors import describe_failure
+from kvroute.router.contract.http import json_response
+from kvroute.router.contract.protocol import ROLES
+from kvroute.router.planner.decide import ORDER, EngineView, Observation, Plan, Planner, PlannerConfig
+from kvroute.router.planner.recent import observation
+from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 def create_app(service: PlannerService) -> web.Application:
-    from router.contract.http import error_middleware
+    from kvroute.router.contract.http import error_middleware
 
     app = web.Application(middlewares=[error_middleware])
     app[PLANNER] = service

@@ -28,14 +28,14 @@ import urllib.parse
 import aiohttp
 from aiohttp import web
 
-from router.contract.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
-from router.contract.http import add_body_route, json_response, read_json
-from router.contract.protocol import ROLES
-from router.fleet.instance import Instance
-from router.fleet.kinds import KIND_NAMES
-from router.kvevents.sources import parse_sources
-from router.service.app_keys import CLUSTER, CONFIG, ZMQ
-from router.service.upstream_errors import describe_failure
+from kvroute.router.contract.errors import BadRequest, Conflict, Forbidden, NotFound, Unavailable
+from kvroute.router.contract.http import add_body_route, json_response, read_json
+from kvroute.router.contract.protocol import ROLES
+from kvroute.router.fleet.instance import Instance
+from kvroute.router.fleet.kinds import KIND_NAMES
+from kvroute.router.kvevents.sources import parse_sources
+from kvroute.router.service.app_keys import CLUSTER, CONFIG, ZMQ
+from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 

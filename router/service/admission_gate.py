@@ -19,12 +19,12 @@ import dataclasses
 import time
 from typing import Awaitable, Callable
 
-from router.contract.errors import Overloaded
-from router.decision import admission as adm
-from router.decision.fair_queue import FairQueue, QueueEntry, band_of
-from router.decision.tenants import Limits, TenantSpec, spec_of
-from router.service.admission_metrics import AdmissionMetrics
-from router.service.tenant_book import TenantBook
+from kvroute.router.contract.errors import Overloaded
+from kvroute.router.decision import admission as adm
+from kvroute.router.decision.fair_queue import FairQueue, QueueEntry, band_of
+from kvroute.router.decision.tenants import Limits, TenantSpec, spec_of
+from kvroute.router.service.admission_metrics import AdmissionMetrics
+from kvroute.router.service.tenant_book import TenantBook
 
 Predict = Callable[[], Awaitable[adm.Prediction]]
 

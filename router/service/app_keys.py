@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.fleet.cluster import Cluster
-from router.service.admission_gate import AdmissionGate
-from router.kvevents.follower import ZmqFollower
-from router.service.config import RouterConfig
-from router.service.disagg import Disaggregation
-from router.service.entry import Entry
-from router.service.metrics import RouterMetrics
-from router.service.proxy import Proxy
-from router.service.routing import Router
-from router.service.tenant_book import TenantBook
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.service.admission_gate import AdmissionGate
+from kvroute.router.kvevents.follower import ZmqFollower
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.service.disagg import Disaggregation
+from kvroute.router.service.entry import Entry
+from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.service.proxy import Proxy
+from kvroute.router.service.routing import Router
+from kvroute.router.service.tenant_book import TenantBook
 
 CONFIG = web.AppKey("config", RouterConfig)
 CLUSTER = web.AppKey("cluster", Cluster)

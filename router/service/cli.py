@@ -6,10 +6,10 @@ import argparse
 import os
 import sys
 
-from router.service.config import EVENT_SOURCES, HTTP_SERVERS, RouterConfig
-from router.contract.cli_help import HelpFormatter
-from router.contract.serve import bind_socket, config_values, run_app, setup_logging
-from router.service.tenant_book import TenantBook, split_keys
+from kvroute.router.service.config import EVENT_SOURCES, HTTP_SERVERS, RouterConfig
+from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging
+from kvroute.router.service.tenant_book import TenantBook, split_keys
 
 
 def _edges(text: str) -> tuple[int, ...]:
@@ -20,8 +20,8 @@ def _edges(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from router.index import INDEXES
-    from router.decision.policies import POLICIES
+    from kvroute.router.index import INDEXES
+    from kvroute.router.decision.policies import POLICIES
 
     d = RouterConfig.__dataclass_fields__
     p = argparse.ArgumentParser(prog="kvroute router", description="Run the KV-cache-aware OpenAI router.",
@@ -167,14 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_logging(args.log_level)
         config = RouterConfig(**values)
-        from router.contract.tokenizer import load_tokenizer
+        from kvroute.router.contract.tokenizer import load_tokenizer
 
         load_tokenizer(config.tokenizer)
         TenantBook(config.tenants, config.tenant_keys(), config.tenant_header, config.trust_tenant_header)
     except (ValueError, OSError) as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 2
-    from router.service.workers import bind_reuseport, supervise, worker_socket
+    from kvroute.router.service.workers import bind_reuseport, supervise, worker_socket
 
     sock = worker_socket()  # one of --workers: the supervisor bound it
     try:
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 1
-    from router.service.app import create_app, site_for
+    from kvroute.router.service.app import create_app, site_for
 
     return run_app(create_app(config), sock, "router", site=site_for(config))
 

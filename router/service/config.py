@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from router.contract.connections import ConnectionLimits
-from router.decision.admission import AdmissionConfig
-from router.decision.tenants import DEFAULT_TENANT
+from kvroute.router.contract.connections import ConnectionLimits
+from kvroute.router.decision.admission import AdmissionConfig
+from kvroute.router.decision.tenants import DEFAULT_TENANT
 
 EVENT_SOURCES = ("poll", "redis")
 HTTP_SERVERS = ("lean", "aiohttp")
@@ -150,8 +150,8 @@ class RouterConfig:
 
     def foreign_engines(self):
         """({engine URL: kind}, {engine URL: ZeroMQ event sources}) from the flags."""
-        from router.fleet.kinds import parse_kinds
-        from router.kvevents.sources import parse_sources
+        from kvroute.router.fleet.kinds import parse_kinds
+        from kvroute.router.kvevents.sources import parse_sources
 
         if not 1 <= self.kv_event_block_size <= 1024:
             raise ValueError(f"--kv-event-block-size must be between 1 and 1024, got {self.kv_event_block_size}")

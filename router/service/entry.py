@@ -8,17 +8,17 @@ from typing import Protocol
 
 from aiohttp import web
 
-from router.contract.errors import KVRouteError
-from router.contract.http import ClientGone, parse_json, read_body, status_of
-from router.fleet.cluster import Cluster
-from router.service.admission_gate import AdmissionGate, Ticket, no_prediction
-from router.service.charges import Charges
-from router.service.proxy import Proxy
-from router.service.request_class import priority_of, slo_of
-from router.decision.admission import NO_PREDICTION, Prediction
-from router.service.routing import Forecast, Prepared, Router
-from router.service.steering import forwardable
-from router.service.tenant_book import TENANT_KEY
+from kvroute.router.contract.errors import KVRouteError
+from kvroute.router.contract.http import ClientGone, parse_json, read_body, status_of
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.service.admission_gate import AdmissionGate, Ticket, no_prediction
+from kvroute.router.service.charges import Charges
+from kvroute.router.service.proxy import Proxy
+from kvroute.router.service.request_class import priority_of, slo_of
+from kvroute.router.decision.admission import NO_PREDICTION, Prediction
+from kvroute.router.service.routing import Forecast, Prepared, Router
+from kvroute.router.service.steering import forwardable
+from kvroute.router.service.tenant_book import TENANT_KEY
 
 
 class SplitServing(Protocol):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from router.contract.connections import MAX_HEADERS
-from router.service.upstream import Headers
+from kvroute.router.contract.connections import MAX_HEADERS
+from kvroute.router.service.upstream import Headers
 
 try:
     import httptools

@@ -10,7 +10,7 @@ import functools
 from aiohttp import web
 from aiohttp.http_writer import HttpVersion11, StreamWriter
 
-from router.service.upstream import Headers
+from kvroute.router.service.upstream import Headers
 
 
 class LeanBody:

@@ -36,11 +36,11 @@ from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_writer import StreamWriter
 
-from router.contract.connections import LINGER_S, ConnectionGuard
-from router.contract.guarded_handler import peer_of
-from router.service.lean_head import MAX_HEAD, bare_lf, httptools, parse_head
-from router.service.lean_request import LeanBody, LeanRequest, with_middlewares
-from router.service.lean_response import whole_response
+from kvroute.router.contract.connections import LINGER_S, ConnectionGuard
+from kvroute.router.contract.guarded_handler import peer_of
+from kvroute.router.service.lean_head import MAX_HEAD, bare_lf, httptools, parse_head
+from kvroute.router.service.lean_request import LeanBody, LeanRequest, with_middlewares
+from kvroute.router.service.lean_response import whole_response
 
 log = logging.getLogger(__name__)
 

@@ -26,15 +26,15 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
-from router.fleet.cluster import Cluster
-from router.contract.errors import KVRouteError, Overloaded, Unavailable
-from router.contract.http import SSE_DONE, ClientGone, parse_retry_after, prepare_client, sse_error, write_client
-from router.service.attempt_deadlines import Deadlines
-from router.service.charges import Charges, Dispatch
-from router.service.upstream_errors import describe_failure
-from router.service.routing import Choice, Forecast, Prepared, Router
-from router.service.steering import with_token_ids
-from router.service.upstream import Upstream
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.contract.errors import KVRouteError, Overloaded, Unavailable
+from kvroute.router.contract.http import SSE_DONE, ClientGone, parse_retry_after, prepare_client, sse_error, write_client
+from kvroute.router.service.attempt_deadlines import Deadlines
+from kvroute.router.service.charges import Charges, Dispatch
+from kvroute.router.service.upstream_errors import describe_failure
+from kvroute.router.service.routing import Choice, Forecast, Prepared, Router
+from kvroute.router.service.steering import with_token_ids
+from kvroute.router.service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 

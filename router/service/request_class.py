@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from router.contract.errors import BadRequest
+from kvroute.router.contract.errors import BadRequest
 
 PRIORITY_HEADER = "x-kvroute-priority"
 SLO_HEADER = "x-kvroute-slo-ttft-s"

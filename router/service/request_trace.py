@@ -17,8 +17,8 @@ import time
 
 import msgspec
 
-from router.planner.recent import Finished, RecentWindow
-from router.service.usage import StreamUsage, Usage, usage_from_body
+from kvroute.router.planner.recent import Finished, RecentWindow
+from kvroute.router.service.usage import StreamUsage, Usage, usage_from_body
 
 
 class RequestTrace(msgspec.Struct, kw_only=True):

@@ -14,25 +14,25 @@ from typing import Callable, Mapping, Sequence
 
 import msgspec
 
-from router.fleet.cluster import Cluster
-from router.fleet.groups import Group
-from router.contract.errors import BadRequest, NotFound, Overloaded, Unavailable
-from router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
-from router.fleet.instance import Instance
-from router.contract.encoding import Encoding
-from router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
-from router.service.metrics import RouterMetrics
-from router.contract.openai_request import CompletionRequest, parse_request
-from router.decision.admission import NO_PREDICTION, Prediction, predicted_ttft
-from router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
-from router.decision.scoring.tier_credit import with_store
-from router.decision.prefix_hashes import PrefixHashes
-from router.decision.route import NoCandidates, RouteDecision, Routed, RouteSettings, uncached_tokens
-from router.decision.tenants import DEFAULT_TENANT
-from router.contract.protocol import hash_seed
-from router.service.request_trace import RecentRequests, RequestTrace
-from router.contract.tokenize_pool import TokenizePool
-from router.contract.tokenizer import Tokenizer
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.groups import Group
+from kvroute.router.contract.errors import BadRequest, NotFound, Overloaded, Unavailable
+from kvroute.router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
+from kvroute.router.fleet.instance import Instance
+from kvroute.router.contract.encoding import Encoding
+from kvroute.router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
+from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.contract.openai_request import CompletionRequest, parse_request
+from kvroute.router.decision.admission import NO_PREDICTION, Prediction, predicted_ttft
+from kvroute.router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
+from kvroute.router.decision.scoring.tier_credit import with_store
+from kvroute.router.decision.prefix_hashes import PrefixHashes
+from kvroute.router.decision.route import NoCandidates, RouteDecision, Routed, RouteSettings, uncached_tokens
+from kvroute.router.decision.tenants import DEFAULT_TENANT
+from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.service.request_trace import RecentRequests, RequestTrace
+from kvroute.router.contract.tokenize_pool import TokenizePool
+from kvroute.router.contract.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

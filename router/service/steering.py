@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import orjson
 
-from router.contract.errors import BadRequest
-from router.contract.openai_request import FORWARDED_IDS
+from kvroute.router.contract.errors import BadRequest
+from kvroute.router.contract.openai_request import FORWARDED_IDS
 
 ENGINE_ONLY_FIELDS = ("kv_transfer_params", FORWARDED_IDS)
 SHALLOW = 200  # a body with fewer brackets than this cannot be nested too deep to write: not tried

@@ -16,10 +16,10 @@ from typing import Callable
 
 from aiohttp import web
 
-from router.contract.errors import BadRequest, Forbidden
-from router.contract.http import add_body_route, json_response
-from router.service.app_keys import CONFIG, GATE, TENANTS
-from router.service.tenant_book import TenantBook
+from kvroute.router.contract.errors import BadRequest, Forbidden
+from kvroute.router.contract.http import add_body_route, json_response
+from kvroute.router.service.app_keys import CONFIG, GATE, TENANTS
+from kvroute.router.service.tenant_book import TenantBook
 
 log = logging.getLogger(__name__)
 

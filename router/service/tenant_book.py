@@ -23,7 +23,7 @@ from typing import Mapping
 
 from aiohttp import web
 
-from router.decision.tenants import DEFAULT_TENANT, NAME, TenantSpec
+from kvroute.router.decision.tenants import DEFAULT_TENANT, NAME, TenantSpec
 
 log = logging.getLogger(__name__)
 

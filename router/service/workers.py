@@ -92,7 +92,7 @@ def supervise(argv: list[str], socks: list[socket.socket]) -> int:
 
     def start(i: int) -> subprocess.Popen:
         env = dict(os.environ, **{LISTEN_FD: str(socks[i].fileno()), SUPERVISOR: str(os.getpid())})
-        return subprocess.Popen([sys.executable, "-m", "router", *argv], env=env, pass_fds=(socks[i].fileno(),))
+        return subprocess.Popen([sys.executable, "-m", "kvroute.router", *argv], env=env, pass_fds=(socks[i].fileno(),))
 
     def stop(signum, _frame) -> None:
         nonlocal stopping

@@ -7,8 +7,8 @@ import signal
 import orjson
 import pytest
 
-from router.service.app_keys import GATE, TENANTS
-from router.service.steering import with_token_ids
+from kvroute.router.service.app_keys import GATE, TENANTS
+from kvroute.router.service.steering import with_token_ids
 from tests.support.router_cluster import cluster, complete, prompt
 
 

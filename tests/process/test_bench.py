@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from loadgen import bench
-from loadgen.local_cluster import free_port
+from kvroute.loadgen import bench
+from kvroute.loadgen.local_cluster import free_port
 
 SUMMARY_FIELDS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "cached_token_ratio", "goodput",
                   "requests", "errors")
@@ -18,7 +18,7 @@ SUMMARY_FIELDS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "cache
 @pytest.fixture
 def direct_engine():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "--backend", "sim", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "kvroute.engine", "--backend", "sim", "--port", str(port),
                              "--instance-id", "direct", "--time-scale", "0.1", "--log-level", "WARNING"])
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):

@@ -7,16 +7,16 @@ import sys
 
 import pytest
 
-from loadgen.chaos import fuzz_cases as fc
-from loadgen.chaos.cli import main
-from loadgen.chaos.fuzz import judge
-from loadgen.chaos.fuzz_kv import kv_cases
-from loadgen.chaos.httpraw import RawRequest, RawResponse, send
-from loadgen.chaos.invariants import LogWatch, check_rows
-from loadgen.chaos.procs import Proc
-from loadgen.chaos.rows import Row, markdown
-from loadgen.chaos.scenarios.fuzzing import catalog
-from router.contract.limits import Limits
+from kvroute.loadgen.chaos import fuzz_cases as fc
+from kvroute.loadgen.chaos.cli import main
+from kvroute.loadgen.chaos.fuzz import judge
+from kvroute.loadgen.chaos.fuzz_kv import kv_cases
+from kvroute.loadgen.chaos.httpraw import RawRequest, RawResponse, send
+from kvroute.loadgen.chaos.invariants import LogWatch, check_rows
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.rows import Row, markdown
+from kvroute.loadgen.chaos.scenarios.fuzzing import catalog
+from kvroute.router.contract.limits import Limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIMITS = Limits(vocab_size=8192, max_model_len=4096, max_body_bytes=1 << 20, max_prompt_chars=32768)
@@ -99,7 +99,7 @@ def test_bad_flags_are_one_line_errors(argv, needle, capsys):
 def test_quick_run_holds_every_invariant(tmp_path):
     out = tmp_path / "chaos"
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "kvroute_cli", "chaos", "--quick", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "kvroute", "chaos", "--quick", "--out", str(out),
                            "--fuzz-slow-s", "30"], capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| scenario | traffic | sent |" in proc.stdout and "[chaos" in proc.stderr
@@ -122,7 +122,7 @@ def test_request_limit_scenarios_hold_their_invariants(tmp_path):
     """Two of issue 36's scenarios end to end (the others run in `kvroute chaos`)."""
     out = tmp_path / "chaos"
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "kvroute_cli", "chaos", "--engines", "2", "--routers", "1",
+    proc = subprocess.run([sys.executable, "-m", "kvroute", "chaos", "--engines", "2", "--routers", "1",
                            "--rate", "5", "--settle-s", "0", "--scenarios", "poisoned-bodies,pd-decode-kill",
                            "--out", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

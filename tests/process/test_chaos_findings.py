@@ -6,9 +6,9 @@ import logging
 import orjson
 from aiohttp import web
 
-from engine.service.server import ENGINE, SERVICE
-from router.service.app import CLUSTER, ENTRY
-from router.contract.http import error_middleware
+from kvroute.engine.service.server import ENGINE, SERVICE
+from kvroute.router.service.app import CLUSTER, ENTRY
+from kvroute.router.contract.http import error_middleware
 from tests.support.loopback import LoopbackServer
 from tests.support.router_cluster import FAST, cluster
 from tests.support.stub_engine import stub_engine, stub_router
@@ -148,7 +148,7 @@ async def _until_cancelled(coro_fn, attempts: int, max_sleep_s: float) -> int:
 async def test_a_loop_on_wait_for_ends_when_cancelled():
     """Python 3.11's asyncio.wait_for returns normally if a cancel lands as its operation
     finishes; redis-py wraps every send in it. A loop that checks after each call ends."""
-    from router.contract.cancellation import raise_if_cancelled
+    from kvroute.router.contract.cancellation import raise_if_cancelled
 
     async def like_redis_py():
         while True:
@@ -163,12 +163,12 @@ async def test_router_event_follower_ends_when_cancelled(redis_url):
     given SIGTERM after chaos's Redis faults never finished shutting down."""
     import redis.asyncio as aioredis
 
-    from router.contract.cancellation import raise_if_cancelled
-    from router.fleet.cluster import Cluster
-    from router.service.config import RouterConfig
-    from router.kvevents.engine_feed import EventSync, RedisFollower
-    from router.index import make_index
-    from router.service.metrics import RouterMetrics
+    from kvroute.router.contract.cancellation import raise_if_cancelled
+    from kvroute.router.fleet.cluster import Cluster
+    from kvroute.router.service.config import RouterConfig
+    from kvroute.router.kvevents.engine_feed import EventSync, RedisFollower
+    from kvroute.router.index import make_index
+    from kvroute.router.service.metrics import RouterMetrics
 
     cluster = Cluster(RouterConfig(engines=("http://127.0.0.1:9",)), make_index("memory"), "fp", RouterMetrics())
     writer = aioredis.Redis.from_url(redis_url)

@@ -7,15 +7,15 @@ import sys
 
 import pytest
 
-import kvroute_cli
-from engine.service.cli import build_parser as engine_parser
-from engine.service.cli import main as engine_main
-from loadgen.bench import build_parser as bench_parser
-from loadgen.cli import build_parser as loadgen_parser
-from loadgen.demo import main as demo_main
-from loadgen.sim.cli import build_parser as sim_parser
-from router.service.cli import build_parser as router_parser
-from router.service.cli import main as router_main
+import kvroute.cli
+from kvroute.engine.service.cli import build_parser as engine_parser
+from kvroute.engine.service.cli import main as engine_main
+from kvroute.loadgen.bench import build_parser as bench_parser
+from kvroute.loadgen.cli import build_parser as loadgen_parser
+from kvroute.loadgen.demo import main as demo_main
+from kvroute.loadgen.sim.cli import build_parser as sim_parser
+from kvroute.router.service.cli import build_parser as router_parser
+from kvroute.router.service.cli import main as router_main
 
 PARSERS = {"engine": engine_parser, "router": router_parser, "loadgen": loadgen_parser, "bench": bench_parser,
            "sim": sim_parser}
@@ -36,14 +36,14 @@ def test_every_flag_has_help_and_shows_its_default(name):
 
 
 def test_version(capsys):
-    assert kvroute_cli.main(["--version"]) == 0
+    assert kvroute.cli.main(["--version"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("kvroute ") and len(out.split()) == 2
 
 
 def test_help_into_a_closed_pipe_is_not_a_traceback():
     """`kvroute --help | head -1`: the reader is gone before the help is written."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvroute_cli", "--help"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "kvroute", "--help"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     proc.stdout.close()
     err = proc.stderr.read().decode()
@@ -96,7 +96,7 @@ def test_demo_help_lists_bench_flags(capsys):
 
 
 def test_report_table_notes_and_verdict():
-    from loadgen.report import Run, markdown_table, verdict
+    from kvroute.loadgen.report import Run, markdown_table, verdict
 
     base = {"requests": 96, "errors": 0, "ttft_p50_s": 0.03, "ttft_p90_s": 0.2, "throughput_rps": 4.0,
             "output_tok_s": 64.0, "cached_token_ratio": 0.5, "arrival_mode": "open", "arrival": "4 req/s (Poisson)"}

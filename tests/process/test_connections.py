@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from router.contract.connections import CONNECTION_GUARD
-from router.service.app import CLUSTER
+from kvroute.router.contract.connections import CONNECTION_GUARD
+from kvroute.router.service.app import CLUSTER
 
 FAST = 0.01
 

@@ -5,7 +5,7 @@ import asyncio
 import orjson
 import redis.asyncio as aioredis
 
-from router.contract.protocol import REDIS_EVENT_STREAM
+from kvroute.router.contract.protocol import REDIS_EVENT_STREAM
 
 PROMPT = "Streams of events reach every router replica through Redis. " * 6
 

@@ -8,11 +8,11 @@ import redis.asyncio as aioredis
 import torch
 from aiohttp import web
 
-from engine.service.server import ENGINE, REGISTRATION
-from router.service.app import CLUSTER
-from router.contract.protocol import REDIS_EVENT_STREAM
-from router.contract.registry_record import IDS, engine_key
-from router.contract.serve import SHUTDOWN
+from kvroute.engine.service.server import ENGINE, REGISTRATION
+from kvroute.router.service.app import CLUSTER
+from kvroute.router.contract.protocol import REDIS_EVENT_STREAM
+from kvroute.router.contract.registry_record import IDS, engine_key
+from kvroute.router.contract.serve import SHUTDOWN
 from tests.support.loopback import LoopbackServer
 from tests.support.redis_server import free_port
 from tests.support.router_cluster import FAST, prompt

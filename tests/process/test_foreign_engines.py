@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from router.service.config import RouterConfig
-from router.contract.prometheus_text import metric_labels, metric_max, metric_sum
-from router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.contract.prometheus_text import metric_labels, metric_max, metric_sum
+from kvroute.router.contract.tokenizer import load_tokenizer
 from tests.support.loopback import LoopbackServer
 from tests.support.foreign_stubs import StubEngine
 from tests.support.vllm_publisher import VllmPublisher, engine_hashes, stored
@@ -174,7 +174,7 @@ def test_flag_validation(overrides, message):
 
 
 def test_router_cli_rejects_bad_sources_in_one_line(capsys):
-    from router.service.cli import main
+    from kvroute.router.service.cli import main
 
     assert main(["--engine", "http://h:1", "--kv-event-source", "http://h:2=tcp://h:5557"]) == 2
     err = capsys.readouterr().err

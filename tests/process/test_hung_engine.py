@@ -5,8 +5,8 @@ import time
 
 from aiohttp import web
 
-from engine.service.app_keys import ENGINE
-from router.service.app import CLUSTER, METRICS
+from kvroute.engine.service.app_keys import ENGINE
+from kvroute.router.service.app import CLUSTER, METRICS
 from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import stub_engine
 from tests.support.waiting import wait_for

@@ -8,11 +8,11 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from router.index import (INDEXES, BreakerIndex, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex,
+from kvroute.router.index import (INDEXES, BreakerIndex, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex,
                           make_index)
-from router.index.redis import GC_CHUNK, WRITE_CHUNK, pack
-from router.contract.protocol import TIERS, KVEvent
-from router.contract.tier_costs import store_owner
+from kvroute.router.index.redis import GC_CHUNK, WRITE_CHUNK, pack
+from kvroute.router.contract.protocol import TIERS, KVEvent
+from kvroute.router.contract.tier_costs import store_owner
 from tests.support.redis_server import RedisServer, free_port
 
 CHAIN = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(1, 41)]  # spread over the u64 range
@@ -262,7 +262,7 @@ async def test_lookup_now_answers_as_lookup_or_leaves_it_to_lookup(index):
 async def test_lookup_now_through_the_routers_layers(redis_url):
     """Split, breaker and metrics pass a memory answer through (the local one merged, the call counted
     as a lookup); over Redis, or while the breaker is open, they answer None."""
-    from router.index.split import SplitIndex
+    from kvroute.router.index.split import SplitIndex
 
     registry = CollectorRegistry()
     local, shared = MemoryIndex(), MemoryIndex()
@@ -471,10 +471,10 @@ async def test_instrumented_index_records_calls_errors_and_latency():
 async def test_an_instances_indexed_block_count_leaves_out_the_shared_stores_blocks():
     """/router/instances' blocks_indexed is the instance's own blocks, after a snapshot (which puts
     the store's under its owner) and after events alike."""
-    from router.fleet.cluster import Cluster
-    from router.service.config import RouterConfig
-    from router.kvevents.engine_feed import EventSync
-    from router.service.metrics import RouterMetrics
+    from kvroute.router.fleet.cluster import Cluster
+    from kvroute.router.service.config import RouterConfig
+    from kvroute.router.kvevents.engine_feed import EventSync
+    from kvroute.router.service.metrics import RouterMetrics
 
     cluster = Cluster(RouterConfig(engines=("http://127.0.0.1:9",)), make_index("memory"), "fp", RouterMetrics())
     inst, sync = cluster.instances[0], EventSync(cluster)

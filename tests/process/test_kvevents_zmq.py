@@ -10,12 +10,12 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loadgen.chaos.scenarios.feeds import deep_nesting_payload
-from router.index.memory import MemoryIndex
-from router.fleet.instance import EngineInfo, Instance
-from router.kvevents.follower import ZmqFollower
-from router.kvevents.sources import EventSource
-from router.contract.protocol import block_hashes, hash_seed
+from kvroute.loadgen.chaos.scenarios.feeds import deep_nesting_payload
+from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.fleet.instance import EngineInfo, Instance
+from kvroute.router.kvevents.follower import ZmqFollower
+from kvroute.router.kvevents.sources import EventSource
+from kvroute.router.contract.protocol import block_hashes, hash_seed
 from tests.support.vllm_publisher import VllmPublisher, cleared, encode_batch, engine_hashes, removed, stored
 
 SEED = hash_seed("m")
@@ -290,7 +290,7 @@ async def test_a_dead_feed_is_marked_stale_routed_on_load_and_restarted(monkeypa
 async def test_an_oversized_frame_is_refused_and_the_feed_recovers():
     """A frame over MAX_MESSAGE_BYTES is dropped by ZeroMQ unread (the peer is disconnected and comes
     back); the feed then rebuilds from the live stream."""
-    from router.contract.kv_wire import MAX_MESSAGE_BYTES
+    from kvroute.router.contract.kv_wire import MAX_MESSAGE_BYTES
 
     async with Feed(VllmPublisher(replay=False)) as f:
         f.pub.publish([], raw_payload=b"\x00" * (MAX_MESSAGE_BYTES + 1))
@@ -307,7 +307,7 @@ async def test_an_oversized_frame_is_refused_and_the_feed_recovers():
 async def test_an_instance_that_stores_more_than_it_advertises_is_capped():
     """1M stored blocks for a 4,096-block engine used to grow the map and index without bound; now an
     instance keeps at most CAP_FACTOR x its advertised blocks, the oldest going first."""
-    from router.kvevents.follower import CAP_FACTOR
+    from kvroute.router.kvevents.follower import CAP_FACTOR
 
     async with Feed(VllmPublisher()) as f:
         f.inst.kind_state["num_blocks"] = 16  # what discovery read from the engine: cap 64 engine blocks

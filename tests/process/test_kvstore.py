@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from engine.kv.kv_copies import StoredBlock
-from engine.kv.store import StoreUnavailable, check_reachable, default_store_id, layout_namespace, make_store
-from engine.kv.store.entry import BadEntry, decode, encode
-from engine.kv.store.guard import GuardedStore
+from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.kv.store import StoreUnavailable, check_reachable, default_store_id, layout_namespace, make_store
+from kvroute.engine.kv.store.entry import BadEntry, decode, encode
+from kvroute.engine.kv.store.guard import GuardedStore
 from tests.support.redis_server import RedisServer, free_port
 
 NS = layout_namespace("m", "float32", 16, 2, 2, 64, 1234)
@@ -85,7 +85,7 @@ async def test_guard_fails_fast_during_an_outage_logs_once_and_recovers(caplog):
     try:
         await store.put_many([(1, b"a")])
         server.stop()
-        with caplog.at_level(logging.WARNING, logger="engine.kv.store.guard"):
+        with caplog.at_level(logging.WARNING, logger="kvroute.engine.kv.store.guard"):
             for _ in range(5):
                 with pytest.raises(StoreUnavailable):
                     await store.get_many([1])

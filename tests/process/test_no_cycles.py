@@ -11,7 +11,7 @@ import sys
 import orjson
 import pytest
 
-from loadgen.local_cluster import free_port
+from kvroute.loadgen.local_cluster import free_port
 from tests.support.waiting import wait_for
 
 REQUESTS = 120
@@ -20,7 +20,7 @@ REQUESTS = 120
 @pytest.fixture(scope="module")
 def sim_engine():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvroute_cli", "engine", "--backend", "sim", "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "kvroute", "engine", "--backend", "sim", "--host", "127.0.0.1",
                              "--port", str(port), "--time-scale", "0.001", "--log-level", "WARNING"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield f"http://127.0.0.1:{port}"
@@ -76,7 +76,7 @@ async def cycles_left(url: str) -> tuple[int, list[str]]:
 
 @pytest.mark.parametrize("server", ["aiohttp", "lean"])
 async def test_router_requests_leave_nothing_for_the_cyclic_collector(sim_engine, start_router, server):
-    from router.service.app import CLUSTER
+    from kvroute.router.service.app import CLUSTER
 
     url, router = await start_router([sim_engine], http_server=server)
     await wait_for(lambda: all(i.routable for i in router.app[CLUSTER].instances), timeout=30)

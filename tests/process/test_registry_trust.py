@@ -7,10 +7,10 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from router.contract.registry_record import (CHANNEL, IDS, LEFT, MAX_CLOCK_SKEW_S, SIGNED_FOR_S, EngineRecord,
+from kvroute.router.contract.registry_record import (CHANNEL, IDS, LEFT, MAX_CLOCK_SKEW_S, SIGNED_FOR_S, EngineRecord,
                                             announcement, engine_key)
-from router.fleet.registry_trust import RegistryTrust
-from router.service.app import CLUSTER, METRICS
+from kvroute.router.fleet.registry_trust import RegistryTrust
+from kvroute.router.service.app import CLUSTER, METRICS
 from tests.support.redis_server import free_port
 
 SECRET = "fleet-secret"
@@ -126,7 +126,7 @@ def test_what_the_newest_records_hold_is_forgotten_once_nothing_older_could_be_v
 async def test_a_forged_announcement_cannot_empty_the_fleet(start_engine, start_router, http, redis_url, kind):
     import orjson
 
-    from router.contract.registry_record import CHANNEL
+    from kvroute.router.contract.registry_record import CHANNEL
 
     await _engine(start_engine, redis_url, instance_id="honest", kv_secret=SECRET)
     url, router = await start_router([], registry=redis_url, kv_secret=SECRET)
@@ -144,7 +144,7 @@ async def test_a_forged_announcement_cannot_empty_the_fleet(start_engine, start_
 
 
 def test_a_logged_url_never_shows_its_password():
-    from router.contract.redact import redact
+    from kvroute.router.contract.redact import redact
 
     assert redact("redis://kv:s3cret@10.0.0.1:6380/2") == "redis://kv:***@10.0.0.1:6380/2"
     assert redact("rediss://:s3cret@cache.internal/0") == "rediss://:***@cache.internal/0"
@@ -154,7 +154,7 @@ def test_a_logged_url_never_shows_its_password():
 async def test_a_password_protected_redis_serves_index_events_and_registry(start_engine, start_router, http, caplog):
     """Redis URLs with a password work for the index, the event stream and the registry, and the
     password is never logged."""
-    from loadgen.redis_server import RedisServer
+    from kvroute.loadgen.redis_server import RedisServer
 
     server = RedisServer(password="s3cret")
     try:

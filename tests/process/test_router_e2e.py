@@ -5,15 +5,15 @@ import asyncio
 import orjson
 import pytest
 
-from router.service.app import CLUSTER, ROUTER
+from kvroute.router.service.app import CLUSTER, ROUTER
 from tests.support.redis_server import RedisServer
 from tests.support.router_cluster import FAST, cluster, complete, prompt
 from tests.support.waiting import wait_for
 
 
 def prompt_hashes(text: str) -> tuple[int, ...]:
-    from router.contract.protocol import block_hashes, hash_seed
-    from router.contract.tokenizer import load_tokenizer
+    from kvroute.router.contract.protocol import block_hashes, hash_seed
+    from kvroute.router.contract.tokenizer import load_tokenizer
 
     return tuple(block_hashes(load_tokenizer().encode(text), 16, hash_seed("kvroute-tiny")))
 

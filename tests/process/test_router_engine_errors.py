@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
+from kvroute.router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 from tests.support.loopback import LoopbackServer
 from tests.support.redis_server import free_port
 
@@ -26,7 +26,7 @@ async def wait_for(predicate, timeout=5.0):
 
 
 async def test_refused_engine_logged_once_then_recovery(start_engine, start_router, http, caplog):
-    caplog.set_level(logging.WARNING, logger="router.fleet.cluster")
+    caplog.set_level(logging.WARNING, logger="kvroute.router.fleet.cluster")
     port = free_port()
     url, _ = await start_router([f"http://127.0.0.1:{port}"], health_interval_s=0.05)
     await asyncio.sleep(0.4)  # several failed probes

@@ -6,8 +6,8 @@ import sys
 
 from aiohttp import web
 
-from router.service.app import CLUSTER
-from router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.app import CLUSTER
+from kvroute.router.contract.tokenizer import load_tokenizer
 from tests.support.loopback import LoopbackServer
 from tests.support.router_cluster import FAST, prompt
 from tests.support.stub_engine import stub_engine
@@ -59,7 +59,7 @@ async def test_5xx_before_first_byte_is_retried_elsewhere(start_engine, start_ro
 
 
 async def test_client_disconnect_cancels_upstream(start_engine, start_router, http):
-    from engine.service.server import ENGINE
+    from kvroute.engine.service.server import ENGINE
 
     engine_url, engine_server = await start_engine(time_scale=20.0)
     url, server = await start_router([engine_url])

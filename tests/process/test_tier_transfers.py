@@ -4,10 +4,10 @@ link figures measured on the device at start-up rather than taken from presets."
 
 import torch
 
-from engine.runners.sim import LINKS
-from engine.service.app_keys import ENGINE
+from kvroute.engine.runners.sim import LINKS
+from kvroute.engine.service.app_keys import ENGINE
 from tests.support.tier_requests import BS, SESSION, at_least, complete, evict, metric, remote_written, wait_for
-from router.contract.protocol import block_hashes, hash_seed
+from kvroute.router.contract.protocol import block_hashes, hash_seed
 
 torch.set_num_threads(1)
 

@@ -5,10 +5,10 @@ import os
 
 import torch
 
-from engine.kv.kv_copies import CopyPlan
-from engine.kv.store_probe import probe_namespace
-from engine.runners.torch_runner import TorchRunner
-from engine.core.work import SeqWork
+from kvroute.engine.kv.kv_copies import CopyPlan
+from kvroute.engine.kv.store_probe import probe_namespace
+from kvroute.engine.runners.torch_runner import TorchRunner
+from kvroute.engine.core.work import SeqWork
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.tier_requests import (BS, GREEDY, SESSION, at_least, complete, evict, filler, metric, remote_written,
                                          wait_for)
@@ -67,7 +67,7 @@ async def test_store_entries_corrupt_truncated_or_missing_are_recomputed_never_u
     entries = {}
     for path in files:  # one file per block, named by hash: order them by chain position via the fresh engine
         entries[int(os.path.basename(path)[:16], 16)] = path
-    from router.contract.protocol import block_hashes, hash_seed
+    from kvroute.router.contract.protocol import block_hashes, hash_seed
 
     chain = [entries[h] for h in block_hashes(SESSION, BS, hash_seed("kvroute-tiny"))]
     data = bytearray(open(chain[3], "rb").read())
@@ -123,7 +123,7 @@ async def test_tiers_in_events_snapshot_info_load_and_usage(start_engine, http, 
 
 
 def test_a_store_down_at_start_is_one_clear_error_line(capsys):
-    from engine.service.cli import main
+    from kvroute.engine.service.cli import main
 
     port = free_port()
     assert main(["--backend", "sim", "--kv-store", f"redis://127.0.0.1:{port}/0", "--log-level", "ERROR"]) == 2
@@ -139,7 +139,7 @@ async def test_a_store_going_down_degrades_to_recompute_without_failing_requests
                                     kv_store_timeout_s=0.2)
         await complete(http, url, SESSION)
         redis.stop()
-        with caplog.at_level(logging.WARNING, logger="engine.kv.store.guard"):
+        with caplog.at_level(logging.WARNING, logger="kvroute.engine.kv.store.guard"):
             for seed in range(3, 9):  # new prompts (writes) and a returning one (lookup) while it is down
                 await complete(http, url, filler(seed))
             _, details = await complete(http, url, SESSION + [7])
@@ -153,7 +153,7 @@ async def test_a_store_going_down_degrades_to_recompute_without_failing_requests
 
 async def test_router_explains_cached_tokens_by_tier_and_the_time_each_saves(start_engine, start_router, http,
                                                                            tmp_path):
-    from router.service.app import CLUSTER
+    from kvroute.router.service.app import CLUSTER
 
     tiers = dict(backend="sim", time_scale=0.01, num_blocks=24, host_blocks=64, kv_store=f"file://{tmp_path}")
     (a, _), (b, _) = await start_engine(**tiers), await start_engine(**tiers)
@@ -195,7 +195,7 @@ async def test_entries_the_store_dropped_are_announced_as_removed(start_engine, 
     assert details["cached_tokens"] == 0
     async with http.get(url + "/kv/events", params={"since": 0}) as r:
         events = (await r.json())["events"]
-    from router.contract.protocol import block_hashes, hash_seed
+    from kvroute.router.contract.protocol import block_hashes, hash_seed
 
     removed = [h for e in events if e["tier"] == "remote" and e["type"] == "removed" for h in e["blocks"]]
     assert removed == block_hashes(SESSION, BS, hash_seed("kvroute-tiny"))[:9]  # the lookup's misses

@@ -8,8 +8,8 @@ import pytest
 import tokenizers
 from tokenizers import processors
 
-from router.contract.detokenizer import IncrementalDetokenizer
-from router.contract.tokenizer import DATA_DIR, load_tokenizer, validate_messages
+from kvroute.router.contract.detokenizer import IncrementalDetokenizer
+from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer, validate_messages
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MULTIBYTE = "naïve café: 你好，世界 — emoji 🎉👍🏽 and 👨‍👩‍👧 ok, Ελληνικά, العربية"

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from router.contract.tokenizer import DATA_DIR, load_tokenizer
+from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -33,7 +33,7 @@ async def test_workers_share_one_port_restart_and_stop_together(start_engine):
     engine, _ = await start_engine(time_scale=0.01)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "kvroute.router", "--host", "127.0.0.1", "--port", str(port),
                              "--engine", engine, "--workers", "2", "--admin-key", "k", "--log-level", "WARNING"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -68,7 +68,7 @@ async def test_workers_share_one_port_restart_and_stop_together(start_engine):
 
 
 def test_workers_out_of_range_is_a_one_line_error():
-    out = subprocess.run([sys.executable, "-m", "router", "--engine", "http://127.0.0.1:1", "--workers", "0"],
+    out = subprocess.run([sys.executable, "-m", "kvroute.router", "--engine", "http://127.0.0.1:1", "--workers", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--workers must be between 1 and 64" in out.stderr
     assert "Traceback" not in out.stderr
@@ -77,7 +77,7 @@ def test_workers_out_of_range_is_a_one_line_error():
 async def test_workers_die_with_a_killed_supervisor(start_engine):
     engine, _ = await start_engine(time_scale=0.01)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "router", "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "kvroute.router", "--host", "127.0.0.1", "--port", str(port),
                              "--engine", engine, "--workers", "2", "--admin-key", "k", "--log-level", "WARNING"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

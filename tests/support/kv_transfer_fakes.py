@@ -8,9 +8,9 @@ import orjson
 import xxhash
 from aiohttp import web
 
-from engine.transfer.kv_transfer import END_INDEX, FRAME, tail_hash
-from router.contract.kv_auth import sign
-from router.contract.protocol import block_hashes, hash_seed
+from kvroute.engine.transfer.kv_transfer import END_INDEX, FRAME, tail_hash
+from kvroute.router.contract.kv_auth import sign
+from kvroute.router.contract.protocol import block_hashes, hash_seed
 
 SECRET = "trust-test-secret"
 BS = 16

@@ -2,7 +2,7 @@
 
 from aiohttp import web
 
-from router.contract.connections import GuardedRunner
+from kvroute.router.contract.connections import GuardedRunner
 
 
 class LoopbackServer:

@@ -1,6 +1,6 @@
 """Synthetic fleets and observations for the planner's decision (router/planner/decide.py)."""
 
-from router.planner.decide import EngineView, Observation, PlannerConfig
+from kvroute.router.planner.decide import EngineView, Observation, PlannerConfig
 
 CFG = PlannerConfig(prefill_tokens_per_s=10_000, decode_tokens_per_s=2_000, hold=2, cooldown_s=10,
                     colocate_below=0.3, slo_ttft_s=1.0, slo_tpot_s=0.05)

@@ -2,7 +2,7 @@
 
 import xxhash
 
-from router.decision.policies import RouteRequest
+from kvroute.router.decision.policies import RouteRequest
 
 BS = 16
 

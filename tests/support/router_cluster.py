@@ -1,6 +1,6 @@
 """A router in front of sim engines on loopback, and the prompts and requests the tests send it."""
 
-from router.service.app import CLUSTER
+from kvroute.router.service.app import CLUSTER
 from tests.support.waiting import wait_for
 
 FAST = 0.01  # sim engines' time scale

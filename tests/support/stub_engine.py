@@ -6,9 +6,9 @@ import contextlib
 
 from aiohttp import web
 
-from router.contract.protocol import hash_seed
-from router.contract.tokenizer import load_tokenizer
-from router.service.app import CLUSTER
+from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.waiting import wait_for
 

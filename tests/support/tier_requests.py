@@ -3,7 +3,7 @@
 import asyncio
 import random
 
-from engine.core.work import SamplingParams
+from kvroute.engine.core.work import SamplingParams
 
 BS = 16
 GREEDY = SamplingParams(temperature=0.0)

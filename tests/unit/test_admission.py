@@ -2,9 +2,9 @@
 
 import pytest
 
-from router.decision import admission as adm
-from router.decision.fair_queue import FairQueue, band_of
-from router.decision.tenants import Limits, TenantSpec
+from kvroute.router.decision import admission as adm
+from kvroute.router.decision.fair_queue import FairQueue, band_of
+from kvroute.router.decision.tenants import Limits, TenantSpec
 
 CFG = adm.AdmissionConfig(slo_ttft_s=0.5, margin=-0.5, max_queue=4)
 

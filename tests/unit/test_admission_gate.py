@@ -5,11 +5,11 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from router.contract.errors import Overloaded
-from router.decision.admission import AdmissionConfig, Prediction
-from router.service.admission_gate import AdmissionGate
-from router.service.admission_metrics import AdmissionMetrics
-from router.service.tenant_book import TenantBook
+from kvroute.router.contract.errors import Overloaded
+from kvroute.router.decision.admission import AdmissionConfig, Prediction
+from kvroute.router.service.admission_gate import AdmissionGate
+from kvroute.router.service.admission_metrics import AdmissionMetrics
+from kvroute.router.service.tenant_book import TenantBook
 
 
 class Fleet:
@@ -109,7 +109,7 @@ async def test_without_an_slo_or_limits_the_gate_does_nothing():
 
 
 async def test_a_tenant_with_limits_and_no_slo_is_counted_not_queued():
-    from router.decision.tenants import TenantSpec
+    from kvroute.router.decision.tenants import TenantSpec
 
     g = gate(slo=None)
     g.book.tenants = {"a": TenantSpec(name="a", max_concurrency=1)}

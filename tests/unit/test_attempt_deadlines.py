@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from router.service.attempt_deadlines import Deadlines
+from kvroute.router.service.attempt_deadlines import Deadlines
 
 
 class Inst:

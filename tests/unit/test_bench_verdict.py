@@ -1,7 +1,7 @@
 """`kvroute bench`'s last line names the policy under test, whatever order the runs came in."""
 
-from loadgen import bench
-from loadgen.report import Run
+from kvroute.loadgen import bench
+from kvroute.loadgen.report import Run
 
 
 def _run(name: str, p90: float, cached: float) -> Run:

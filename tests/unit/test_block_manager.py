@@ -1,10 +1,10 @@
 import pytest
 
-from engine.core.block_manager import BlockManager
-from engine.core.prefix_hit import PrefixHit
-from engine.core.sequence import Sequence
-from engine.core.work import SamplingParams
-from router.contract.protocol import block_hashes
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.prefix_hit import PrefixHit
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import SamplingParams
+from kvroute.router.contract.protocol import block_hashes
 
 SEED = 1234
 BS = 4

@@ -4,14 +4,14 @@ records of evicted blocks."""
 
 import pytest
 
-from engine.core.block_manager import BlockManager
-from engine.core.config import EngineConfig
-from engine.core.kv_events import KVChange
-from engine.core.sequence import Sequence
-from engine.core.work import RunnerInfo, SamplingParams
-from engine.kv.kv_copies import StoredBlock
-from engine.kv.tier_setup import build_tiers
-from router.contract.protocol import block_hashes
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.kv_events import KVChange
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import RunnerInfo, SamplingParams
+from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.router.contract.protocol import block_hashes
 
 BS = 4
 SEED = 77

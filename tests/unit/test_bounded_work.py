@@ -7,7 +7,7 @@ import logging
 import orjson
 import pytest
 
-from router.service.app import CLUSTER
+from kvroute.router.service.app import CLUSTER
 from tests.support.raw_client import stream_then_hang_up
 from tests.support.router_cluster import cluster, complete, prompt
 

@@ -1,6 +1,6 @@
 """Candidates per decision (router/decision/candidates.py): index holders, recent senders, the K least loaded."""
 
-from router.decision.candidates import LeastLoaded, RecentSenders, pick
+from kvroute.router.decision.candidates import LeastLoaded, RecentSenders, pick
 
 
 def test_least_loaded_follows_in_flight_counts():

@@ -2,7 +2,7 @@
 
 import aiohttp
 
-from loadgen.chaos.load import LoadClient, Prompts, Tally
+from kvroute.loadgen.chaos.load import LoadClient, Prompts, Tally
 
 
 async def test_a_spawned_request_is_counted_before_its_task_runs():

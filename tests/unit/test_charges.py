@@ -10,12 +10,12 @@ import json
 import aiohttp
 import pytest
 
-from router.service import disagg, proxy, routing
-from router.service.admission_gate import AdmissionGate
-from router.service.app import CLUSTER, ROUTER
-from router.service.app_keys import GATE
-from router.service.charges import Dispatch
-from router.service.request_trace import RequestTrace
+from kvroute.router.service import disagg, proxy, routing
+from kvroute.router.service.admission_gate import AdmissionGate
+from kvroute.router.service.app import CLUSTER, ROUTER
+from kvroute.router.service.app_keys import GATE
+from kvroute.router.service.charges import Dispatch
+from kvroute.router.service.request_trace import RequestTrace
 from tests.support.router_cluster import FAST, cluster
 from tests.support.waiting import wait_for
 

@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
-from router.contract import connections
-from router.contract.connections import MIB, ConnectionGuard, ConnectionLimits
-from router.contract.malformed import MalformedLog, reason_of
-from router.service.lean_head import bare_lf
+from kvroute.router.contract import connections
+from kvroute.router.contract.connections import MIB, ConnectionGuard, ConnectionLimits
+from kvroute.router.contract.malformed import MalformedLog, reason_of
+from kvroute.router.service.lean_head import bare_lf
 
 
 class Conn:

@@ -66,11 +66,11 @@ def kvroute_commands() -> list[list[str]]:
 
 @pytest.mark.parametrize("argv", kvroute_commands(), ids=lambda a: " ".join(a[:2]))
 def test_every_container_command_parses(argv):
-    from engine.service.cli import build_parser as engine
-    from engine.core.config import EngineConfig
-    from router.service.cli import build_parser as router
-    from router.service.config import RouterConfig
-    from router.contract.serve import config_values
+    from kvroute.engine.service.cli import build_parser as engine
+    from kvroute.engine.core.config import EngineConfig
+    from kvroute.router.service.cli import build_parser as router
+    from kvroute.router.service.config import RouterConfig
+    from kvroute.router.contract.serve import config_values
 
     parser, config = {"engine": (engine, EngineConfig), "router": (router, RouterConfig)}[argv[0]]
     args = parser().parse_args(argv[1:])
@@ -83,10 +83,10 @@ def test_every_container_command_parses(argv):
 def exported_names() -> set[str]:
     from prometheus_client import CollectorRegistry
 
-    from engine.service.metrics import EngineMetrics
-    from router.index.instrumented import InstrumentedIndex
-    from router.index.memory import MemoryIndex
-    from router.service.metrics import RouterMetrics
+    from kvroute.engine.service.metrics import EngineMetrics
+    from kvroute.router.index.instrumented import InstrumentedIndex
+    from kvroute.router.index.memory import MemoryIndex
+    from kvroute.router.service.metrics import RouterMetrics
 
     names = set()
     router = RouterMetrics()

@@ -9,10 +9,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.core.work import SamplingParams, SeqWork
-from engine.runners.model.config import ModelConfig
-from engine.runners.model.decode_graphs import DecodeGraphs
-from engine.runners.torch_runner import TorchRunner
+from kvroute.engine.core.work import SamplingParams, SeqWork
+from kvroute.engine.runners.model.config import ModelConfig
+from kvroute.engine.runners.model.decode_graphs import DecodeGraphs
+from kvroute.engine.runners.torch_runner import TorchRunner
 
 torch.set_num_threads(1)
 
@@ -112,7 +112,7 @@ def mixed_step(runner: TorchRunner) -> list[SeqWork]:
 
 @pytest.mark.parametrize("path", ["split", "masked"])
 def test_a_step_reads_nothing_back_before_its_one_synchronisation(monkeypatch, path):
-    from engine.runners.model import attention
+    from kvroute.engine.runners.model import attention
 
     if path == "masked":  # the path a CUDA device takes: the whole context in one masked call
         monkeypatch.setattr(attention, "_FLASH_CPU", None)

@@ -13,7 +13,7 @@ SECRET = "test-fleet-secret"
 
 
 def grant(p_url, instance):
-    from router.contract.kv_auth import make_grant
+    from kvroute.router.contract.kv_auth import make_grant
 
     return make_grant(SECRET, instance, p_url)
 
@@ -88,7 +88,7 @@ async def test_mismatched_link_is_refused(start_engine, http):
 
 
 async def test_pinned_blocks_expire(start_engine, http):
-    from engine.service.server import ENGINE
+    from kvroute.engine.service.server import ENGINE
 
     p_url, p = await start_engine(backend="torch", role="prefill", instance_id="pt", kv_pin_ttl_s=0.3,
                                   kv_secret=SECRET)

@@ -7,8 +7,8 @@ import time
 import pytest
 from aiohttp import web
 
-from router.service import disagg, prefilled
-from router.service.app import CLUSTER
+from kvroute.router.service import disagg, prefilled
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.router_cluster import FAST
 from tests.support.stub_engine import stub_engine

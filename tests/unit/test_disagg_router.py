@@ -5,7 +5,7 @@ import random
 import orjson
 import torch
 
-from router.service.app import CLUSTER
+from kvroute.router.service.app import CLUSTER
 from tests.support.waiting import wait_for
 
 torch.set_num_threads(1)

@@ -4,14 +4,14 @@ import ast
 import collections
 import pathlib
 
-from engine.core.block_manager import BlockManager
-from engine.core.config import EngineConfig
-from engine.core.engine_core import CoreConfig, EngineCore
-from engine.core.sequence import Sequence, SeqStatus
-from engine.core.work import RunnerInfo, SamplingParams
-from engine.kv.tier_setup import build_tiers
-from loadgen.sim.tiers import SimStore, SimTierIO
-from router.contract.protocol import block_hashes
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.engine_core import CoreConfig, EngineCore
+from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.work import RunnerInfo, SamplingParams
+from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.loadgen.sim.tiers import SimStore, SimTierIO
+from kvroute.router.contract.protocol import block_hashes
 
 BS = 4
 SEED = 5
@@ -154,12 +154,12 @@ def _imports(path: pathlib.Path, module: str, modules: set[str]) -> set[str]:
 def test_engine_has_no_import_cycles_and_core_stays_below_service_and_transfer():
     paths = {}
     for path in (ROOT / "engine").rglob("*.py"):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        name = "kvroute." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
         paths[name.removesuffix(".__init__")] = path
     edges = {m: _imports(p, m, set(paths)) for m, p in paths.items()}
     for m, targets in edges.items():
-        if m.startswith("engine.core"):
-            assert not {t for t in targets if t.startswith(("engine.service", "engine.transfer"))}, m
+        if m.startswith("kvroute.engine.core"):
+            assert not {t for t in targets if t.startswith(("kvroute.engine.service", "kvroute.engine.transfer"))}, m
     state: dict[str, int] = collections.defaultdict(int)  # 0 new, 1 on the path, 2 done
 
     def visit(m, path):

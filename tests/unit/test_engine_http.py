@@ -44,8 +44,8 @@ async def test_streaming_chunks_and_final_usage(start_engine, http):
 
 
 async def test_events_and_snapshot_after_a_request(start_engine, http):
-    from router.contract.protocol import block_hashes, hash_seed
-    from router.contract.tokenizer import load_tokenizer
+    from kvroute.router.contract.protocol import block_hashes, hash_seed
+    from kvroute.router.contract.tokenizer import load_tokenizer
 
     url, _ = await start_engine(time_scale=0.01)
     await post(http, url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
@@ -84,7 +84,7 @@ async def test_events_long_poll_wakes_and_resyncs(start_engine, http):
 
 async def test_abort_on_disconnect_frees_blocks(start_engine, http):
     url, server = await start_engine(time_scale=20.0)  # slow steps so the request is still running
-    from engine.service.server import ENGINE
+    from kvroute.engine.service.server import ENGINE
 
     engine = server.app[ENGINE]
     body = {"prompt": PROMPT, "max_tokens": 500, "stream": True, "ignore_eos": True}

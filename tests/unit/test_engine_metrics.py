@@ -4,7 +4,7 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.contract.metric_buckets import REQUEST_LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, buckets_1_2_5
+from kvroute.router.contract.metric_buckets import REQUEST_LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, buckets_1_2_5
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 

@@ -4,7 +4,7 @@ import shutil
 
 import torch
 
-from router.contract.tokenizer import DATA_DIR, load_tokenizer
+from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
 
 
 def build_checkpoint(path):

@@ -13,14 +13,14 @@ import random
 
 from prometheus_client import CollectorRegistry
 
-from engine.core.config import EngineConfig
-from engine.core.sequence import Sequence
-from engine.core.work import SamplingParams
-from engine.runners.registry import RUNNERS
-from engine.service.llm_engine import LLMEngine
-from engine.service.metrics import EngineMetrics
-from loadgen.sim.instance import SimInstance
-from router.contract.protocol import hash_seed
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import SamplingParams
+from kvroute.engine.runners.registry import RUNNERS
+from kvroute.engine.service.llm_engine import LLMEngine
+from kvroute.engine.service.metrics import EngineMetrics
+from kvroute.loadgen.sim.instance import SimInstance
+from kvroute.router.contract.protocol import hash_seed
 
 CONFIG = EngineConfig(instance_id="e0", backend="sim", num_blocks=64, block_size=16, max_running=4,
                       max_batched_tokens=256, num_threads=1)

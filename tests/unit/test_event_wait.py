@@ -11,12 +11,12 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.core.config import EngineConfig
-from engine.core.event_wait import wait_set
-from engine.core.kv_events import KVEventLog
-from engine.runners.registry import RUNNERS
-from engine.service import llm_engine
-from engine.service.metrics import EngineMetrics
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.event_wait import wait_set
+from kvroute.engine.core.kv_events import KVEventLog
+from kvroute.engine.runners.registry import RUNNERS
+from kvroute.engine.service import llm_engine
+from kvroute.engine.service.metrics import EngineMetrics
 
 
 async def _set_and_cancel_in_one_step(event: asyncio.Event, waiter: asyncio.Task) -> None:

@@ -3,8 +3,8 @@ placement evicts, how stale idle times age, and blocks beyond the evictable ones
 
 import pytest
 
-from router.decision.base import InstanceState
-from router.decision.scoring.eviction import expected_loss
+from kvroute.router.decision.base import InstanceState
+from kvroute.router.decision.scoring.eviction import expected_loss
 
 
 def reuse(idle):

@@ -1,6 +1,6 @@
 """The ZeroMQ feed supervisor's restart backoff (router/kvevents/follower.py `restart_delay`)."""
 
-from router.kvevents.follower import HEALTHY_RUN_S, RESTART_MAX_S, RESTART_MIN_S, restart_delay
+from kvroute.router.kvevents.follower import HEALTHY_RUN_S, RESTART_MAX_S, RESTART_MIN_S, restart_delay
 
 
 def test_doubles_while_the_feed_keeps_failing_fast_up_to_the_cap():

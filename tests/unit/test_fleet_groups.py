@@ -1,10 +1,10 @@
 """Routable groups follow their own fleet's changes: each Cluster counts its own Generation."""
 
-from router.fleet.cluster import Cluster
-from router.fleet.instance import EngineInfo
-from router.index import MemoryIndex
-from router.service.config import RouterConfig
-from router.service.metrics import RouterMetrics
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.index import MemoryIndex
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.service.metrics import RouterMetrics
 
 
 def fleet(n: int = 2) -> Cluster:

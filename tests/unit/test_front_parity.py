@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from loadgen.chaos.front_cases import CASES, FOLLOW, KEY, observe
-from loadgen.chaos.httpraw import exchange, read_response
-from router.contract.connections import CONNECTION_GUARD
-from router.service.app import CLUSTER
-from router.service.lean_server import available
+from kvroute.loadgen.chaos.front_cases import CASES, FOLLOW, KEY, observe
+from kvroute.loadgen.chaos.httpraw import exchange, read_response
+from kvroute.router.contract.connections import CONNECTION_GUARD
+from kvroute.router.service.app import CLUSTER
+from kvroute.router.service.lean_server import available
 
 pytestmark = pytest.mark.skipif(not available(), reason="httptools is not installed")
 

@@ -3,8 +3,8 @@ its last block."""
 
 import random
 
-from router.contract.protocol import TIERS
-from router.index.memory import MemoryIndex
+from kvroute.router.contract.protocol import TIERS
+from kvroute.router.index.memory import MemoryIndex
 
 
 def model_lookup(model: dict[int, dict[str, int]], blocks: list[int]) -> dict[str, dict[str, int]]:

@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from engine.core.block_manager import BlockManager
-from engine.core.prefix_hit import PrefixHit
-from engine.core.sequence import Sequence
-from engine.core.work import SamplingParams
-from router.contract.idle_ages import IdleAges
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.prefix_hit import PrefixHit
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import SamplingParams
+from kvroute.router.contract.idle_ages import IdleAges
 from tests.support.clock import FakeClock
 
 BS = 4

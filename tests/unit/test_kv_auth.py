@@ -11,8 +11,8 @@ import time
 import orjson
 import pytest
 
-from router.contract import kv_auth
-from router.contract.kv_auth import KVAuth, make_grant, secret_from, sign, url_host, verify
+from kvroute.router.contract import kv_auth
+from kvroute.router.contract.kv_auth import KVAuth, make_grant, secret_from, sign, url_host, verify
 from tests.support.kv_transfer_fakes import SECRET, Listener, forged_handle, ids, post, sign_handle
 
 FIELDS = ["c", "http://10.0.0.1:8001", "r1", [1, 2, 3], 48, 7, 0, 4e9]

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from router.contract.tier_costs import Link, TierCosts
-from router.decision.policies import InstanceState, make_policy
-from router.decision.policies.kv_aware import KvAwareConfig
-from router.index.base import PrefixMatch
+from kvroute.router.contract.tier_costs import Link, TierCosts
+from kvroute.router.decision.policies import InstanceState, make_policy
+from kvroute.router.decision.policies.kv_aware import KvAwareConfig
+from kvroute.router.index.base import PrefixMatch
 from tests.support.clock import FakeClock
 from tests.support.route_requests import BS, chain, req
 

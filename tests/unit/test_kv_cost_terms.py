@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from router.decision.base import InstanceState
-from router.decision.policies import make_policy
-from router.decision.scoring import kv_cost
-from router.decision.scoring.kv_cost import KvCostConfig
-from router.decision.scoring.rate import PrefillRate, RateConfig
-from router.index.base import PrefixMatch
+from kvroute.router.decision.base import InstanceState
+from kvroute.router.decision.policies import make_policy
+from kvroute.router.decision.scoring import kv_cost
+from kvroute.router.decision.scoring.kv_cost import KvCostConfig
+from kvroute.router.decision.scoring.rate import PrefillRate, RateConfig
+from kvroute.router.index.base import PrefixMatch
 from tests.support.clock import FakeClock
 from tests.support.route_requests import BS, chain, req
 

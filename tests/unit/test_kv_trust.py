@@ -6,8 +6,8 @@ import asyncio
 
 import torch
 
-from engine.service.server import ENGINE
-from router.contract.kv_auth import make_grant
+from kvroute.engine.service.server import ENGINE
+from kvroute.router.contract.kv_auth import make_grant
 from tests.support.kv_transfer_fakes import SECRET, Listener, evil_prefill, forged_handle, ids, post, sign_handle
 from tests.support.loopback import LoopbackServer
 from tests.support.waiting import wait_for

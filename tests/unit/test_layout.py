@@ -17,11 +17,10 @@ import pathlib
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("router", "engine", "loadgen")
-TOP_MODULES = ("kvroute_cli",)
-PROJECT = PACKAGES + TOP_MODULES
-ENGINE_MAY_USE = ("router.contract",)
-LOADGEN_MAY_USE = ("router.contract", "router.decision", "router.index", "router.planner")
+PACKAGES = ("router", "engine", "loadgen")  # folders at the top; they import as kvroute.router, ...
+TOP_MODULES = ("kvroute", "kvroute.cli", "kvroute.__main__")  # kvroute/ itself: the package and the command
+ENGINE_MAY_USE = ("kvroute.router.contract",)
+LOADGEN_MAY_USE = ("kvroute.router.contract", "kvroute.router.decision", "kvroute.router.index", "kvroute.router.planner")
 MAX_ROUTER_ENTRIES = 15
 OUTSIDE_CITATIONS = ("DESIGN" + ".md", "../" + "shared", "/work/" + "shared")
 ALLOWED_OUTSIDE = ("../" + "shared/traces",)  # the Mooncake trace a test reads when it is there
@@ -34,9 +33,10 @@ def _module_files() -> dict[str, pathlib.Path]:
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            mods[".".join(parts)] = path
+            mods[".".join(["kvroute", *parts])] = path
     for name in TOP_MODULES:
-        mods[name] = ROOT / f"{name}.py"
+        parts = name.split(".")[1:] or ["__init__"]
+        mods[name] = ROOT.joinpath("kvroute", *parts).with_suffix(".py")
     return mods
 
 
@@ -89,7 +89,7 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
     else:
         base = _base_of(module, node)
         names = [base] + [f"{base}.{a.name}" for a in node.names] if base else []
-    found = {_resolve(n) for n in names if n.split(".")[0] in PROJECT}
+    found = {_resolve(n) for n in names if n.split(".")[0] == "kvroute"}
     return {t for t in found if t is not None and t != module}
 
 
@@ -157,15 +157,15 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
     raise AssertionError(f"no cycle through {start}")  # cannot happen in a strongly connected component
 
 
-def _crossings(prefix: str, allowed: tuple[str, ...], into: str = "router") -> list[str]:
+def _crossings(prefix: str, allowed: tuple[str, ...], into: str = "kvroute.router") -> list[str]:
     return sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if m == prefix or m.startswith(prefix + ".")
                   for t in targets if (t == into or t.startswith(into + "."))
                   and not any(t == a or t.startswith(a + ".") for a in allowed))
 
 
 def test_the_graph_sees_the_project():
-    assert {"router.service.app", "engine.service.llm_engine", "loadgen.sim.runner", "kvroute_cli"} <= set(GRAPH)
-    assert "router.fleet.cluster" in GRAPH["router.service.app"]
+    assert {"kvroute.router.service.app", "kvroute.engine.service.llm_engine", "kvroute.loadgen.sim.runner", "kvroute.cli"} <= set(GRAPH)
+    assert "kvroute.router.fleet.cluster" in GRAPH["kvroute.router.service.app"]
 
 
 def test_cycles_are_found_and_named():
@@ -175,11 +175,11 @@ def test_cycles_are_found_and_named():
 
 
 def test_type_checking_imports_do_not_count_but_function_level_ones_do():
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import router.service.app\n"
-                     "else:\n    import router.fleet.cluster\n"
-                     "def f():\n    from router.index import base\n")
-    found = set().union(*(_targets("router.service.admin", n) for n in _import_nodes(tree)))
-    assert found == {"router.fleet.cluster", "router.index", "router.index.base"}
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import kvroute.router.service.app\n"
+                     "else:\n    import kvroute.router.fleet.cluster\n"
+                     "def f():\n    from kvroute.router.index import base\n")
+    found = set().union(*(_targets("kvroute.router.service.admin", n) for n in _import_nodes(tree)))
+    assert found == {"kvroute.router.fleet.cluster", "kvroute.router.index", "kvroute.router.index.base"}
 
 
 def test_no_import_cycle():
@@ -188,18 +188,18 @@ def test_no_import_cycle():
 
 
 def test_engine_takes_only_the_contract_from_the_router():
-    crossings = _crossings("engine", ENGINE_MAY_USE)
+    crossings = _crossings("kvroute.engine", ENGINE_MAY_USE)
     assert not crossings, "engine/ may import only router.contract from router:\n" + "\n".join(crossings)
 
 
 def test_the_contract_takes_nothing_else_of_the_project():
-    crossings = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if m.startswith("router.contract")
-                       for t in targets if not t.startswith("router.contract"))
+    crossings = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if m.startswith("kvroute.router.contract")
+                       for t in targets if not t.startswith("kvroute.router.contract"))
     assert not crossings, "router.contract imports other project modules:\n" + "\n".join(crossings)
 
 
 def test_loadgen_takes_only_the_shared_router_layers():
-    crossings = _crossings("loadgen", LOADGEN_MAY_USE)
+    crossings = _crossings("kvroute.loadgen", LOADGEN_MAY_USE)
     assert not crossings, f"loadgen/ may import from router only {', '.join(LOADGEN_MAY_USE)}:\n" + "\n".join(
         crossings)
 
@@ -253,3 +253,22 @@ def test_no_test_file_imports_another():
             found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
                       if n.startswith("tests.") and not n.startswith("tests.support")]
     assert not found, "test files importing other test files:\n" + "\n".join(found)
+
+
+def test_everything_imports_the_project_as_kvroute():
+    """One import name: `router`, `engine` and `loadgen` are folders, never top-level modules."""
+    found = []
+    for path in _repository_files():
+        if path.suffix != ".py" or not path.is_file() or path.relative_to(ROOT).parts[0] == "kvroute":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in PACKAGES]
+    assert not found, "import these as kvroute.<package>:\n" + "\n".join(found)
+
+
+def test_the_kvroute_package_links_the_top_level_folders():
+    for package in PACKAGES:
+        link = ROOT / "kvroute" / package
+        assert link.is_symlink() and link.resolve() == (ROOT / package).resolve(), link

@@ -7,8 +7,8 @@ import time
 import orjson
 import pytest
 
-from router.service.app import CLUSTER
-from router.service.lean_server import available
+from kvroute.router.service.app import CLUSTER
+from kvroute.router.service.lean_server import available
 
 pytestmark = pytest.mark.skipif(not available(), reason="httptools is not installed")
 
@@ -215,9 +215,9 @@ async def test_answers_match_aiohttps_byte_for_byte_but_the_date(start_engine, s
 
 
 def test_without_httptools_aiohttp_serves_everything(monkeypatch):
-    from router.service import lean_server
-    from router.service.app import site_for
-    from router.service.config import RouterConfig
+    from kvroute.router.service import lean_server
+    from kvroute.router.service.app import site_for
+    from kvroute.router.service.config import RouterConfig
 
     config = RouterConfig(engines=("http://127.0.0.1:1",))  # the default: lean
     assert site_for(config) is not None
@@ -241,8 +241,8 @@ async def test_tenant_keys_and_admission_through_the_lean_front(start_engine, st
 async def test_a_body_not_yet_asked_for_is_held_to_a_bound():
     from aiohttp import web
 
-    from router.contract.connections import ConnectionLimits, GuardedRunner
-    from router.service.lean_server import LeanSite
+    from kvroute.router.contract.connections import ConnectionLimits, GuardedRunner
+    from kvroute.router.service.lean_server import LeanSite
 
     release = asyncio.Event()
 
@@ -290,7 +290,7 @@ async def _send(writer, size: int) -> None:
 def test_a_whole_answer_is_written_in_one_buffer_unless_it_carries_cookies():
     from aiohttp import web
 
-    from router.service.lean_response import whole_response
+    from kvroute.router.service.lean_response import whole_response
 
     plain = web.Response(body=b'{"ok":1}', status=200, headers={"Content-Type": "application/json"})
     out = whole_response(plain, keep_alive=True)

@@ -1,7 +1,7 @@
 """LeastLoaded's buckets at their edges (router/decision/candidates.py): the default level, a
 member added below the lowest level seen, empty levels skipped, an emptied set."""
 
-from router.decision.candidates import LeastLoaded
+from kvroute.router.decision.candidates import LeastLoaded
 
 
 def test_members_without_a_level_start_at_zero_in_arrival_order():

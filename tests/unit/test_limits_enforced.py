@@ -13,14 +13,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from router.contract.errors import BadRequest, ContextTooLong
-from router.contract.limits import (BYTES_PER_CHAR, CHARS_PER_TOKEN, FALLBACK_MAX_MODEL_LEN, MESSAGE_TEMPLATE_CHARS,
+from kvroute.router.contract.errors import BadRequest, ContextTooLong
+from kvroute.router.contract.limits import (BYTES_PER_CHAR, CHARS_PER_TOKEN, FALLBACK_MAX_MODEL_LEN, MESSAGE_TEMPLATE_CHARS,
                                     MIN_BODY_BYTES, Limits, check_prompt_chars, check_token_count, check_token_ids,
                                     check_vocabulary, prompt_chars)
-from router.contract.openai_request import parse_request
-from router.contract.protocol import hash_seed
-from router.contract.tokenizer import load_tokenizer
-from router.service.app import CLUSTER
+from kvroute.router.contract.openai_request import parse_request
+from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.waiting import wait_for
 

@@ -9,14 +9,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from loadgen.arrivals import ArrivalConfig, arrival_times, count_within
-from loadgen.cli import main
-from loadgen.record import RequestRecord
-from loadgen.report import Run, write_report
-from loadgen.runner import LoadConfig, run_load
-from loadgen.summary import summarize
-from loadgen.workloads import WORKLOADS, make_workload
-from loadgen.workloads.content import FIRST_ID, VOCAB_SIZE
+from kvroute.loadgen.arrivals import ArrivalConfig, arrival_times, count_within
+from kvroute.loadgen.cli import main
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.report import Run, write_report
+from kvroute.loadgen.runner import LoadConfig, run_load
+from kvroute.loadgen.summary import summarize
+from kvroute.loadgen.workloads import WORKLOADS, make_workload
+from kvroute.loadgen.workloads.content import FIRST_ID, VOCAB_SIZE
 from tests.support.loopback import LoopbackServer
 
 def common_prefix(a, b) -> int:
@@ -429,7 +429,7 @@ def test_bad_arguments_give_one_line_and_nonzero_exit(args, message, tmp_path, c
 def test_progress_line_counts_done_and_errors():
     import io
 
-    from loadgen.progress import Progress
+    from kvroute.loadgen.progress import Progress
 
     progress = Progress(stream=io.StringIO())
     progress.total = 3

@@ -2,9 +2,9 @@
 
 import pytest
 
-from loadgen.record import RequestRecord
-from loadgen.runner import LoadConfig, LoadResult
-from loadgen.tenants import _config, parse_tenant, tenant_summary, workload_of
+from kvroute.loadgen.record import RequestRecord
+from kvroute.loadgen.runner import LoadConfig, LoadResult
+from kvroute.loadgen.tenants import _config, parse_tenant, tenant_summary, workload_of
 
 
 def test_a_spec_names_workload_rate_priority_key_and_knobs():

@@ -1,8 +1,8 @@
 """MemoryIndex bookkeeping that tests/process/test_index.py does not reach (router/index/memory.py):
 the default tier of apply_sync, which instances `maintain` forgets, and a cleared instance's position."""
 
-from router.contract.protocol import KVEvent
-from router.index.memory import MemoryIndex
+from kvroute.router.contract.protocol import KVEvent
+from kvroute.router.index.memory import MemoryIndex
 
 
 def blocks(index, chain):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from router.planner.decide import EngineView, Planner, PlannerConfig, assign
+from kvroute.router.planner.decide import EngineView, Planner, PlannerConfig, assign
 from tests.support.planner_fleet import CFG, fleet, obs, settle
 from tests.support.router_cluster import FAST
 from tests.support.waiting import wait_for
@@ -85,8 +85,8 @@ def test_bad_planner_config_is_refused(bad):
 async def test_planner_service_switches_a_routers_engines(start_engine, start_router, http):
     import aiohttp
 
-    from router.service.app import CLUSTER
-    from router.planner.service import PlannerService
+    from kvroute.router.service.app import CLUSTER
+    from kvroute.router.planner.service import PlannerService
 
     engines = [await start_engine(time_scale=FAST, instance_id=f"p{i}", admin_key="k") for i in range(3)]
     url, server = await start_router([e[0] for e in engines], admin_key="k")

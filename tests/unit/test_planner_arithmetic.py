@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from router.planner.decide import (EngineView, Observation, Plan, Planner, PlannerConfig, _overloaded,
+from kvroute.router.planner.decide import (EngineView, Observation, Plan, Planner, PlannerConfig, _overloaded,
                                    _poisson_quantile, assign)
 from tests.support.planner_fleet import CFG, fleet, obs
 

@@ -2,7 +2,7 @@
 meeting its SLOs stays colocated up to colocate_below + colocate_margin, a split fleet goes back to
 colocated only below colocate_below, so a fleet near the threshold does not flap between the two."""
 
-from router.planner.decide import Planner, PlannerConfig
+from kvroute.router.planner.decide import Planner, PlannerConfig
 from tests.support.planner_fleet import CFG, fleet, obs, settle
 
 MET = dict(ttft=0.2, tpot=0.02)  # within CFG's 1 s / 50 ms SLOs

@@ -3,9 +3,9 @@ its counters, its bound, and which entry it evicts."""
 
 import pytest
 
-from router.contract.encoding import Encoding
-from router.contract.protocol import block_hashes, u32le
-from router.decision.prefix_hashes import PrefixHashes
+from kvroute.router.contract.encoding import Encoding
+from kvroute.router.contract.protocol import block_hashes, u32le
+from kvroute.router.decision.prefix_hashes import PrefixHashes
 
 BS = 4
 

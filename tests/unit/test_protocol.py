@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from router.contract import protocol
-from router.contract.protocol import (KVEvent, LoadRecord, block_hashes, hash_seed, py_block_hashes_of_bytes,
+from kvroute.router.contract import protocol
+from kvroute.router.contract.protocol import (KVEvent, LoadRecord, block_hashes, hash_seed, py_block_hashes_of_bytes,
                                       py_u32le, u32le)
 
 PINNED = [17411228942360384156, 8632648476289059976]  # block_hashes(range(40), 16, hash_seed("kvroute-tiny"))
@@ -27,7 +27,7 @@ def test_the_c_chain_agrees_with_the_python_loop():
     """router/contract/_chainhash.c, built by pip install where a C compiler exists (.ci/run checks that
     it was): it is in use, and on random ids, block sizes (small, 16, past its stack buffer), seeds,
     parents and partial tails it gives the Python loop's hashes."""
-    chain = pytest.importorskip("router.contract._chainhash", reason="not built: no C compiler?").chain
+    chain = pytest.importorskip("kvroute.router.contract._chainhash", reason="not built: no C compiler?").chain
 
     assert protocol.CHAIN_IN_C and protocol._chain is chain
     rng = random.Random(5)
@@ -44,7 +44,7 @@ def test_the_c_chain_agrees_with_the_python_loop():
 
 
 def test_the_c_packing_agrees_with_array_and_refuses_what_it_refuses():
-    pack = pytest.importorskip("router.contract._chainhash", reason="not built: no C compiler?").u32le
+    pack = pytest.importorskip("kvroute.router.contract._chainhash", reason="not built: no C compiler?").u32le
     assert protocol._pack is pack
     rng = random.Random(6)
     ids = [rng.choice([0, 1, 2**31, 2**32 - 1, rng.randrange(2**32)]) for _ in range(5000)]
@@ -147,8 +147,8 @@ def test_encoding_matches_the_written_spec():
 @pytest.mark.parametrize("record", ["LoadRecord", "KVEvent", "EngineRecord", "TransferHandle"])
 def test_records_that_cross_processes_refuse_positional_fields(record):
     """A field inserted later must break a positional caller loudly, not shift its values."""
-    from engine.transfer.kv_transfer import TransferHandle
-    from router.contract.registry_record import EngineRecord
+    from kvroute.engine.transfer.kv_transfer import TransferHandle
+    from kvroute.router.contract.registry_record import EngineRecord
 
     cls = {"LoadRecord": LoadRecord, "KVEvent": KVEvent, "EngineRecord": EngineRecord,
            "TransferHandle": TransferHandle}[record]

@@ -11,7 +11,7 @@ import logging
 import orjson
 from aiohttp import web
 
-from router.service.app import CLUSTER
+from kvroute.router.service.app import CLUSTER
 from tests.support.stub_engine import OK_CHUNK as CHUNK, answer_ok, stub_router
 
 
@@ -41,7 +41,7 @@ async def closing(stubs):
 
 
 async def test_a_5xx_is_retried_and_counted_against_the_engine_which_stays_routable(start_router, http, caplog):
-    caplog.set_level(logging.WARNING, logger="router.service.proxy")
+    caplog.set_level(logging.WARNING, logger="kvroute.router.service.proxy")
     bad = answer(500, body=b"\xff\xfe not utf-8 " + b"x" * 300)
     url, server, stubs = await stub_router(start_router, bad, good, policy="round_robin", eject_after=100)
     try:

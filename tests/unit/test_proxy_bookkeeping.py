@@ -7,7 +7,7 @@ import asyncio
 
 from aiohttp import web
 
-from router.service.app import CLUSTER
+from kvroute.router.service.app import CLUSTER
 from tests.support.stub_engine import stub_router
 
 CHUNKS = [f'data: {{"choices": [{{"index": 0, "text": "t{i}"}}]}}\n\n'.encode() for i in range(5)]

@@ -7,8 +7,8 @@ recent-request stats, and plain-http engines get the router's lean client at the
 import orjson
 from aiohttp import web
 
-from router.service.app import CLUSTER, ROUTER
-from router.service.charges import Dispatch
+from kvroute.router.service.app import CLUSTER, ROUTER
+from kvroute.router.service.charges import Dispatch
 from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import answer_ok, close_all, stub_engine, stub_router
 from tests.support.waiting import wait_for

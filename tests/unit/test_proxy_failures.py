@@ -9,7 +9,7 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from router.service.app import CLUSTER
+from kvroute.router.service.app import CLUSTER
 from tests.support.stub_engine import answer_ok, close_all, stub_router
 from tests.support.waiting import wait_for
 

@@ -6,9 +6,9 @@ hears each attempt's instance, first token and end, and the outcome metrics carr
 import orjson
 from aiohttp import web
 
-from router.contract.openai_request import FORWARDED_IDS
-from router.contract.tokenizer import load_tokenizer
-from router.service.app import CLUSTER, ROUTER
+from kvroute.router.contract.openai_request import FORWARDED_IDS
+from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.app import CLUSTER, ROUTER
 from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import answer_ok, close_all, stub_engine, stub_router
 from tests.support.waiting import wait_for

@@ -10,7 +10,7 @@ import time
 import orjson
 from aiohttp import web
 
-from router.service.app import CLUSTER
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import stub_engine
 from tests.support.waiting import wait_for

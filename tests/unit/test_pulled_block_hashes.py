@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.service.server import ENGINE
+from kvroute.engine.service.server import ENGINE
 from tests.support.loopback import LoopbackServer
 from tests.support.kv_transfer_fakes import SECRET, evil_prefill, forged_handle, ids, post, sign_handle
 

@@ -5,8 +5,8 @@ import asyncio
 import dataclasses
 import time
 
-from router.contract.protocol import LoadRecord
-from router.fleet.queued_prefill import QueuedPrefill
+from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.fleet.queued_prefill import QueuedPrefill
 
 
 @dataclasses.dataclass(eq=False)
@@ -78,9 +78,9 @@ def test_a_failed_non_streamed_request_is_uncharged_once():
     and a later load report must not release it a second time."""
     import types
 
-    from router.fleet.instance import Instance
-    from router.service.metrics import RouterMetrics
-    from router.service.charges import Dispatch
+    from kvroute.router.fleet.instance import Instance
+    from kvroute.router.service.metrics import RouterMetrics
+    from kvroute.router.service.charges import Dispatch
 
     inst = Instance("http://127.0.0.1:9")
     inst.kind = "kvroute"

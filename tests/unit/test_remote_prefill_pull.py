@@ -9,13 +9,13 @@ import time
 import xxhash
 from aiohttp import web
 
-from engine.core.block_manager import BlockManager
-from engine.core.sequence import Sequence
-from engine.core.work import SamplingParams
-from engine.service.metrics import EngineMetrics
-from engine.transfer.kv_transfer import END_INDEX, FRAME, LinkMismatch, TransferHandle
-from engine.transfer.remote_prefill import PullWiring, RemotePrefill
-from router.contract.protocol import block_hashes
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import SamplingParams
+from kvroute.engine.service.metrics import EngineMetrics
+from kvroute.engine.transfer.kv_transfer import END_INDEX, FRAME, LinkMismatch, TransferHandle
+from kvroute.engine.transfer.remote_prefill import PullWiring, RemotePrefill
+from kvroute.router.contract.protocol import block_hashes
 from tests.support.loopback import LoopbackServer
 
 BS = 16

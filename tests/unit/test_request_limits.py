@@ -13,15 +13,15 @@ from aiohttp import web
 
 from prometheus_client import CollectorRegistry
 
-from router.contract.errors import Overloaded
-from router.contract.tokenize_pool import TokenizePool
-from router.decision.admission import AdmissionConfig
-from router.decision.tenants import TenantSpec
-from router.service.admission_gate import AdmissionGate, no_prediction
-from router.service.admission_metrics import AdmissionMetrics
-from router.service.app_keys import GATE
-from router.service.cli import main as router_main
-from router.service.tenant_book import TenantBook
+from kvroute.router.contract.errors import Overloaded
+from kvroute.router.contract.tokenize_pool import TokenizePool
+from kvroute.router.decision.admission import AdmissionConfig
+from kvroute.router.decision.tenants import TenantSpec
+from kvroute.router.service.admission_gate import AdmissionGate, no_prediction
+from kvroute.router.service.admission_metrics import AdmissionMetrics
+from kvroute.router.service.app_keys import GATE
+from kvroute.router.service.cli import main as router_main
+from kvroute.router.service.tenant_book import TenantBook
 from tests.support.router_cluster import cluster, prompt
 from tests.support.stub_engine import close_all, stub_router
 from tests.support.waiting import wait_for

@@ -4,18 +4,18 @@ added later breaks callers loudly instead of shifting them."""
 
 import pytest
 
-from router.contract.encoding import Encoding
-from router.contract.openai_request import parse_request
-from router.decision.admission import Prediction
-from router.decision.base import Decision, InstanceState, RouteRequest
-from router.decision.route import Routed
-from router.decision.scoring.replication import Copy
-from router.decision.scoring.tier_credit import TierCredit
-from router.index.base import PrefixMatch
-from router.planner.recent import Finished
-from router.service.request_trace import RequestTrace
-from router.service.routing import Choice, Forecast, Prepared
-from router.service.usage import Usage
+from kvroute.router.contract.encoding import Encoding
+from kvroute.router.contract.openai_request import parse_request
+from kvroute.router.decision.admission import Prediction
+from kvroute.router.decision.base import Decision, InstanceState, RouteRequest
+from kvroute.router.decision.route import Routed
+from kvroute.router.decision.scoring.replication import Copy
+from kvroute.router.decision.scoring.tier_credit import TierCredit
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.planner.recent import Finished
+from kvroute.router.service.request_trace import RequestTrace
+from kvroute.router.service.routing import Choice, Forecast, Prepared
+from kvroute.router.service.usage import Usage
 
 
 def records():

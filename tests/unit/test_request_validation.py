@@ -3,9 +3,9 @@ is a 400 naming the field, on the router and the engine alike (one parser serves
 
 import pytest
 
-from router.contract.errors import BadRequest, ContextTooLong
-from router.contract.limits import Limits, check_prompt_chars
-from router.contract.openai_request import parse_request
+from kvroute.router.contract.errors import BadRequest, ContextTooLong
+from kvroute.router.contract.limits import Limits, check_prompt_chars
+from kvroute.router.contract.openai_request import parse_request
 
 PROMPT = {"prompt": "hello", "max_tokens": 2}
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.contract.tokenizer import load_tokenizer
-from router.service.app import CLUSTER
+from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.foreign_stubs import StubEngine
 from tests.support.waiting import wait_for

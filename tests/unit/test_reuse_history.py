@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from router.decision.scoring.reuse import EDGES, ReuseHistory
+from kvroute.router.decision.scoring.reuse import EDGES, ReuseHistory
 
 
 def edge(k: int) -> float:

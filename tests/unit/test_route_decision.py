@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from router.decision.base import Decision, InstanceState, RouteRequest
-from router.decision.candidates import LeastLoaded
-from router.decision.decode_choice import pick_decode_member
-from router.decision.route import NoCandidates, RouteDecision, RouteSettings, uncached_tokens
-from router.index.base import PrefixMatch
+from kvroute.router.decision.base import Decision, InstanceState, RouteRequest
+from kvroute.router.decision.candidates import LeastLoaded
+from kvroute.router.decision.decode_choice import pick_decode_member
+from kvroute.router.decision.route import NoCandidates, RouteDecision, RouteSettings, uncached_tokens
+from kvroute.router.index.base import PrefixMatch
 
 
 class Group:

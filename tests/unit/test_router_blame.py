@@ -7,8 +7,8 @@ import logging
 import orjson
 from aiohttp import web
 
-from router.service.app import CLUSTER
-from router.contract.http import error_middleware
+from kvroute.router.service.app import CLUSTER
+from kvroute.router.contract.http import error_middleware
 from tests.support.loopback import LoopbackServer
 from tests.support.raw_client import stream_then_hang_up
 from tests.support.stub_engine import stub_engine, stub_router

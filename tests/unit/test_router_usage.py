@@ -3,8 +3,8 @@
 import orjson
 from prometheus_client import generate_latest
 
-from router.service.metrics import RouterMetrics
-from router.service.usage import MAX_LINE_BYTES, StreamUsage, Usage, usage_from_body
+from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.service.usage import MAX_LINE_BYTES, StreamUsage, Usage, usage_from_body
 
 USAGE = {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45, "prompt_tokens_details": {"cached_tokens": 32}}
 
@@ -92,7 +92,7 @@ def test_router_metrics_from_usage():
 
 
 def test_a_whole_answer_is_read_for_usage_when_the_request_ends_not_before():
-    from router.service.request_trace import RequestTrace
+    from kvroute.router.service.request_trace import RequestTrace
 
     trace = RequestTrace(model="m", stream=False, prompt_tokens=40)
     trace.body(orjson.dumps({"choices": [{"text": "hi"}], "usage": USAGE}), "e1")

@@ -5,17 +5,17 @@ choices (router/contract/segment_cache.py, router/decision/prefix_hashes.py, cac
 import dataclasses
 import random
 
-from loadgen.workloads import make_workload
-from router.fleet.cluster import Cluster
-from router.service.config import RouterConfig
-from router.index import MemoryIndex
-from router.fleet.instance import EngineInfo
-from router.service.metrics import RouterMetrics
-from router.decision.policies import make_policy
-from router.decision.prefix_hashes import PrefixHashes
-from router.contract.protocol import hash_seed
-from router.service.routing import Router
-from router.contract.tokenizer import DATA_DIR, load_tokenizer
+from kvroute.loadgen.workloads import make_workload
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.index import MemoryIndex
+from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.decision.policies import make_policy
+from kvroute.router.decision.prefix_hashes import PrefixHashes
+from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.service.routing import Router
+from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
 
 MODEL = "kvroute-tiny"
 

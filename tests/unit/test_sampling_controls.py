@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from engine.runners.logits_processors import apply_logit_bias, apply_penalties
-from engine.runners.model.config import ModelConfig
-from engine.runners.sampling import sample, top_k_min_p_filter
-from engine.runners.torch_runner import TorchRunner
-from engine.core.work import SamplingParams, SeqWork
+from kvroute.engine.runners.logits_processors import apply_logit_bias, apply_penalties
+from kvroute.engine.runners.model.config import ModelConfig
+from kvroute.engine.runners.sampling import sample, top_k_min_p_filter
+from kvroute.engine.runners.torch_runner import TorchRunner
+from kvroute.engine.core.work import SamplingParams, SeqWork
 from tests.support.sse import sse_events
 
 torch.set_num_threads(1)
@@ -68,8 +68,8 @@ async def greedy(http, url, **extra):
 
 
 async def tokens_of(http, url, **extra):
-    from engine.service.logprob_format import token_text
-    from router.contract.tokenizer import load_tokenizer
+    from kvroute.engine.service.logprob_format import token_text
+    from kvroute.router.contract.tokenizer import load_tokenizer
 
     names = {token_text(load_tokenizer(), t): t for t in (A, B)}
     out = await greedy(http, url, logprobs=0, **extra)
@@ -110,7 +110,7 @@ async def test_sim_logprobs_are_its_uniform_model(start_engine, http):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True, "top_logprobs": 2}
     async with http.post(url + "/v1/chat/completions", json=body) as r:
         content = (await r.json())["choices"][0]["logprobs"]["content"]
-    from router.contract.tokenizer import load_tokenizer
+    from kvroute.router.contract.tokenizer import load_tokenizer
 
     expected = -math.log(load_tokenizer().vocab_size - 5)
     assert len(content) == 3 and all(e["logprob"] == pytest.approx(expected) for e in content)
@@ -121,7 +121,7 @@ async def test_sim_logprobs_are_its_uniform_model(start_engine, http):
 def test_a_body_naming_no_sampling_field_gets_what_the_full_checks_give(kind):
     """The shortcut for bodies without sampling fields returns exactly the defaults the full path
     computes (a field named as null takes the full path)."""
-    from router.contract.openai_sampling import sampling_fields
+    from kvroute.router.contract.openai_sampling import sampling_fields
 
     assert sampling_fields({"prompt": "hi"}, kind) == sampling_fields({"prompt": "hi", "top_k": None}, kind)
     assert sampling_fields({}, kind) is not sampling_fields({}, kind)  # a fresh dict: callers add to it

@@ -1,7 +1,7 @@
-from engine.core.block_manager import BlockManager
-from engine.core.scheduler import Scheduler, SchedulerConfig
-from engine.core.sequence import Sequence, SeqStatus
-from engine.core.work import SamplingParams
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.scheduler import Scheduler, SchedulerConfig
+from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.work import SamplingParams
 
 EOS = 2
 

@@ -5,8 +5,8 @@ import random
 
 import tokenizers
 
-from router.contract.segment_cache import SegmentCache
-from router.contract.tokenizer import DATA_DIR, load_tokenizer
+from kvroute.router.contract.segment_cache import SegmentCache
+from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|bos|>", "<|eos|>"]
 PIECES = ["hello", " world", "  ", "\n", "\n\n", "\t", "naïve", " café", "你好", "🎉", "1234", "'s", " 's", "<|",
@@ -75,7 +75,7 @@ def test_tokenizers_where_pieces_interact_get_no_cache(tmp_path):
 
 
 def test_encodings_carry_their_bytes_and_a_key_that_names_their_leading_ids():
-    from router.contract.protocol import u32le
+    from kvroute.router.contract.protocol import u32le
 
     tok = load_tokenizer(DATA_DIR)
     rng = random.Random(2)
@@ -93,8 +93,8 @@ def test_encodings_carry_their_bytes_and_a_key_that_names_their_leading_ids():
 
 
 def test_prefix_hashes_equal_full_hashing():
-    from router.decision.prefix_hashes import PrefixHashes
-    from router.contract.protocol import block_hashes
+    from kvroute.router.decision.prefix_hashes import PrefixHashes
+    from kvroute.router.contract.protocol import block_hashes
 
     tok = load_tokenizer(DATA_DIR)
     memo = PrefixHashes(max_hashes=400)

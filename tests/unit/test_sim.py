@@ -5,21 +5,21 @@ import random
 
 import pytest
 
-from engine.core.block_manager import BlockManager
-from engine.runners.cost_model import COST_MODELS
-from engine.core.scheduler import Scheduler, SchedulerConfig
-from engine.core.sequence import Sequence
-from engine.core.work import SamplingParams
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim import SimConfig, main, simulate
-from loadgen.sim.instance import step_time
-from loadgen.sim.load_view import LoadView
-from loadgen.workload_base import RequestSpec
-from loadgen.workloads import make_workload
-from router.decision.base import RouteRequest
-from router.decision.policies import make_policy
-from router.decision.route import RouteDecision, RouteSettings
-from router.index.base import PrefixMatch
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.runners.cost_model import COST_MODELS
+from kvroute.engine.core.scheduler import Scheduler, SchedulerConfig
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import SamplingParams
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim import SimConfig, main, simulate
+from kvroute.loadgen.sim.instance import step_time
+from kvroute.loadgen.sim.load_view import LoadView
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.loadgen.workloads import make_workload
+from kvroute.router.decision.base import RouteRequest
+from kvroute.router.decision.policies import make_policy
+from kvroute.router.decision.route import RouteDecision, RouteSettings
+from kvroute.router.index.base import PrefixMatch
 
 TIMING_KEYS = {"sim_wall_s", "engine_step_us_mean", "decision_us_mean", "decision_us_p50", "decision_us_p99",
                "decision_us_max"}

@@ -1,8 +1,8 @@
 """The simulator runs the router's admission (loadgen/sim/admission.py): overload and below it."""
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.runner import SimConfig, simulate
-from loadgen.workloads import make_workload
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.runner import SimConfig, simulate
+from kvroute.loadgen.workloads import make_workload
 
 SLO = 0.5
 
@@ -42,8 +42,8 @@ def test_below_capacity_admission_admits_everything():
 def tenants_run(specs, admission, tenants=()):
     import dataclasses
 
-    from loadgen.sim.tenant_mix import mixed_specs, per_tenant
-    from loadgen.tenants import parse_tenant
+    from kvroute.loadgen.sim.tenant_mix import mixed_specs, per_tenant
+    from kvroute.loadgen.tenants import parse_tenant
 
     config = dataclasses.replace(SimConfig(instances=2, seed=0), admission_slo_s=SLO if admission else None,
                                  admission_tenants=tenants)
@@ -69,7 +69,7 @@ def test_priority_bands_keep_the_urgent_stream_and_serve_the_rest_after_the_floo
 def test_sim_cli_runs_tenants_and_reports_each(tmp_path, capsys):
     import json
 
-    from loadgen.sim.cli import main
+    from kvroute.loadgen.sim.cli import main
 
     out = tmp_path / "tenants.json"
     args = ["--instances", "2", "--policy", "kv_aware", "--admission-slo", "0.5", "--out", str(out),

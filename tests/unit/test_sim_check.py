@@ -16,10 +16,10 @@ import dataclasses
 
 import pytest
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.report import relative_to_oracle
-from loadgen.sim.runner import SimConfig, SimResult, simulate
-from loadgen.workloads import make_workload
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.report import relative_to_oracle
+from kvroute.loadgen.sim.runner import SimConfig, SimResult, simulate
+from kvroute.loadgen.workloads import make_workload
 
 BASE = SimConfig(instances=4, num_blocks=512, request_overhead_s=0.005, seed=0)
 DOC_QA = dict(num_requests=600, documents=24, doc_tokens=1200, question_tokens=40, output_tokens=8, zipf=0.9)

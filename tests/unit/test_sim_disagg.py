@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim import SimConfig, main, simulate
-from loadgen.sim.pd_sweep import pd_sweep
-from loadgen.workload_base import RequestSpec
-from loadgen.workloads import make_workload
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim import SimConfig, main, simulate
+from kvroute.loadgen.sim.pd_sweep import pd_sweep
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.loadgen.workloads import make_workload
 
 TIMING_KEYS = {"sim_wall_s", "engine_step_us_mean", "decision_us_mean", "decision_us_p50", "decision_us_p99",
                "decision_us_max"}

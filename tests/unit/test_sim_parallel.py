@@ -2,7 +2,7 @@
 
 import json
 
-from loadgen.sim.cli import main
+from kvroute.loadgen.sim.cli import main
 
 TIMED = ("decision_us_mean", "decision_us_p50", "decision_us_p99", "decision_us_max", "engine_step_us_mean",
          "sim_wall_s")

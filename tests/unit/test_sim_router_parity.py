@@ -19,26 +19,26 @@ import time
 
 import pytest
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim.cluster import Cluster as SimCluster
-from loadgen.sim.disagg import DisaggConfig
-from loadgen.sim.router import SimRouter
-from loadgen.sim.runner import SimConfig, arrivals
-from loadgen.workloads import make_workload
-from router.contract.protocol import hash_seed
-from router.decision.base import RouteRequest
-from router.decision.decode_choice import DECODE_ROLES
-from router.decision.policies import POLICIES, make_policy
-from router.fleet.cluster import Cluster
-from router.fleet.instance import EngineInfo
-from router.index import MemoryIndex
-from router.index.base import event_owner
-from router.service.config import RouterConfig
-from router.service.disagg import Disaggregation, pick_decode
-from router.service.metrics import RouterMetrics
-from router.service.proxy import Proxy
-from router.service.request_trace import RequestTrace
-from router.service.routing import Prepared, Router
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim.cluster import Cluster as SimCluster
+from kvroute.loadgen.sim.disagg import DisaggConfig
+from kvroute.loadgen.sim.router import SimRouter
+from kvroute.loadgen.sim.runner import SimConfig, arrivals
+from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.decision.base import RouteRequest
+from kvroute.router.decision.decode_choice import DECODE_ROLES
+from kvroute.router.decision.policies import POLICIES, make_policy
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.index import MemoryIndex
+from kvroute.router.index.base import event_owner
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.service.disagg import Disaggregation, pick_decode
+from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.service.proxy import Proxy
+from kvroute.router.service.request_trace import RequestTrace
+from kvroute.router.service.routing import Prepared, Router
 
 FINGERPRINT = "sim-tokenizer"
 

@@ -3,13 +3,13 @@
 import json
 import pathlib
 
-from loadgen.arrivals import ArrivalConfig
-from loadgen.sim import SimConfig, main, simulate
-from loadgen.sim.oracle_future import FutureUses
-from loadgen.sim.suite import DEFAULT_TRACE, SUITE_POLICIES, suite_cases
-from loadgen.workload_base import RequestSpec
-from loadgen.workloads import make_workload
-from router.contract.protocol import block_hashes
+from kvroute.loadgen.arrivals import ArrivalConfig
+from kvroute.loadgen.sim import SimConfig, main, simulate
+from kvroute.loadgen.sim.oracle_future import FutureUses
+from kvroute.loadgen.sim.suite import DEFAULT_TRACE, SUITE_POLICIES, suite_cases
+from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.protocol import block_hashes
 
 SMALL = ["--suite", "--requests", "24", "--instances", "2", "--num-blocks", "256"]
 ROWS = ["shared-prefix", "multi-turn", "doc-qa", "random", "hot-prefix", "mooncake",
@@ -78,8 +78,8 @@ def test_oracle_future_beats_the_oracle_when_the_pools_are_full():
 
 
 def test_kv_aware_copies_a_hot_prefix_under_load_in_the_simulator(monkeypatch):
-    from router.decision.policies import POLICIES
-    from router.decision.policies.kv_aware import KvAwareConfig, KvAwarePolicy
+    from kvroute.router.decision.policies import POLICIES
+    from kvroute.router.decision.policies.kv_aware import KvAwareConfig, KvAwarePolicy
 
     def variant(**params):  # kv_aware with the guard out of the way, so replication is what is tested
         class Variant(KvAwarePolicy):

@@ -2,17 +2,17 @@
 
 import pytest
 
-from engine.core.block_manager import BlockManager
-from engine.core.config import EngineConfig
-from engine.kv.host_pool import HostPool
-from engine.kv.link_estimate import LinkEstimate
-from engine.kv.recovery import Recovery
-from engine.core.sequence import Sequence
-from engine.kv.tier_setup import build_tiers
-from engine.kv.tiers import CacheTiers
-from engine.core.work import RunnerInfo, SamplingParams
-from router.contract.protocol import block_hashes
-from router.contract.tier_costs import Link, TierCosts, plan_runs
+from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.kv.host_pool import HostPool
+from kvroute.engine.kv.link_estimate import LinkEstimate
+from kvroute.engine.kv.recovery import Recovery
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.engine.kv.tiers import CacheTiers
+from kvroute.engine.core.work import RunnerInfo, SamplingParams
+from kvroute.router.contract.protocol import block_hashes
+from kvroute.router.contract.tier_costs import Link, TierCosts, plan_runs
 
 BS = 4
 SEED = 77

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from router.contract.errors import Overloaded
-from router.contract.tokenize_pool import TokenizePool
+from kvroute.router.contract.errors import Overloaded
+from kvroute.router.contract.tokenize_pool import TokenizePool
 
 
 async def where(pool: TokenizePool, chars: int, idle=None) -> str:
@@ -57,15 +57,15 @@ def test_bad_settings_are_refused():
 
 
 async def test_the_router_tokenizes_a_long_prompt_in_place_only_while_nothing_is_in_flight():
-    from router.contract.protocol import hash_seed
-    from router.contract.tokenizer import DATA_DIR, load_tokenizer
-    from router.decision.policies import make_policy
-    from router.fleet.cluster import Cluster
-    from router.fleet.instance import EngineInfo
-    from router.index import MemoryIndex
-    from router.service.config import RouterConfig
-    from router.service.metrics import RouterMetrics
-    from router.service.routing import Router
+    from kvroute.router.contract.protocol import hash_seed
+    from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
+    from kvroute.router.decision.policies import make_policy
+    from kvroute.router.fleet.cluster import Cluster
+    from kvroute.router.fleet.instance import EngineInfo
+    from kvroute.router.index import MemoryIndex
+    from kvroute.router.service.config import RouterConfig
+    from kvroute.router.service.metrics import RouterMetrics
+    from kvroute.router.service.routing import Router
 
     tok = load_tokenizer(DATA_DIR)
     cluster = Cluster(RouterConfig(engines=("http://127.0.0.1:9000",)), MemoryIndex(), tok.fingerprint,

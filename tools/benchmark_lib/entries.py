@@ -11,7 +11,7 @@ import dataclasses
 
 from tools.benchmark_lib import render
 
-CLI = ("-m", "kvroute_cli")
+CLI = ("-m", "kvroute")
 SIM_PRESSURE = ("--instances", "8", "--num-blocks", "1024", "--policy", "kv_aware,oracle", "--workload", "doc-qa",
                 "--doc-tokens", "2400", "--question-tokens", "40", "--output-tokens", "8", "--requests", "3000",
                 "--rate", "24", "--request-overhead", "0.005")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
-from engine.kv.store.base import KVStore, StoreUnavailable, default_store_id, layout_namespace, store_key
-from engine.kv.store.file_store import FileStore, check_dir
-from engine.kv.store.redis_store import RedisStore, ping
+from kvroute.engine.kv.store.base import KVStore, StoreUnavailable, default_store_id, layout_namespace, store_key
+from kvroute.engine.kv.store.file_store import FileStore, check_dir
+from kvroute.engine.kv.store.redis_store import RedisStore, ping
 
 
 def _file_path(url: str) -> str:

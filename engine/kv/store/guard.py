@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Callable, Sequence
 
-from engine.kv.store.base import KVStore, StoreUnavailable
+from kvroute.engine.kv.store.base import KVStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

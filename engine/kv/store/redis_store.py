@@ -14,7 +14,7 @@ from typing import Sequence
 
 import redis.asyncio as aioredis
 
-from router.contract.cancellation import raise_if_cancelled
+from kvroute.router.contract.cancellation import raise_if_cancelled
 
 KEY_PREFIX = "kvroute:kv:"
 WRITE_CHUNK = 64  # SETs per pipeline round trip

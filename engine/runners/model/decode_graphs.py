@@ -20,10 +20,10 @@ from typing import Sequence
 
 import torch
 
-from engine.core.work import SeqWork
-from engine.runners.model.kv_pool import GatherSpace, KVPool
-from engine.runners.model.llama import Llama
-from engine.runners.model.step_inputs import Padding, StepInputs, batch_from, blocks_for
+from kvroute.engine.core.work import SeqWork
+from kvroute.engine.runners.model.kv_pool import GatherSpace, KVPool
+from kvroute.engine.runners.model.llama import Llama
+from kvroute.engine.runners.model.step_inputs import Padding, StepInputs, batch_from, blocks_for
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_CONTEXT_BLOCKS = 16

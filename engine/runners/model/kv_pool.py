@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from engine.runners.model.staging import Staging, fill_bytes, gather_to
+from kvroute.engine.runners.model.staging import Staging, fill_bytes, gather_to
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.runners.model import attention
-from engine.runners.model.attention import ChunkMask
-from engine.runners.model.config import ModelConfig
-from engine.runners.model.kv_pool import GatherSpace, KVPool
+from kvroute.engine.runners.model import attention
+from kvroute.engine.runners.model.attention import ChunkMask
+from kvroute.engine.runners.model.config import ModelConfig
+from kvroute.engine.runners.model.kv_pool import GatherSpace, KVPool
 
 
 @dataclasses.dataclass(slots=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from engine.runners.model.config import ModelConfig
-from engine.runners.model.kv_pool import DTYPES
-from engine.runners.model.llama import Llama
+from kvroute.engine.runners.model.config import ModelConfig
+from kvroute.engine.runners.model.kv_pool import DTYPES
+from kvroute.engine.runners.model.llama import Llama
 
 INIT_STD = 0.02
 _FUSED = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj": ("gate_proj", "up_proj")}

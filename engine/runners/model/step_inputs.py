@@ -21,10 +21,10 @@ from typing import Sequence
 
 import torch
 
-from engine.core.work import SeqWork
-from engine.runners.model.kv_pool import GatherSpace
-from engine.runners.model.llama import DecodeGroup, PrefillChunk, StepBatch
-from engine.runners.model.staging import Staging
+from kvroute.engine.core.work import SeqWork
+from kvroute.engine.runners.model.kv_pool import GatherSpace
+from kvroute.engine.runners.model.llama import DecodeGroup, PrefillChunk, StepBatch
+from kvroute.engine.runners.model.staging import Staging
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -30,10 +30,10 @@ import time
 
 import torch
 
-from engine.kv.kv_copies import CopyPlan, CopyTimes
-from engine.runners.model.copy_lane import CopyLane
-from engine.runners.model.kv_pool import KVPool
-from engine.runners.model.staging import Staging, fill_bytes
+from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.runners.model.copy_lane import CopyLane
+from kvroute.engine.runners.model.kv_pool import KVPool
+from kvroute.engine.runners.model.staging import Staging, fill_bytes
 
 
 @dataclasses.dataclass(slots=True)

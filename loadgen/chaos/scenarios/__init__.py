@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from loadgen.chaos.config import ChaosConfig
-from loadgen.chaos.scenarios.boundaries import (EngineHangWhole, HandleReplay, IntrospectionAuth, RogueRegistry,
+from kvroute.loadgen.chaos.config import ChaosConfig
+from kvroute.loadgen.chaos.scenarios.boundaries import (EngineHangWhole, HandleReplay, IntrospectionAuth, RogueRegistry,
                                                 SlowClients)
-from loadgen.chaos.scenarios.connections import FrontsAgree, StalledBodies, Upgrades
-from loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
-from loadgen.chaos.scenarios.feeds import FeedFlood, FeedPoison
-from loadgen.chaos.scenarios.fuzzing import Fuzz
-from loadgen.chaos.scenarios.pd_decode_kill import PdDecodeKill
-from loadgen.chaos.scenarios.progress import EngineStuckStep, RegistryReplay
-from loadgen.chaos.scenarios.redis_faults import REDIS_FREEZE, REDIS_KILL
-from loadgen.chaos.scenarios.request_limits import (KeyBoundTenant, PoisonedBodies, SloHeader, TenantLimits,
+from kvroute.loadgen.chaos.scenarios.connections import FrontsAgree, StalledBodies, Upgrades
+from kvroute.loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
+from kvroute.loadgen.chaos.scenarios.feeds import FeedFlood, FeedPoison
+from kvroute.loadgen.chaos.scenarios.fuzzing import Fuzz
+from kvroute.loadgen.chaos.scenarios.pd_decode_kill import PdDecodeKill
+from kvroute.loadgen.chaos.scenarios.progress import EngineStuckStep, RegistryReplay
+from kvroute.loadgen.chaos.scenarios.redis_faults import REDIS_FREEZE, REDIS_KILL
+from kvroute.loadgen.chaos.scenarios.request_limits import (KeyBoundTenant, PoisonedBodies, SloHeader, TenantLimits,
                                                     TokenizerFlood)
-from loadgen.chaos.scenarios.router_restart import RouterRestart
-from loadgen.chaos.scenarios.streams import ManyStreams
+from kvroute.loadgen.chaos.scenarios.router_restart import RouterRestart
+from kvroute.loadgen.chaos.scenarios.streams import ManyStreams
 
 SCENARIOS = {s.name: s for s in (Fuzz(), ENGINE_KILL, ENGINE_HANG, REDIS_KILL, REDIS_FREEZE, ManyStreams(),
                                  RouterRestart(), FeedPoison(), FeedFlood(), SlowClients(), IntrospectionAuth(),

@@ -19,12 +19,12 @@ import time
 
 import aiohttp
 
-from loadgen.chaos.fleet import get_json, instances, metric
-from loadgen.chaos.rows import Row
-from loadgen.chaos.scenario_base import Context, Outcome
-from router.contract.connections import ConnectionLimits
-from router.contract.kv_auth import make_grant
-from router.contract.registry_record import IDS, EngineRecord, engine_key
+from kvroute.loadgen.chaos.fleet import get_json, instances, metric
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.router.contract.connections import ConnectionLimits
+from kvroute.router.contract.kv_auth import make_grant
+from kvroute.router.contract.registry_record import IDS, EngineRecord, engine_key
 
 HEADER_TIMEOUT_S = ConnectionLimits().header_timeout_s  # the fleet's routers run with the default
 HANG_FIRST_BYTE_S = 2.0  # --first-byte-timeout-s of engine-hang-whole's own router

@@ -23,14 +23,14 @@ import asyncio
 import os
 import time
 
-from loadgen.chaos.fleet import metric
-from loadgen.chaos.front_cases import CASES, KEY, FrontCase, observe
-from loadgen.chaos.httpraw import exchange, read_response
-from loadgen.chaos.rows import Row
-from loadgen.chaos.rss import MB, read_memory
-from loadgen.chaos.scenario_base import Context, Outcome
-from loadgen.chaos.scenarios.boundaries import post_completion, until_up
-from router.contract.connections import LINGER_S, TRIM_DELAY_S, ConnectionLimits
+from kvroute.loadgen.chaos.fleet import metric
+from kvroute.loadgen.chaos.front_cases import CASES, KEY, FrontCase, observe
+from kvroute.loadgen.chaos.httpraw import exchange, read_response
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.rss import MB, read_memory
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.scenarios.boundaries import post_completion, until_up
+from kvroute.router.contract.connections import LINGER_S, TRIM_DELAY_S, ConnectionLimits
 
 BODY_TIMEOUT_S = 5.0
 STALLED = 200

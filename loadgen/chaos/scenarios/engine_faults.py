@@ -12,9 +12,9 @@ import asyncio
 import dataclasses
 from typing import Callable
 
-from loadgen.chaos.procs import Proc
-from loadgen.chaos.scenario_base import Context, Outcome
-from loadgen.chaos.watch import wait_for
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.watch import wait_for
 
 MIN_INFLIGHT = 2  # the fault waits (up to BUSY_WAIT_S) until one engine has this many requests in flight
 BUSY_WAIT_S = 5.0

@@ -17,13 +17,13 @@ import time
 import aiohttp
 import zmq
 
-from loadgen.chaos.fleet import instances
-from loadgen.chaos.rows import Row
-from loadgen.chaos.rss import MB, read_memory
-from loadgen.chaos.scenario_base import Context, Outcome
-from loadgen.local_cluster import free_port
-from router.contract.kv_encode import BatchEncoder
-from router.contract.kv_wire import MAX_MESSAGE_BYTES
+from kvroute.loadgen.chaos.fleet import instances
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.rss import MB, read_memory
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.local_cluster import free_port
+from kvroute.router.contract.kv_encode import BatchEncoder
+from kvroute.router.contract.kv_wire import MAX_MESSAGE_BYTES
 
 POISON_APPLY_S = 1.0
 FLOOD_RSS_MB = 50.0

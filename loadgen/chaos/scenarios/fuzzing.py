@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import random
 
-from loadgen.chaos import fuzz_cases as fc
-from loadgen.chaos.fleet import get_json
-from loadgen.chaos.fuzz import Canary, FuzzReport, run_fuzz, sample
-from loadgen.chaos.fuzz_kv import kv_cases
-from loadgen.chaos.procs import Proc
-from loadgen.chaos.rows import Row
-from loadgen.chaos.scenario_base import Context, Outcome
-from router.contract.limits import Limits
+from kvroute.loadgen.chaos import fuzz_cases as fc
+from kvroute.loadgen.chaos.fleet import get_json
+from kvroute.loadgen.chaos.fuzz import Canary, FuzzReport, run_fuzz, sample
+from kvroute.loadgen.chaos.fuzz_kv import kv_cases
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.router.contract.limits import Limits
 
 TIMEOUT_S = 10.0  # an answer slower than this is a hang
 

@@ -11,10 +11,10 @@ import asyncio
 import random
 import time
 
-from loadgen.chaos.fleet import instances
-from loadgen.chaos.own_router import ask, row, spawn_router
-from loadgen.chaos.procs import Proc
-from loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.fleet import instances
+from kvroute.loadgen.chaos.own_router import ask, row, spawn_router
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
 
 SIM = ("--backend", "sim", "--time-scale", "0.1", "--num-threads", "1", "--log-level", "WARNING")
 REQUESTS = 12

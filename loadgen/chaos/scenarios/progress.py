@@ -22,13 +22,13 @@ import time
 import aiohttp
 import orjson
 
-from engine.core.work import SamplingParams, SeqWork
-from engine.runners.cost_model import DEFAULT_COST_MODEL, get_cost_model
-from loadgen.chaos.fleet import get_json, instances, metric
-from loadgen.chaos.rows import Row
-from loadgen.chaos.scenario_base import Context, Outcome
-from loadgen.chaos.scenarios.boundaries import post_completion, until_up
-from router.contract.registry_record import CHANNEL, IDS, EngineRecord, announcement, engine_key
+from kvroute.engine.core.work import SamplingParams, SeqWork
+from kvroute.engine.runners.cost_model import DEFAULT_COST_MODEL, get_cost_model
+from kvroute.loadgen.chaos.fleet import get_json, instances, metric
+from kvroute.loadgen.chaos.rows import Row
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.scenarios.boundaries import post_completion, until_up
+from kvroute.router.contract.registry_record import CHANNEL, IDS, EngineRecord, announcement, engine_key
 
 PATIENCE_S = 3.0  # --first-byte-timeout-s of engine-stuck-step's router, as in the finding
 STUCK_STEP_S = 6.0  # how long the stuck engine's step of one request's prefill takes

@@ -13,8 +13,8 @@ import asyncio
 import dataclasses
 from typing import Callable
 
-from loadgen.chaos.procs import Proc
-from loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.procs import Proc
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
 
 
 @dataclasses.dataclass(frozen=True)

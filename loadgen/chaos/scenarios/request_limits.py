@@ -19,8 +19,8 @@ import collections
 import subprocess
 import time
 
-from loadgen.chaos.own_router import ask, charged, row, spawn_router, tenant_file, text
-from loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.own_router import ask, charged, row, spawn_router, tenant_file, text
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
 
 FLOODERS = 128  # the flood's requests in flight: twice what the tokenizer pool may queue
 QUIET = 40

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
 
 
 class RouterRestart:

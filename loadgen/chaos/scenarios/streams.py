@@ -9,8 +9,8 @@ import asyncio
 
 import orjson
 
-from loadgen.chaos.load import Tally
-from loadgen.chaos.scenario_base import Context, Outcome
+from kvroute.loadgen.chaos.load import Tally
+from kvroute.loadgen.chaos.scenario_base import Context, Outcome
 
 MAX_TOKENS = 64  # with ~333 streams per engine a step is slow, so they overlap for seconds
 PROMPT_TOKENS = 32  # short: this is about open streams, not prefill

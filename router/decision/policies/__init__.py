@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from router.decision.policies.approx_kv import ApproxKvPolicy
-from router.decision.base import Decision, InstanceState, Policy, PolicyBase, RouteRequest
-from router.decision.policies.kv_aware import KvAwarePolicy
-from router.decision.policies.least_load import LeastLoadPolicy
-from router.decision.policies.power_of_two import PowerOfTwoPolicy
-from router.decision.policies.prefix_hash import PrefixHashPolicy
-from router.decision.policies.random_choice import RandomPolicy
-from router.decision.policies.round_robin import RoundRobinPolicy
+from kvroute.router.decision.policies.approx_kv import ApproxKvPolicy
+from kvroute.router.decision.base import Decision, InstanceState, Policy, PolicyBase, RouteRequest
+from kvroute.router.decision.policies.kv_aware import KvAwarePolicy
+from kvroute.router.decision.policies.least_load import LeastLoadPolicy
+from kvroute.router.decision.policies.power_of_two import PowerOfTwoPolicy
+from kvroute.router.decision.policies.prefix_hash import PrefixHashPolicy
+from kvroute.router.decision.policies.random_choice import RandomPolicy
+from kvroute.router.decision.policies.round_robin import RoundRobinPolicy
 
 DEFAULT_POLICY = "kv_aware"
 

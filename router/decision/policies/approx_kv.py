@@ -24,10 +24,10 @@ import dataclasses
 import random
 from typing import Callable, Mapping, Sequence
 
-from router.index.base import PrefixMatch
-from router.decision.base import InstanceState, RouteRequest
-from router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
-from router.decision.scoring.recent import RecentBlocks
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.decision.base import InstanceState, RouteRequest
+from kvroute.router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
+from kvroute.router.decision.scoring.recent import RecentBlocks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -105,12 +105,12 @@ import dataclasses
 import random
 from typing import Callable, Mapping, Sequence
 
-from router.contract.tier_costs import TierCosts
-from router.index.base import PrefixMatch
-from router.decision.base import InstanceState, RouteRequest
-from router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
-from router.decision.scoring.recent import RecentBlocks
-from router.decision.scoring.tier_credit import tier_credit, with_store
+from kvroute.router.contract.tier_costs import TierCosts
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.decision.base import InstanceState, RouteRequest
+from kvroute.router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
+from kvroute.router.decision.scoring.recent import RecentBlocks
+from kvroute.router.decision.scoring.tier_credit import tier_credit, with_store
 
 
 TIER_CREDITS = ("measured", "fixed")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from router.index.base import PrefixMatch
-from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
-from router.decision.policies.least_load import least_loaded
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.router.decision.policies.least_load import least_loaded
 
 
 class PowerOfTwoPolicy(PolicyBase):

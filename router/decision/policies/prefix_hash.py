@@ -36,9 +36,9 @@ from typing import Callable, Mapping, Sequence
 
 import xxhash
 
-from router.index.base import PrefixMatch
-from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
-from router.decision.policies.least_load import least_loaded
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.router.decision.policies.least_load import least_loaded
 
 _U64 = struct.Struct("<Q")
 _MAX_RINGS = 16  # distinct candidate sets kept built (healthy-set changes are rare)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from router.index.base import PrefixMatch
-from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 class RoundRobinPolicy(PolicyBase):

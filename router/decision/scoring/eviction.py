@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from router.decision.base import InstanceState
+from kvroute.router.decision.base import InstanceState
 
 
 def expected_loss(state: InstanceState, need: int, ahead: int, now: float,

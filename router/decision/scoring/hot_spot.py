@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Mapping, Sequence
 
-from router.decision.base import InstanceState
+from kvroute.router.decision.base import InstanceState
 
 
 def spill_target(best: InstanceState, candidates: Sequence[InstanceState], costs: Mapping[str, float],

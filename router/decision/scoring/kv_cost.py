@@ -14,14 +14,14 @@ import random
 from collections import OrderedDict
 from typing import Callable, Mapping, Sequence
 
-from router.index.base import PrefixMatch
-from router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
-from router.decision.scoring.eviction import expected_loss
-from router.decision.scoring.hot_spot import others_mean, spill_target
-from router.decision.scoring.rate import PrefillRate, RateConfig
-from router.decision.scoring.recent import RecentBlocks
-from router.decision.scoring.replication import Copy, PrefixDemand, consider
-from router.decision.scoring.reuse import ReuseHistory
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.router.decision.scoring.eviction import expected_loss
+from kvroute.router.decision.scoring.hot_spot import others_mean, spill_target
+from kvroute.router.decision.scoring.rate import PrefillRate, RateConfig
+from kvroute.router.decision.scoring.recent import RecentBlocks
+from kvroute.router.decision.scoring.replication import Copy, PrefixDemand, consider
+from kvroute.router.decision.scoring.reuse import ReuseHistory
 
 _MAX_DISPATCHED = 65536  # request ids whose queue-at-dispatch is remembered until first token
 

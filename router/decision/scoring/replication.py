@@ -38,7 +38,7 @@ from typing import Mapping, Sequence
 
 import msgspec
 
-from router.decision.base import InstanceState, RouteRequest
+from kvroute.router.decision.base import InstanceState, RouteRequest
 
 _CAPACITY = 65536  # prefixes tracked; the least recently requested is dropped first
 

@@ -32,7 +32,7 @@ import itertools
 import math
 from typing import Callable, Sequence
 
-from router.contract.idle_ages import IdleAges
+from kvroute.router.contract.idle_ages import IdleAges
 
 EDGES = tuple(10 ** (k / 8) for k in range(-24, 41))  # 1 ms .. 100,000 s, 8 bins a decade
 _LOG_STEP = math.log(10) / 8

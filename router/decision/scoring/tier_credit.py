@@ -25,8 +25,8 @@ from typing import Mapping
 
 import msgspec
 
-from router.index.base import PrefixMatch
-from router.contract.tier_costs import TierCosts, plan_runs, store_owner
+from kvroute.router.index.base import PrefixMatch
+from kvroute.router.contract.tier_costs import TierCosts, plan_runs, store_owner
 
 LOWER_TIERS = ("host", "remote")
 

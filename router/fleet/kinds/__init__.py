@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Protocol
 
-from router.fleet.instance import EngineInfo
-from router.fleet.kinds.http import EngineHTTP, NotServed
-from router.fleet.kinds.kvroute import KvrouteKind
-from router.fleet.kinds.sglang import SglangKind
-from router.fleet.kinds.vllm import VllmKind
-from router.contract.protocol import LoadRecord
-from router.service.upstream_errors import NotAnEngine
+from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed
+from kvroute.router.fleet.kinds.kvroute import KvrouteKind
+from kvroute.router.fleet.kinds.sglang import SglangKind
+from kvroute.router.fleet.kinds.vllm import VllmKind
+from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.service.upstream_errors import NotAnEngine
 
 
 class EngineKind(Protocol):

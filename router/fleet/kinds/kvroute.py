@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from router.fleet.instance import EngineInfo
-from router.fleet.kinds.http import EngineHTTP
-from router.contract.protocol import LoadRecord
-from router.service.upstream_errors import Incompatible
+from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.fleet.kinds.http import EngineHTTP
+from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.service.upstream_errors import Incompatible
 
 
 class KvrouteKind:

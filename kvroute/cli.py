@@ -10,14 +10,14 @@ import os
 import sys
 
 SUBCOMMANDS = {
-    "engine": ("engine.service.cli", "Run an engine server (paged KV cache, prefix caching, KV events)."),
-    "router": ("router.service.cli", "Run the KV-cache-aware OpenAI-compatible router."),
-    "loadgen": ("loadgen.cli", "Drive an OpenAI-compatible endpoint with a workload."),
-    "bench": ("loadgen.bench", "Start a local cluster and compare routing policies."),
-    "demo": ("loadgen.demo", "Quick policy comparison on real torch engines."),
-    "sim": ("loadgen.sim", "Discrete-event simulation of a large cluster."),
-    "planner": ("router.planner.cli", "Switch engines' prefill/decode roles online to keep goodput high."),
-    "chaos": ("loadgen.chaos.cli", "Faults and fuzz against a local fleet under load; one table, invariants checked."),
+    "engine": ("kvroute.engine.service.cli", "Run an engine server (paged KV cache, prefix caching, KV events)."),
+    "router": ("kvroute.router.service.cli", "Run the KV-cache-aware OpenAI-compatible router."),
+    "loadgen": ("kvroute.loadgen.cli", "Drive an OpenAI-compatible endpoint with a workload."),
+    "bench": ("kvroute.loadgen.bench", "Start a local cluster and compare routing policies."),
+    "demo": ("kvroute.loadgen.demo", "Quick policy comparison on real torch engines."),
+    "sim": ("kvroute.loadgen.sim", "Discrete-event simulation of a large cluster."),
+    "planner": ("kvroute.router.planner.cli", "Switch engines' prefill/decode roles online to keep goodput high."),
+    "chaos": ("kvroute.loadgen.chaos.cli", "Faults and fuzz against a local fleet under load; one table, invariants checked."),
 }
 
 
@@ -29,13 +29,9 @@ def _usage() -> str:
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    from kvroute import __version__
 
-    try:
-        return dist_version("kvroute")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
