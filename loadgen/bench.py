@@ -16,8 +16,17 @@ import time
 
 import aiohttp
 
-from kvroute.loadgen.bench_tiers import (STORM_DEFAULTS, TIER_RUNS, TIER_SIZING, engine_metrics, storm_summary, tier_metrics,
-                                 tier_spec, tier_stores, tier_table)
+from kvroute.loadgen.bench_tiers import (
+    STORM_DEFAULTS,
+    TIER_RUNS,
+    TIER_SIZING,
+    engine_metrics,
+    storm_summary,
+    tier_metrics,
+    tier_spec,
+    tier_stores,
+    tier_table,
+)
 from kvroute.loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
 from kvroute.loadgen.client import TargetError, probe_target
 from kvroute.loadgen.local_cluster import ClusterSpec, LocalCluster

@@ -21,7 +21,7 @@ import collections
 import contextlib
 import shutil
 import tempfile
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import aiohttp
 

@@ -12,7 +12,6 @@ content chunk; TTFT is the first such chunk.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
@@ -57,7 +56,7 @@ async def probe_target(session: aiohttp.ClientSession, target: str, timeout_s: f
                     return str(models[0]["id"]) if models else None
                 except (ValueError, AttributeError, KeyError, TypeError, IndexError):
                     return None
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
         raise TargetError(f"cannot reach {target}: {str(e) or type(e).__name__}") from None
     raise TargetError(f"{target} does not look like an OpenAI-compatible server (answered {', '.join(statuses)})")
 
@@ -159,7 +158,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes, re
                 record.error = _error_text(await resp.text())
             else:
                 await _read_stream(resp, record, start)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         record.error = f"timed out after {timeout_s:g} s"
     except (aiohttp.ClientError, OSError, ValueError) as e:
         record.error = f"{type(e).__name__}: {str(e)[:_ERROR_CHARS]}"

@@ -93,7 +93,7 @@ class LocalCluster:
         self.procs.append(proc)
         return proc
 
-    async def start(self, timeout_s: float = 120.0) -> "LocalCluster":
+    async def start(self, timeout_s: float = 120.0) -> LocalCluster:
         s = self.spec
         for i in range(s.engines):
             port = free_port()
@@ -140,7 +140,7 @@ class LocalCluster:
             stop_process(proc)
         self.procs.clear()
 
-    async def __aenter__(self) -> "LocalCluster":
+    async def __aenter__(self) -> LocalCluster:
         try:
             return await self.start()
         except BaseException:

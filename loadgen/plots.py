@@ -6,7 +6,7 @@ Each function takes a list of (name, records) and a path.
 from __future__ import annotations
 
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -7,7 +7,8 @@ when the HTTP status was 200 and the stream carried no error.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(slots=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 

@@ -20,7 +20,8 @@ number per second of `duration_s`, which defaults to first send -> last end.
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvroute.loadgen.arrivals import ArrivalConfig, count_within
 from kvroute.loadgen.record import RequestRecord

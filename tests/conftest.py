@@ -8,7 +8,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.support.loopback import LoopbackServer  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
-
 FOLDER_MARKERS = ("unit", "process")  # tests/unit: in-process; tests/process: start processes or redis-server
 
 

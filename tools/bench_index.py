@@ -31,8 +31,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for tests.redis_server
 
-from kvroute.router.index import make_index
 from kvroute.router.contract.protocol import TIERS
+from kvroute.router.index import make_index
 
 
 def layout_holdings(layout: str, n: int, num_instances: int):

@@ -25,13 +25,13 @@ import timeit
 
 import msgpack
 
-from kvroute.router.index.memory import MemoryIndex
-from kvroute.router.fleet.instance import EngineInfo, Instance
 from kvroute.router.contract.kv_encode import BatchEncoder
-from kvroute.router.kvevents.follower import ZmqFollower
-from kvroute.router.kvevents.sources import EventSource
 from kvroute.router.contract.kv_wire import BatchDecoder
 from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.fleet.instance import EngineInfo, Instance
+from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.kvevents.follower import ZmqFollower
+from kvroute.router.kvevents.sources import EventSource
 
 SEED = hash_seed("m")
 

@@ -67,12 +67,12 @@ def pct(xs, q):
 
 
 def make_router(tok, index, n_inst: int, max_model_len: int = 131072):
-    from kvroute.router.fleet.cluster import Cluster
-    from kvroute.router.service.config import RouterConfig
-    from kvroute.router.fleet.instance import EngineInfo
-    from kvroute.router.service.metrics import RouterMetrics
-    from kvroute.router.decision.policies import make_policy
     from kvroute.router.contract.protocol import hash_seed
+    from kvroute.router.decision.policies import make_policy
+    from kvroute.router.fleet.cluster import Cluster
+    from kvroute.router.fleet.instance import EngineInfo
+    from kvroute.router.service.config import RouterConfig
+    from kvroute.router.service.metrics import RouterMetrics
     from kvroute.router.service.routing import Router
 
     model = "kvroute-tiny"
@@ -191,8 +191,8 @@ def never_seen(name: str, index_name: str, tokens: int,
 
 
 async def decision(args) -> dict:
-    from kvroute.router.index import make_index
     from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
+    from kvroute.router.index import make_index
 
     redis = RedisServer()
     rows = []

@@ -40,10 +40,10 @@ import time
 import aiohttp
 
 sys.path.insert(0, ".")
-from kvroute.loadgen.local_cluster import free_port  # noqa: E402
-from kvroute.loadgen.redis_server import RedisServer  # noqa: E402
 from kvroute.engine.kv.link_estimate import fit_link  # noqa: E402
 from kvroute.engine.runners.device_costs import median_seconds  # noqa: E402
+from kvroute.loadgen.local_cluster import free_port  # noqa: E402
+from kvroute.loadgen.redis_server import RedisServer  # noqa: E402
 from tools.procs import spawn, wait_ready, write_json  # noqa: E402
 
 BATCHES = (1, 4, 16, 64, 192)

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from kvroute.engine.core.work import SamplingParams, SeqWork  # noqa: E402
 from kvroute.engine.runners.model.config import ModelConfig  # noqa: E402
 from kvroute.engine.runners.torch_runner import TorchRunner  # noqa: E402
-from kvroute.engine.core.work import SamplingParams, SeqWork  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -46,7 +46,7 @@ def machine_line() -> str:
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += " (with uncommitted changes)"
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (f"Machine: {os.cpu_count()} cores, load average {load} (1 / 5 / 15 min) at the start, {when}, "
             f"commit {commit}, Python {sys.version.split()[0]}.")
 

@@ -242,7 +242,7 @@ class Procs:
                    *self.ctx.engine_args, *args)
         return f"http://127.0.0.1:{port}"
 
-    def __enter__(self) -> "Procs":
+    def __enter__(self) -> Procs:
         return self
 
     def __exit__(self, *exc) -> None:

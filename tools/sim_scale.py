@@ -33,10 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvroute.loadgen.sim.load_view import LoadView  # noqa: E402
-from kvroute.router.index.memory import MemoryIndex  # noqa: E402
+from kvroute.router.contract.protocol import LoadRecord, block_hashes  # noqa: E402
 from kvroute.router.decision.policies import RouteRequest, make_policy  # noqa: E402
 from kvroute.router.decision.route import RouteDecision, RouteSettings  # noqa: E402
-from kvroute.router.contract.protocol import LoadRecord, block_hashes  # noqa: E402
+from kvroute.router.index.memory import MemoryIndex  # noqa: E402
 
 BLOCK_SIZE = 16
 SHARED_DOCS, HOLDERS, PRIVATE_DOCS = 32, 4, 2

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from kvroute.engine.core.kv_events import KVChange, KVChanges
 from kvroute.engine.core.lower_tiers import LowerTiers

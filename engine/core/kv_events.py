@@ -11,7 +11,8 @@ import asyncio
 import collections
 import dataclasses
 import itertools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from kvroute.engine.core.event_wait import wait_set
 from kvroute.router.contract.protocol import KVEvent, new_epoch

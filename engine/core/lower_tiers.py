@@ -8,7 +8,8 @@ the order), and hand finished loads back through `take_loaded`.
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 from kvroute.engine.core.kv_events import KVChanges
 from kvroute.engine.core.prefix_hit import PrefixHit

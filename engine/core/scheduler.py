@@ -14,7 +14,7 @@ import collections
 import dataclasses
 
 from kvroute.engine.core.block_manager import BlockManager
-from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import SeqWork
 
 

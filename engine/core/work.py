@@ -9,7 +9,8 @@ a next token after the last new token.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

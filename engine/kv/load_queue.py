@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
-from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 
 
 @dataclasses.dataclass(slots=True, eq=False)

@@ -18,7 +18,7 @@ only slots no entry uses, so it needs no lock against the step.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from kvroute.engine.kv.host_pool import HostEntry, HostPool
 from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock

@@ -17,7 +17,7 @@ Counters of the choices (runs and blocks, by "load_host", "load_remote" and
 from __future__ import annotations
 
 import collections
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from kvroute.engine.kv.link_estimate import LinkEstimate, RateEstimate
 from kvroute.router.contract.tier_costs import LINK_NAMES, Link, TierCosts, plan_runs

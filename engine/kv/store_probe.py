@@ -16,9 +16,9 @@ import time
 import xxhash
 
 from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.kv.link_estimate import fit_link
 from kvroute.engine.kv.store import make_store
 from kvroute.engine.kv.store.entry import decode, encode
-from kvroute.engine.kv.link_estimate import fit_link
 from kvroute.router.contract.tier_costs import Link
 
 MAX_BLOCKS = 4

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from kvroute.engine.kv.kv_copies import StoredBlock
 from kvroute.engine.kv.store.base import StoreUnavailable

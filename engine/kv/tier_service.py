@@ -24,7 +24,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 

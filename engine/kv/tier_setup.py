@@ -12,13 +12,14 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from kvroute.engine.core.config import EngineConfig
-from kvroute.engine.kv.store.base import default_store_id, layout_namespace, store_key
-from kvroute.engine.kv.recovery import Recovery
-from kvroute.engine.runners.sim import DEFAULT_HOST_LINK, DEFAULT_STORE_LINK, LINKS
-from kvroute.engine.kv.tiers import CacheTiers
 from kvroute.engine.core.work import RunnerInfo
+from kvroute.engine.kv.recovery import Recovery
+from kvroute.engine.kv.store.base import default_store_id, layout_namespace, store_key
+from kvroute.engine.kv.tiers import CacheTiers
+from kvroute.engine.runners.sim import DEFAULT_HOST_LINK, DEFAULT_STORE_LINK, LINKS
 from kvroute.router.contract.protocol import hash_seed
 from kvroute.router.contract.tier_costs import Link
+
 
 def host_link_name(config: EngineConfig) -> str:
     return config.kv_host_link or DEFAULT_HOST_LINK.get(config.device.split(":")[0], "pcie4")

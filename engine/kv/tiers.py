@@ -26,7 +26,7 @@ talking to the store) is the caller's (engine/kv/tier_service.py, loadgen/sim).
 from __future__ import annotations
 
 import collections
-from typing import Iterable
+from collections.abc import Iterable
 
 from kvroute.engine.core.kv_events import KVChange, KVChanges
 from kvroute.engine.core.prefix_hit import PrefixHit

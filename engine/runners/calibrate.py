@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from kvroute.engine.core.config import EngineConfig
-from kvroute.engine.runners.cost_model import CostModel
 from kvroute.engine.core.work import SamplingParams, SeqWork
+from kvroute.engine.runners.cost_model import CostModel
 
 PREFILLS = [(64, 0), (256, 0), (512, 0), (1024, 0), (2048, 0), (256, 1024), (512, 1536), (256, 1792), (1024, 1024)]
 DECODES = [(1, 128), (1, 1024), (4, 256), (8, 256), (16, 512), (32, 256), (32, 1024)]

@@ -14,7 +14,7 @@ decode step is memory-bound (per sequence, plus reading each context token's K/V
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvroute.engine.core.work import SeqWork
 

@@ -5,7 +5,7 @@ Each function takes one row of logits, (V,) float32, and edits it in place.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.work import ModelRunner, RunnerInfo
 from kvroute.engine.runners.cost_model import get_cost_model
 from kvroute.engine.runners.model.config import ModelConfig
-from kvroute.engine.core.work import ModelRunner, RunnerInfo
 
 
 def model_config(config: EngineConfig) -> ModelConfig:

@@ -10,12 +10,12 @@ the logprobs the works asked for, taken from the raw logits as vLLM V1 does by d
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from kvroute.engine.runners.logits_processors import apply_logit_bias, apply_penalties
 from kvroute.engine.core.work import SampledTokens, SamplingParams, SeqWork, TokenLogprobs
+from kvroute.engine.runners.logits_processors import apply_logit_bias, apply_penalties
 from kvroute.engine.runners.readback import HostLogits
 
 _MASK64 = (1 << 64) - 1

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import xxhash
 
-from kvroute.engine.runners.cost_model import CostModel
-from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.core.work import RunnerInfo, SampledTokens, SeqWork, TokenLogprobs
+from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.runners.cost_model import CostModel
 
 NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special tokens
 

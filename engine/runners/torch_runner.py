@@ -28,8 +28,8 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -45,7 +45,6 @@ from kvroute.engine.runners.model.step_inputs import StepInputs
 from kvroute.engine.runners.model.tier_copies import HostKV
 from kvroute.engine.runners.readback import HostLogits, Readback
 from kvroute.engine.runners.sampling import sample_works
-
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ import os
 import sys
 
 from kvroute.engine.core.config import BACKENDS, ROLES, EngineConfig
-from kvroute.router.contract.kv_encode import ENCODINGS
+from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.runners.sim import LINKS
-from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.contract.kv_encode import ENCODINGS
 from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging
 
 
@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_calibration(config, args.calibrate_out)
         from kvroute.engine.runners.model.config import ModelConfig  # validate --model before binding a port
-
         from kvroute.router.contract.tokenizer import load_tokenizer
 
         if config.model:

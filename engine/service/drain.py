@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Mapping, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 

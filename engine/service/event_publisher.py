@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kvroute.router.contract.cancellation import raise_if_cancelled
 from kvroute.engine.core.kv_events import KVEventLog
+from kvroute.router.contract.cancellation import raise_if_cancelled
 from kvroute.router.contract.protocol import REDIS_EVENT_STREAM, KVEvent, LoadRecord
 
 log = logging.getLogger(__name__)

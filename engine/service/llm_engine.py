@@ -24,15 +24,15 @@ from kvroute.engine.core.engine_core import NO_FIT, CoreConfig, EngineCore
 from kvroute.engine.core.event_wait import wait_set
 from kvroute.engine.core.kv_events import KVChange, KVEventLog
 from kvroute.engine.core.scheduler import Step
-from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import ModelRunner, SamplingParams, TokenLogprobs
 from kvroute.engine.kv.tier_service import TierWiring, build_service
 from kvroute.engine.kv.tier_setup import build_tiers
 from kvroute.engine.service.metrics import EngineMetrics
 from kvroute.engine.transfer.kv_transfer import PinnedBlocks, TransferHandle
 from kvroute.engine.transfer.remote_prefill import PullWiring, RemotePrefill
-from kvroute.router.contract.kv_auth import KVAuth, secret_from
 from kvroute.router.contract.errors import KVRouteError, Overloaded, Unavailable
+from kvroute.router.contract.kv_auth import KVAuth, secret_from
 from kvroute.router.contract.protocol import LoadRecord
 
 log = logging.getLogger(__name__)

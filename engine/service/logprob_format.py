@@ -13,7 +13,7 @@ are clamped at -9999.0 (vLLM's floor) so -inf never reaches JSON.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvroute.engine.core.work import TokenLogprobs
 from kvroute.router.contract.tokenizer import Tokenizer

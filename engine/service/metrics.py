@@ -20,8 +20,14 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvroute.router.contract.metric_buckets import (ITERATION_TOKEN_BUCKETS, REQUEST_LATENCY_BUCKETS, STEP_BUCKETS, TPOT_BUCKETS,
-                                   TTFT_BUCKETS, buckets_1_2_5)
+from kvroute.router.contract.metric_buckets import (
+    ITERATION_TOKEN_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    STEP_BUCKETS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+    buckets_1_2_5,
+)
 
 if TYPE_CHECKING:
     from kvroute.engine.core.engine_core import EngineCore
@@ -106,7 +112,7 @@ class EngineMetrics:
         self.itl.observe(seconds)
         self.tpot.observe(seconds)
 
-    def observe_finished(self, seq: "Sequence", now: float) -> None:
+    def observe_finished(self, seq: Sequence, now: float) -> None:
         """Per-request histograms of a sequence that left the engine (finished, aborted or failed)."""
         reason = seq.finish_reason if seq.finish_reason in self.request_success else "abort"
         self.request_success[reason].inc()
@@ -122,7 +128,7 @@ class EngineMetrics:
             self.decode_time.observe(max(0.0, last - first))
             self.inference_time.observe(max(0.0, last - start))
 
-    def observe_state(self, core: "EngineCore") -> None:
+    def observe_state(self, core: EngineCore) -> None:
         bm, sched = core.block_manager, core.scheduler
         self.running.set(len(sched.running))
         self.waiting.set(len(sched.waiting))

@@ -10,29 +10,38 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.service.admin import handle_drain, handle_role
-from kvroute.engine.service.app_keys import (CONFIG, DRAIN, ENGINE, METRICS, REDIS_PUBLISHER, REGISTRATION, SERVICE, TOKENIZER,
-                                     ZMQ_PUBLISHER)
+from kvroute.engine.service.app_keys import (
+    CONFIG,
+    DRAIN,
+    ENGINE,
+    METRICS,
+    REDIS_PUBLISHER,
+    REGISTRATION,
+    SERVICE,
+    TOKENIZER,
+    ZMQ_PUBLISHER,
+)
 from kvroute.engine.service.drain import Drain
 from kvroute.engine.service.event_publisher import RedisEventPublisher
 from kvroute.engine.service.llm_engine import LLMEngine
 from kvroute.engine.service.metrics import EngineMetrics
 from kvroute.engine.service.registration import Registration
-from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.service.serving import CompletionService
-from kvroute.engine.transfer.transfer_api import handle_transfer
 from kvroute.engine.service.zmq_publisher import ZmqEventPublisher
-from kvroute.router.contract.errors import BadRequest
+from kvroute.engine.transfer.transfer_api import handle_transfer
 from kvroute.router.contract.connection_metrics import ConnectionCollector
 from kvroute.router.contract.connections import CONNECTION_GUARD
+from kvroute.router.contract.errors import BadRequest
 from kvroute.router.contract.http import add_body_route, error_middleware, json_response, query_number, read_json
+from kvroute.router.contract.kv_auth import secret_from
 from kvroute.router.contract.openai_request import parse_request
 from kvroute.router.contract.protocol import hash_seed
-from kvroute.router.contract.kv_auth import secret_from
 from kvroute.router.contract.redact import redact
 from kvroute.router.contract.registry_record import EngineRecord
 from kvroute.router.contract.serve import SHUTDOWN
-from kvroute.router.contract.tokenizer import Tokenizer, load_tokenizer
+from kvroute.router.contract.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 

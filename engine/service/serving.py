@@ -10,16 +10,24 @@ import uuid
 import msgspec
 from aiohttp import web
 
-from kvroute.engine.transfer.kv_transfer import TransferHandle, tail_hash
+from kvroute.engine.core.work import SamplingParams
 from kvroute.engine.service.llm_engine import LLMEngine, Output, RequestHandle
 from kvroute.engine.service.logprob_format import LogprobFormatter
 from kvroute.engine.service.openai_format import ResponseFormat, usage
 from kvroute.engine.service.output import OutputProcessor
 from kvroute.engine.service.unsupported import refuse_unsupported
-from kvroute.engine.core.work import SamplingParams
+from kvroute.engine.transfer.kv_transfer import TransferHandle, tail_hash
 from kvroute.router.contract.errors import BadRequest, ContextTooLong, Forbidden, KVRouteError, NotFound, Overloaded
-from kvroute.router.contract.http import (SSE_DONE, json_response, parse_json, prepare_client, read_body, sse_error, sse_line,
-                         write_client)
+from kvroute.router.contract.http import (
+    SSE_DONE,
+    json_response,
+    parse_json,
+    prepare_client,
+    read_body,
+    sse_error,
+    sse_line,
+    write_client,
+)
 from kvroute.router.contract.limits import Limits, check_prompt_chars, check_token_ids
 from kvroute.router.contract.openai_request import CompletionRequest, parse_request
 from kvroute.router.contract.protocol import hash_seed

@@ -9,7 +9,8 @@ kvroute engine's 400 is relayed to the client unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kvroute.router.contract.errors import BadRequest
 

@@ -35,7 +35,7 @@ import asyncio
 import dataclasses
 import struct
 import time
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import xxhash
@@ -91,7 +91,7 @@ class TransferHandle:
         return d
 
     @classmethod
-    def from_dict(cls, d) -> "TransferHandle":
+    def from_dict(cls, d) -> TransferHandle:
         try:
             hashes = tuple(int(h) for h in d["block_hashes"])
             if any(not 0 <= h < 1 << 64 for h in hashes):

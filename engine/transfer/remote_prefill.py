@@ -14,7 +14,7 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 

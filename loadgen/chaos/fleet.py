@@ -21,8 +21,8 @@ import aiohttp
 from kvroute.loadgen.chaos.procs import Proc
 from kvroute.loadgen.local_cluster import free_port
 from kvroute.loadgen.redis_server import find_redis_server, redis_argv
-from kvroute.router.contract.prometheus_text import metric_sum
 from kvroute.router.contract.kv_auth import SECRET_ENV
+from kvroute.router.contract.prometheus_text import metric_sum
 
 # Sim engines with a tenth of the tiny model's CPU time (a 512-token answer takes ~0.8 s, so faults
 # find requests in flight), room for 1,000 concurrent streams.
@@ -97,7 +97,7 @@ class Fleet:
             try:
                 writer.write(b"PING\r\n")
                 return (await asyncio.wait_for(reader.read(16), 1.0)).startswith(b"+PONG")
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return False
             finally:
                 writer.close()
@@ -139,7 +139,7 @@ async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float = 
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             return await r.json(content_type=None) if r.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 
@@ -154,6 +154,6 @@ async def metric(session: aiohttp.ClientSession, router_url: str, name: str) -> 
     try:
         async with session.get(router_url + "/metrics", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
             text = await r.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return None
     return metric_sum(text, name)

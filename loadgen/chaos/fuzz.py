@@ -13,7 +13,7 @@ import asyncio
 import collections
 import dataclasses
 import random
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 
@@ -132,7 +132,7 @@ class Canary:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
-    async def start(self) -> "Canary":
+    async def start(self) -> Canary:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         return self
 

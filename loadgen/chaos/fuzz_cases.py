@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import orjson
 

@@ -12,7 +12,8 @@ are not fuzzed: ignoring them is the OpenAI-compatible answer.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 INT64 = 1 << 63
 

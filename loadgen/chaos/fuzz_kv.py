@@ -9,7 +9,7 @@ any connection an engine makes on a client's word is counted (`no-ssrf`).
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import orjson
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 WRITE_CHUNK = 1 << 16
 
@@ -56,14 +56,14 @@ async def send(host: str, port: int, req: RawRequest, timeout_s: float = 10.0) -
     t0 = time.perf_counter()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, asyncio.TimeoutError) as e:
+    except (TimeoutError, OSError) as e:
         return RawResponse(None, {}, b"", time.perf_counter() - t0, f"connect failed: {e!r}")
     answer = asyncio.ensure_future(read_response(reader))
     writing = asyncio.ensure_future(_write(writer, req, host, answer))
     try:
         status, headers, body = await asyncio.wait_for(answer, timeout_s)
         return RawResponse(status, headers, body, time.perf_counter() - t0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return RawResponse(None, {}, b"", time.perf_counter() - t0, f"no answer within {timeout_s:g}s")
     except (OSError, asyncio.IncompleteReadError, ValueError) as e:
         return RawResponse(None, {}, b"", time.perf_counter() - t0, f"closed without an answer: {e!r}")
@@ -108,7 +108,7 @@ async def exchange(host: str, port: int, data: bytes, answers: int, *, follow: b
     statuses: list[int] = []
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, local_addr=local_addr), timeout_s)
-    except (OSError, asyncio.TimeoutError) as e:
+    except (TimeoutError, OSError) as e:
         return Exchange(statuses=(), closed_after_s=None, error=f"connect failed: {e!r}")
     try:
         writer.write(data)
@@ -116,7 +116,7 @@ async def exchange(host: str, port: int, data: bytes, answers: int, *, follow: b
             async with asyncio.timeout(timeout_s):
                 while sum(s >= 200 for s in statuses) < answers:
                     statuses.append((await read_response(reader))[0])
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Exchange(statuses=tuple(statuses), closed_after_s=None,
                             error=f"{answers - len(statuses)} answers missing after {timeout_s:g}s")
         except (asyncio.IncompleteReadError, ConnectionError) as e:
@@ -137,7 +137,7 @@ async def _after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sta
                 return Exchange(statuses=statuses, closed_after_s=None, follow_status=follow_status)
             while await reader.read(1 << 16):
                 pass
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Exchange(statuses=statuses, closed_after_s=None)
     except (asyncio.IncompleteReadError, ConnectionError):
         pass

@@ -162,7 +162,7 @@ class LoadClient:
         t0 = time.monotonic()
         try:
             await self._send(tally, path, body, stream, routers or self.routers, t0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             tally.end("lost", "timeout", f"no answer within {self.timeout_s:g}s")
         except Exception as e:  # noqa: BLE001 - every request ends in the tally, whatever broke
             tally.end("lost", "client", f"{type(e).__name__}: {e}")
@@ -215,7 +215,7 @@ class LoadClient:
                     done = True
                 elif line.startswith(b'data: {"error"'):
                     error = line.decode(errors="replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:  # ValueError: a line too long
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:  # ValueError: a line too long
             error = error or repr(e)
         finally:
             tally.streaming -= started

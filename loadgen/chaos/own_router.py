@@ -48,7 +48,7 @@ async def ask(ctx: Context, url: str, body: dict | bytes, key: str | None = None
         async with ctx.session.post(url + path, data=data, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=60)) as r:
             return r.status, await r.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return 0, {}
 
 

@@ -28,7 +28,7 @@ class Proc:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         if self.alive:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         self.popen = spawn(self.argv, self.log_path, self.env)

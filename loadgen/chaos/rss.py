@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 MB = 1 << 20
 

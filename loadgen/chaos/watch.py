@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -91,7 +91,7 @@ class Views:
                     return 0
                 rows = (await r.json(content_type=None)).get("instances") or []
                 return max((int(row.get("cached_tokens") or 0) for row in rows), default=0)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return 0
 
     async def index_serving(self, prompt: list[int]) -> bool:

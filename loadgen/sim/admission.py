@@ -11,7 +11,7 @@ router's: the decision on the simulator's groups, not recorded.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.workload_base import RequestSpec
@@ -22,6 +22,7 @@ from kvroute.router.decision.fair_queue import FairQueue, QueueEntry, band_of
 from kvroute.router.decision.route import NoCandidates, RouteDecision
 from kvroute.router.decision.tenants import DEFAULT_TENANT
 from kvroute.router.index.memory import MemoryIndex
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AdmissionSetup:

@@ -32,20 +32,19 @@ import sys
 import time
 from pathlib import Path
 
+from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS, get_cost_model
 from kvroute.engine.runners.sim import LINKS
-from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.parallel import PolicyRun, default_jobs, run_policies
 from kvroute.loadgen.sim.pd_sweep import format_sweep, pd_sweep
 from kvroute.loadgen.sim.profile import profile
 from kvroute.loadgen.sim.report import format_suite, format_table, relative_to_oracle
 from kvroute.loadgen.sim.runner import SimConfig, arrivals, policy_names
+from kvroute.loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
 from kvroute.loadgen.sim.tenant_mix import format_tenants, mixed_specs, per_tenant
 from kvroute.loadgen.tenants import parse_tenant
-from kvroute.loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
 from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
-
 from kvroute.router.contract.cli_help import HelpFormatter
 from kvroute.router.planner.decide import PlannerConfig
 

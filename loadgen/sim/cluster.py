@@ -23,10 +23,11 @@ import dataclasses
 import heapq
 import itertools
 import math
-from typing import Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
-from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.loadgen.sim.instance import QUEUE_FULL, SimInstance
 from kvroute.loadgen.sim.tiers import SimStore, SimTierIO

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Mapping
+from collections.abc import Mapping
 
-from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.loadgen.sim.cluster import CALL, Cluster
 from kvroute.loadgen.sim.instance import SimInstance
 from kvroute.loadgen.sim.load_view import LoadView
-from kvroute.router.decision.decode_choice import COLOCATED_ROLES, DECODE_ROLES, PREFILL_ROLES, pick_decode_member
-from kvroute.router.decision.route import RouteDecision, Routed
 from kvroute.router.decision.base import RouteRequest
+from kvroute.router.decision.decode_choice import COLOCATED_ROLES, DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from kvroute.router.decision.route import Routed, RouteDecision
 from kvroute.router.index.base import PrefixMatch
 
 

@@ -33,15 +33,14 @@ head of the queue.
 from __future__ import annotations
 
 import collections
-from typing import Callable
-
 import time
+from collections.abc import Callable
 
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.engine_core import DROPPED, NO_FIT, QUEUE_FULL, CoreConfig, EngineCore
 from kvroute.engine.core.scheduler import Step
-from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.kv.tier_setup import build_tiers
 from kvroute.engine.runners.cost_model import CostModel
 from kvroute.engine.runners.registry import RUNNERS

@@ -21,12 +21,12 @@ router's groups are (router/fleet/groups.py). Groups are rebuilt when a role cha
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Sequence as SequenceABC
-from typing import Callable, Iterator, Mapping, Sequence
 
+from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.decision.base import InstanceState
 from kvroute.router.decision.candidates import LeastLoaded
-from kvroute.router.contract.protocol import LoadRecord
 
 
 class FleetStates(SequenceABC):

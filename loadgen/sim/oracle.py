@@ -35,15 +35,15 @@ operations over all instances.
 from __future__ import annotations
 
 import random
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from kvroute.loadgen.sim.cluster import Cluster, KVEvents
 from kvroute.loadgen.sim.instance import SimInstance
+from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 from kvroute.router.index.base import PrefixMatch
 from kvroute.router.index.memory import MemoryIndex
-from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 
 
 class OraclePolicy(PolicyBase):

@@ -30,16 +30,16 @@ import collections
 import itertools
 import math
 import random
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from kvroute.loadgen.sim.cluster import Cluster
 from kvroute.loadgen.sim.oracle import OraclePolicy
 from kvroute.loadgen.workload_base import RequestSpec
-from kvroute.router.index.base import PrefixMatch
-from kvroute.router.decision.base import Decision, InstanceState, RouteRequest
 from kvroute.router.contract.protocol import block_hashes, hash_seed
+from kvroute.router.decision.base import Decision, InstanceState, RouteRequest
+from kvroute.router.index.base import PrefixMatch
 
 
 class FutureUses:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.runner import SimConfig, simulate

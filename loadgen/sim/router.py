@@ -26,15 +26,15 @@ from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.admission import AdmissionSetup, SimAdmission
 from kvroute.loadgen.sim.cluster import ARRIVE, CALL, Cluster, KVEvents
 from kvroute.loadgen.sim.disagg import Disagg, DisaggConfig
-from kvroute.loadgen.sim.planning import SimWindow
 from kvroute.loadgen.sim.instance import QUEUE_FULL, SimInstance
 from kvroute.loadgen.sim.load_view import LoadView
+from kvroute.loadgen.sim.planning import SimWindow
 from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.contract.protocol import block_hashes, hash_seed
+from kvroute.router.decision.base import Policy, RouteRequest
+from kvroute.router.decision.route import Routed, RouteDecision, RouteSettings, uncached_tokens
 from kvroute.router.index.base import event_owner
 from kvroute.router.index.memory import MemoryIndex
-from kvroute.router.decision.base import Policy, RouteRequest
-from kvroute.router.decision.route import RouteDecision, Routed, RouteSettings, uncached_tokens
-from kvroute.router.contract.protocol import block_hashes, hash_seed
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
 

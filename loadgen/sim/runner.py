@@ -15,7 +15,7 @@ import gc
 import random
 import time
 from array import array
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -28,15 +28,15 @@ from kvroute.loadgen.sim.admission import AdmissionSetup
 from kvroute.loadgen.sim.cluster import Cluster
 from kvroute.loadgen.sim.disagg import DisaggConfig
 from kvroute.loadgen.sim.oracle import make_oracle
-from kvroute.loadgen.sim.planning import SimPlanning
 from kvroute.loadgen.sim.oracle_future import make_future_oracle
+from kvroute.loadgen.sim.planning import SimPlanning
 from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.summary import summarize
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.router.decision.admission import AdmissionConfig
-from kvroute.router.planner.decide import PlannerConfig
-from kvroute.router.decision.policies import POLICIES, make_policy, policy_params
 from kvroute.router.decision.base import Policy
+from kvroute.router.decision.policies import POLICIES, make_policy, policy_params
+from kvroute.router.planner.decide import PlannerConfig
 
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
 # planned (send time, spec) of every request that is not a follow-up.

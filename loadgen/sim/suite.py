@@ -32,11 +32,12 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvroute.loadgen.arrivals import ArrivalConfig
-from kvroute.loadgen.sim.report import ORACLE, relative_to_oracle
 from kvroute.loadgen.sim.parallel import PolicyRun, run_policies
+from kvroute.loadgen.sim.report import ORACLE, relative_to_oracle
 from kvroute.loadgen.sim.runner import SimConfig
 from kvroute.loadgen.workloads import make_workload
 

@@ -10,7 +10,7 @@ simulator's admission (loadgen/sim/admission.py) reads the tenant from the group
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvroute.loadgen.arrivals import arrival_times
 from kvroute.loadgen.summary import summarize

@@ -21,11 +21,11 @@ for a real engine, with times from the sim runner's links (engine/runners/sim.py
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kvroute.engine.core.kv_events import KVChange
-from kvroute.engine.kv.kv_copies import CopyPlan
 from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.kv.kv_copies import CopyPlan
 from kvroute.engine.kv.tiers import CacheTiers
 
 

@@ -12,7 +12,7 @@ ConnectionGuard at scrape time; the router's metrics are `kvroute_router_*`, the
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 

@@ -19,7 +19,8 @@ router/decision/prefix_hashes.py reuse the block hashes of a prefix it has hashe
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 import tokenizers
@@ -34,7 +35,7 @@ class Encoding(msgspec.Struct, frozen=True, kw_only=True):
     prefix_tokens: int = 0
 
     @classmethod
-    def of(cls, ids: Sequence[int], data: bytes = b"") -> "Encoding":
+    def of(cls, ids: Sequence[int], data: bytes = b"") -> Encoding:
         """Ids that did not come from the cache (a client's token ids, a full encode); `data`, when
         given, is `ids` packed already."""
         ids = list(ids)

@@ -7,15 +7,25 @@ import email.utils
 import logging
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import orjson
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from kvroute.router.contract.connections import CONNECTION_GUARD, ConnectionGuard, ConnectionLimits
-from kvroute.router.contract.errors import (BadRequest, Conflict, Forbidden, KVRouteError, NotFound, Overloaded, PayloadTooLarge,
-                                    RequestTimeout, Unauthorized, Unavailable)
+from kvroute.router.contract.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    KVRouteError,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 

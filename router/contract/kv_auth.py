@@ -31,7 +31,7 @@ import hmac
 import os
 import secrets
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
 import orjson

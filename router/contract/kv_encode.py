@@ -13,7 +13,8 @@ Every field is written, defaults too.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 

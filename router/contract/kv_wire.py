@@ -53,20 +53,20 @@ _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 class Stored(msgspec.Struct, tag="BlockStored", array_like=True, frozen=True, gc=False):
     block_hashes: list[Hash]
-    parent_block_hash: Union[Hash, None] = None
+    parent_block_hash: Hash | None = None
     token_ids: list[TokenId] = []
     block_size: int = 0
-    lora_id: Union[int, None] = None
-    medium: Union[str, None] = None
-    lora_name: Union[str, None] = None
-    extra_keys: Union[list[Any], None] = None
-    group_idx: Union[int, None] = None
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
 
 
 class Removed(msgspec.Struct, tag="BlockRemoved", array_like=True, frozen=True, gc=False):
     block_hashes: list[Hash]
-    medium: Union[str, None] = None
-    group_idx: Union[int, None] = None
+    medium: str | None = None
+    group_idx: int | None = None
 
 
 class Cleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, frozen=True, gc=False):
@@ -98,7 +98,7 @@ def _batch_type(array_like: bool, event: Any) -> type:
 class _LooseBatchArray(msgspec.Struct, array_like=True, frozen=True, gc=False):
     ts: float
     events: list[msgspec.Raw]
-    data_parallel_rank: Union[int, None] = None
+    data_parallel_rank: int | None = None
 
 
 class _LooseBatchMap(_LooseBatchArray, array_like=False, frozen=True, gc=False):
@@ -119,7 +119,7 @@ class Batch(msgspec.Struct, frozen=True, gc=False):
 
     ts: float
     events: list[Event]
-    data_parallel_rank: Union[int, None] = None
+    data_parallel_rank: int | None = None
     skipped: int = 0
 
 

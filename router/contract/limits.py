@@ -17,7 +17,7 @@ A configured value (> 0) overrides either.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class Limits:
     max_body_bytes: int
 
     @classmethod
-    def derive(cls, max_model_len: int, vocab_size: int, prompt_chars: int = 0, body_bytes: int = 0) -> "Limits":
+    def derive(cls, max_model_len: int, vocab_size: int, prompt_chars: int = 0, body_bytes: int = 0) -> Limits:
         """Limits for a model; `prompt_chars`/`body_bytes` > 0 are the operator's overrides."""
         max_model_len = max_model_len or FALLBACK_MAX_MODEL_LEN
         chars = prompt_chars or CHARS_PER_TOKEN * max_model_len

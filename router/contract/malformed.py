@@ -9,7 +9,7 @@ import collections
 import logging
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ import struct
 import sys
 import time
 import warnings
-from typing import Iterable, Literal, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import numpy as np
 import xxhash
@@ -101,7 +102,8 @@ def _load_extension():
     if os.environ.get("KVROUTE_NO_EXTENSION"):
         return None, None
     try:
-        from kvroute.router.contract._chainhash import chain, u32le as pack
+        from kvroute.router.contract._chainhash import chain
+        from kvroute.router.contract._chainhash import u32le as pack
     except ImportError:
         return None, None
     probe = bytes(range(256)) * 9
@@ -179,7 +181,7 @@ class KVEvent:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KVEvent":
+    def from_dict(cls, d: dict) -> KVEvent:
         try:
             return cls(
                 instance=str(d["instance"]),
@@ -219,7 +221,7 @@ class LoadRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LoadRecord":
+    def from_dict(cls, d: dict) -> LoadRecord:
         """Parse and type-check a record from another process (unknown keys are ignored)."""
         if not isinstance(d, dict):
             raise ValueError(f"a load record must be an object, got {type(d).__name__}")

@@ -79,7 +79,7 @@ class EngineRecord:
         return [self.instance_id, self.url, self.role, self.model, self.cluster_id, self.epoch, self.state,
                 self.ts, self.expires, self.nonce]
 
-    def signed(self, secret: str | None) -> "EngineRecord":
+    def signed(self, secret: str | None) -> EngineRecord:
         """This record signed with the fleet secret (unchanged without one)."""
         if not secret:
             return self
@@ -105,7 +105,7 @@ class EngineRecord:
         return not self.expires or self.expires >= now
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "EngineRecord":
+    def from_json(cls, raw: bytes | str) -> EngineRecord:
         try:
             d = orjson.loads(raw)
             url = str(d["url"])

@@ -80,7 +80,7 @@ class SegmentCache:
         self._lock = threading.Lock()
 
     @classmethod
-    def build(cls, spec: dict, backend: tokenizers.Tokenizer) -> "SegmentCache | None":
+    def build(cls, spec: dict, backend: tokenizers.Tokenizer) -> SegmentCache | None:
         """A cache for this tokenizer, or None when reusing pieces would not be exact."""
         if not structurally_safe(spec):
             return None
@@ -97,7 +97,7 @@ class SegmentCache:
         """Exactly `backend.encode(text, add_special_tokens=False).ids`, reusing cached pieces."""
         return self.plan(text).finish(store).ids
 
-    def plan(self, text: str, lead: tuple[int, ...] = (), tail: tuple[int, ...] = ()) -> "SegmentPlan":
+    def plan(self, text: str, lead: tuple[int, ...] = (), tail: tuple[int, ...] = ()) -> SegmentPlan:
         """Cut `text` at special tokens and look the pieces up; `lead`/`tail` ids go around it."""
         pieces = self.pattern.split(text) if self.pattern is not None else [text]
         entries: list[_Entry | None] = [None] * len(pieces)

@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 

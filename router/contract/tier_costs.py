@@ -27,7 +27,7 @@ same way. The `remote.store` key names the store and the engine's K/V layout
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 LINK_NAMES = ("h2d", "d2h", "store_read", "store_write")
 STORE_OWNER_PREFIX = "store:"  # index pseudo-instance holding a shared store's blocks
@@ -73,7 +73,7 @@ class TierCosts:
         return None
 
     @classmethod
-    def from_wire(cls, d: Mapping | None) -> "TierCosts | None":
+    def from_wire(cls, d: Mapping | None) -> TierCosts | None:
         """Parse an advertised `kv_tiers` object; None when absent or malformed (the router falls back)."""
         if not d:
             return None

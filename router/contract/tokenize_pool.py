@@ -28,7 +28,8 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from kvroute.router.contract.errors import Overloaded
 

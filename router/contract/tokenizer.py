@@ -86,7 +86,7 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compile_template(source: str) -> jinja2.Template:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]

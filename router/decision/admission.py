@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import msgspec
 
@@ -149,7 +149,7 @@ class Calibration:
         bias = self.bias_s(now)
         self._bias, self._at = bias + self.alpha * (error - bias), now
 
-    def corrected(self, prediction: "Prediction", now: float) -> "Prediction":
+    def corrected(self, prediction: Prediction, now: float) -> Prediction:
         if prediction.ttft_s is None:
             return prediction
         return Prediction(ttft_s=max(prediction.prefill_s, prediction.ttft_s + self.bias_s(now)),

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, ClassVar, Mapping, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar, Protocol
 
 import msgspec
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.contract.tier_costs import TierCosts
+from kvroute.router.index.base import PrefixMatch
 
 
 class InstanceState(msgspec.Struct, frozen=True):
@@ -35,7 +36,7 @@ class InstanceState(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, id: str, inflight: int, queued_prefill_tokens: int, load: LoadRecord | None,
-           measured_at: float = 0.0, cache_ok: bool = True, tier_costs: TierCosts | None = None) -> "InstanceState":
+           measured_at: float = 0.0, cache_ok: bool = True, tier_costs: TierCosts | None = None) -> InstanceState:
         """The state from the router's own counts and the engine's last load record (None: none yet)."""
         if load is None:
             return cls(id, inflight=inflight, queued_prefill_tokens=queued_prefill_tokens, cache_ok=cache_ok,

@@ -14,8 +14,8 @@ candidates through router/decision/route.py: one implementation, so a simulated 
 from __future__ import annotations
 
 import collections
+from collections.abc import Hashable, Iterable, Mapping
 from itertools import filterfalse, islice
-from typing import Hashable, Iterable, Mapping
 
 
 class LeastLoaded:

@@ -9,7 +9,7 @@ running + waiting, then KV usage; ties at random.
 from __future__ import annotations
 
 import random
-from typing import Collection, Hashable
+from collections.abc import Collection, Hashable
 
 from kvroute.router.decision.route import Members
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 
 @dataclasses.dataclass(eq=False, kw_only=True, slots=True)

@@ -21,7 +21,8 @@ None when the prompt's predicted uncached tokens there are fewer than `min_uncac
 from __future__ import annotations
 
 import dataclasses
-from typing import Hashable, Mapping, Protocol, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Protocol
 
 import msgspec
 

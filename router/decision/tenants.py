@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 DEFAULT_TENANT = "default"
 NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")

@@ -6,23 +6,23 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import orjson
 
-from kvroute.router.service.config import RouterConfig
-from kvroute.router.index.base import BlockIndex, IndexUnavailable
+from kvroute.router.contract.limits import Limits
+from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.contract.tier_costs import store_owner
+from kvroute.router.fleet.fleet_shape import FleetShape
+from kvroute.router.fleet.groups import Group, Groups
 from kvroute.router.fleet.instance import EngineInfo, Generation, Instance
 from kvroute.router.fleet.kinds import assign_kinds, discover_info, poll_load
 from kvroute.router.fleet.kinds.http import EngineHTTP
-from kvroute.router.fleet.fleet_shape import FleetShape
-from kvroute.router.fleet.groups import Group, Groups
 from kvroute.router.fleet.progress import ProgressWatch
-from kvroute.router.contract.limits import Limits
+from kvroute.router.index.base import BlockIndex, IndexUnavailable
+from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.metrics import RouterMetrics
-from kvroute.router.contract.protocol import LoadRecord
-from kvroute.router.contract.tier_costs import store_owner
 from kvroute.router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class Cluster:
                 self._recovered(inst)
                 return
             await self._check_health(inst)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             self.report_failure(inst, describe_failure(e), slow=answered_late(e))
         else:
             self._recovered(inst)
@@ -296,7 +296,7 @@ class Cluster:
     async def _poll_load(self, inst: Instance) -> None:
         try:
             self.observe_load(inst, await poll_load(self.engine_http, inst))
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             self.report_failure(inst, describe_failure(e), slow=answered_late(e))
 
     def observe_load(self, inst: Instance, load: LoadRecord) -> None:

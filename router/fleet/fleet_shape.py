@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
-from kvroute.router.fleet.instance import EngineInfo, Instance
 from kvroute.router.contract.limits import Limits
 from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.fleet.instance import EngineInfo, Instance
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ its groups in O(1) as requests start and end.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from kvroute.router.decision.candidates import LeastLoaded
 from kvroute.router.fleet.instance import Generation, Instance

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from kvroute.router.decision.base import InstanceState
 from kvroute.router.contract.protocol import LoadRecord
+from kvroute.router.contract.tier_costs import TierCosts
+from kvroute.router.decision.base import InstanceState
 from kvroute.router.fleet.progress import moved
 from kvroute.router.fleet.queued_prefill import QueuedPrefill
-from kvroute.router.contract.tier_costs import TierCosts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class EngineInfo:
     tier_costs: TierCosts | None = None  # advertised at start; /load refreshes the measured figures
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EngineInfo":
+    def from_dict(cls, d: dict) -> EngineInfo:
         try:
             return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
                        str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),

@@ -19,15 +19,15 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.contract.redact import redact
 from kvroute.router.contract.registry_record import CHANNEL, IDS, LEFT, EngineRecord, engine_key
+from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.registry_trust import RegistryTrust
 
 log = logging.getLogger(__name__)

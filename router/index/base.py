@@ -7,7 +7,8 @@ ordered writes (and unordered ones for a shared store's pseudo-instance, `event_
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Mapping, Protocol, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, Protocol
 
 import msgspec
 

@@ -15,12 +15,12 @@ half-open  after the cool-down one call goes through as a probe: success closes 
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kvroute.router.index.base import Applied, BlockIndex, IndexUnavailable, PrefixMatch
 from kvroute.router.contract.protocol import KVEvent
+from kvroute.router.index.base import Applied, BlockIndex, IndexUnavailable, PrefixMatch
 
 
 class BreakerIndex:

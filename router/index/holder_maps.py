@@ -10,7 +10,7 @@ uses any more is dropped.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 
 class HolderMap:

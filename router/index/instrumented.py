@@ -9,14 +9,14 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import kvroute.router.contract.metric_buckets  # noqa: F401  (turns off *_created series)
 from kvroute.router.contract.plain_metrics import PlainCounter, PlainHistogram
-from kvroute.router.index.base import Applied, BlockIndex, PrefixMatch
 from kvroute.router.contract.protocol import KVEvent
+from kvroute.router.index.base import Applied, BlockIndex, PrefixMatch
 
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 CHAIN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -20,13 +20,13 @@ another shared map; consecutive blocks held alike share the move (`_set`).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, islice
 from operator import is_not
-from typing import Iterable, Mapping, Sequence
 
+from kvroute.router.contract.protocol import TIERS, KVEvent
 from kvroute.router.index.base import TIER_RANK, Applied, PrefixMatch, event_owner
 from kvroute.router.index.holder_maps import HolderMap, HolderMaps
-from kvroute.router.contract.protocol import TIERS, KVEvent
 
 # BEST_TIER[mask] = index into TIERS of the best (lowest) tier set in mask; mask 0 unused.
 BEST_TIER = tuple(

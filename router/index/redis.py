@@ -39,16 +39,16 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kvroute.router.contract.cancellation import raise_if_cancelled
 import kvroute.router.index.redis_scripts as lua
+from kvroute.router.contract.cancellation import raise_if_cancelled
+from kvroute.router.contract.protocol import TIERS, KVEvent
 from kvroute.router.index.base import Applied, IndexUnavailable, PrefixMatch, event_owner
 from kvroute.router.index.memory import tier_bit, to_match
-from kvroute.router.contract.protocol import TIERS, KVEvent
 
 WRITE_CHUNK = 4096  # blocks per write script: bounds how long one script blocks Redis
 GC_CHUNK = 4096

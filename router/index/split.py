@@ -9,11 +9,11 @@ shared index, except what the ZeroMQ feeds write straight into `local`.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from kvroute.router.contract.protocol import KVEvent
 from kvroute.router.index.base import Applied, BlockIndex, PrefixMatch
 from kvroute.router.index.memory import MemoryIndex
-from kvroute.router.contract.protocol import KVEvent
 
 
 class SplitIndex:

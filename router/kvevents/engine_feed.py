@@ -16,10 +16,10 @@ import aiohttp
 import orjson
 
 from kvroute.router.contract.cancellation import raise_if_cancelled
-from kvroute.router.fleet.cluster import Cluster, answered_late
-from kvroute.router.index.base import IndexUnavailable, event_owner
-from kvroute.router.fleet.instance import Instance
 from kvroute.router.contract.protocol import REDIS_EVENT_STREAM, TIERS, KVEvent, LoadRecord
+from kvroute.router.fleet.cluster import Cluster, answered_late
+from kvroute.router.fleet.instance import Instance
+from kvroute.router.index.base import IndexUnavailable, event_owner
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class EventSync:
             self.metrics.errors.labels("index").inc()
             inst.needs_resync = True  # events were lost: reload once the index is back
             await asyncio.sleep(1.0)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError) as e:
             self.cluster.report_failure(inst, f"event feed failed: {e!r}", slow=answered_late(e))
             await asyncio.sleep(0.5)
 

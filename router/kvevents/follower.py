@@ -20,18 +20,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import zmq.asyncio
 
-from kvroute.router.index.base import IndexUnavailable
+from kvroute.router.contract.kv_wire import Batch
+from kvroute.router.contract.protocol import KVEvent, hash_seed, new_epoch
 from kvroute.router.fleet.instance import Instance
+from kvroute.router.index.base import IndexUnavailable
 from kvroute.router.kvevents.metrics import ZmqMetrics
 from kvroute.router.kvevents.sources import EventSource
 from kvroute.router.kvevents.subscriber import SourceStats, Subscriber
 from kvroute.router.kvevents.translate import BlockMap
-from kvroute.router.contract.kv_wire import Batch
-from kvroute.router.contract.protocol import KVEvent, hash_seed, new_epoch
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,9 @@ never a wildcard.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from kvroute.router.contract.kv_wire import SCHEMES
-
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

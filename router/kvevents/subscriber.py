@@ -39,8 +39,8 @@ import zmq
 import zmq.asyncio
 import zmq.utils.monitor
 
-from kvroute.router.kvevents.replay import fetch_replay
 from kvroute.router.contract.kv_wire import MAX_MESSAGE_BYTES, Batch, BatchDecoder, WireError, split_message
+from kvroute.router.kvevents.replay import fetch_replay
 
 log = logging.getLogger(__name__)
 

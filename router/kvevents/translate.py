@@ -32,7 +32,7 @@ sliding-window or mamba groups) are counted and ignored: group 0 holds full atte
 from __future__ import annotations
 
 import collections
-from typing import Iterator
+from collections.abc import Iterator
 
 from kvroute.router.contract.kv_wire import Cleared, Event, Removed, Stored
 from kvroute.router.contract.protocol import TIERS, block_hashes

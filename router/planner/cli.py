@@ -7,8 +7,8 @@ import dataclasses
 import json
 import sys
 
-from kvroute.router.planner.decide import PlannerConfig
 from kvroute.router.contract.serve import bind_socket, run_app, setup_logging
+from kvroute.router.planner.decide import PlannerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:

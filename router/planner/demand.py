@@ -15,7 +15,7 @@ window's finished requests show:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

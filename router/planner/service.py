@@ -82,7 +82,7 @@ class PlannerService:
         while True:
             try:
                 await self.step()
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as e:
+            except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
                 self.errors.inc()
                 log.warning("planner interval failed: %s", describe_failure(e))
             await asyncio.sleep(self.config.interval_s)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from kvroute.router.contract.errors import Overloaded
 from kvroute.router.decision import admission as adm

@@ -9,39 +9,45 @@ import logging
 import os
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvroute.router.service import admin, lean_server, tenant_admin
+from kvroute.router.contract.connection_metrics import ConnectionCollector
+from kvroute.router.contract.connections import CONNECTION_GUARD, CONNECTION_LIMITS
+from kvroute.router.contract.errors import Unauthorized
+from kvroute.router.contract.http import (
+    add_body_route,
+    json_response,
+    make_error_middleware,
+    parse_json,
+    query_number,
+    read_body,
+)
+from kvroute.router.contract.kv_auth import secret_from
+from kvroute.router.contract.tokenize_pool import TokenizePool
+from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.decision.policies import make_policy
 from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.registry import RegistryFollower
+from kvroute.router.index import BreakerIndex, MemoryIndex, make_index
+from kvroute.router.index.instrumented import InstrumentedIndex
+from kvroute.router.index.split import SplitIndex
+from kvroute.router.kvevents.engine_feed import EventSync, PollFollower, RedisFollower
+from kvroute.router.kvevents.follower import ZmqFollower
+from kvroute.router.service import admin, lean_server, tenant_admin
 from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.admission_metrics import AdmissionMetrics
 from kvroute.router.service.app_keys import CLUSTER, CONFIG, DISAGG, ENTRY, GATE, METRICS, PROXY, ROUTER, TENANTS, ZMQ
-from kvroute.router.service.tenant_book import TENANT_KEY, TenantBook
 from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation
 from kvroute.router.service.entry import Entry
-from kvroute.router.contract.errors import Unauthorized
-from kvroute.router.kvevents.engine_feed import EventSync, PollFollower, RedisFollower
-from kvroute.router.contract.http import (add_body_route, json_response, make_error_middleware, parse_json, query_number,
-                                  read_body)
-from kvroute.router.index import BreakerIndex, MemoryIndex, make_index
-from kvroute.router.index.split import SplitIndex
-from kvroute.router.index.instrumented import InstrumentedIndex
-from kvroute.router.contract.connection_metrics import ConnectionCollector
-from kvroute.router.contract.connections import CONNECTION_GUARD, CONNECTION_LIMITS
-from kvroute.router.contract.kv_auth import secret_from
-from kvroute.router.kvevents.follower import ZmqFollower
 from kvroute.router.service.metrics import RouterMetrics
-from kvroute.router.decision.policies import make_policy
 from kvroute.router.service.proxy import Proxy
-from kvroute.router.fleet.registry import RegistryFollower
 from kvroute.router.service.routing import Router
-from kvroute.router.contract.tokenize_pool import TokenizePool
-from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.tenant_book import TENANT_KEY, TenantBook
 
 log = logging.getLogger(__name__)
 

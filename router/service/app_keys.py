@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from kvroute.router.fleet.cluster import Cluster
-from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.kvevents.follower import ZmqFollower
+from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation
 from kvroute.router.service.entry import Entry

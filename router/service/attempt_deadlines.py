@@ -31,7 +31,7 @@ class Deadline:
     __slots__ = ("owner", "task", "cancelling", "when", "inst", "patience_s", "due", "expired", "silent_s",
                  "silence")
 
-    def __init__(self, owner: "Deadlines", when: float, inst, patience_s: float) -> None:
+    def __init__(self, owner: Deadlines, when: float, inst, patience_s: float) -> None:
         self.owner, self.when, self.inst, self.patience_s = owner, when, inst, patience_s
         self.task: asyncio.Task | None = None
         self.cancelling = 0
@@ -40,7 +40,7 @@ class Deadline:
         self.silent_s: float | None = None
         self.silence = ""
 
-    def __enter__(self) -> "Deadline":
+    def __enter__(self) -> Deadline:
         task = self.task = asyncio.current_task()
         self.cancelling = task.cancelling()
         self.owner._add(self)

@@ -18,7 +18,8 @@ keeps the owner with the request and closes it when it hears the request ended.
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 
 class Slot(Protocol):

@@ -6,9 +6,9 @@ import argparse
 import os
 import sys
 
-from kvroute.router.service.config import EVENT_SOURCES, HTTP_SERVERS, RouterConfig
 from kvroute.router.contract.cli_help import HelpFormatter
 from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging
+from kvroute.router.service.config import EVENT_SOURCES, HTTP_SERVERS, RouterConfig
 from kvroute.router.service.tenant_book import TenantBook, split_keys
 
 
@@ -20,8 +20,8 @@ def _edges(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvroute.router.index import INDEXES
     from kvroute.router.decision.policies import POLICIES
+    from kvroute.router.index import INDEXES
 
     d = RouterConfig.__dataclass_fields__
     p = argparse.ArgumentParser(prog="kvroute router", description="Run the KV-cache-aware OpenAI router.",

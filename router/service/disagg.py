@@ -22,24 +22,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Collection
+from collections.abc import Collection
 
 import orjson
 from aiohttp import web
 
-from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.contract.errors import KVRouteError, Unavailable
-from kvroute.router.contract.http import SSE_DONE, ClientGone, json_response, prepare_client, sse_error, sse_line, write_client
-from kvroute.router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from kvroute.router.contract.http import (
+    SSE_DONE,
+    ClientGone,
+    json_response,
+    prepare_client,
+    sse_error,
+    sse_line,
+    write_client,
+)
 from kvroute.router.contract.kv_auth import make_grant
-from kvroute.router.service.steering import with_token_ids
-from kvroute.router.service.upstream_errors import describe_failure
-from kvroute.router.fleet.instance import Instance
 from kvroute.router.decision.base import Decision
+from kvroute.router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.instance import Instance
 from kvroute.router.service.charges import Charges, Dispatch
 from kvroute.router.service.prefilled import first_chunk, parse_prefilled, usage_chunk, valid_handle
 from kvroute.router.service.proxy import INSTANCE_HEADER, RETRYABLE, Proxy
 from kvroute.router.service.routing import Choice, Prepared
+from kvroute.router.service.steering import with_token_ids
+from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 

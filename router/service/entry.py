@@ -10,12 +10,12 @@ from aiohttp import web
 
 from kvroute.router.contract.errors import KVRouteError
 from kvroute.router.contract.http import ClientGone, parse_json, read_body, status_of
+from kvroute.router.decision.admission import NO_PREDICTION, Prediction
 from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.service.admission_gate import AdmissionGate, Ticket, no_prediction
 from kvroute.router.service.charges import Charges
 from kvroute.router.service.proxy import Proxy
 from kvroute.router.service.request_class import priority_of, slo_of
-from kvroute.router.decision.admission import NO_PREDICTION, Prediction
 from kvroute.router.service.routing import Forecast, Prepared, Router
 from kvroute.router.service.steering import forwardable
 from kvroute.router.service.tenant_book import TENANT_KEY

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol

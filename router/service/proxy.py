@@ -21,20 +21,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.parse
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 
-from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.contract.errors import KVRouteError, Overloaded, Unavailable
-from kvroute.router.contract.http import SSE_DONE, ClientGone, parse_retry_after, prepare_client, sse_error, write_client
+from kvroute.router.contract.http import (
+    SSE_DONE,
+    parse_retry_after,
+    prepare_client,
+    sse_error,
+    write_client,
+)
+from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.service.attempt_deadlines import Deadlines
 from kvroute.router.service.charges import Charges, Dispatch
-from kvroute.router.service.upstream_errors import describe_failure
 from kvroute.router.service.routing import Choice, Forecast, Prepared, Router
 from kvroute.router.service.steering import with_token_ids
 from kvroute.router.service.upstream import Upstream
+from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,7 @@ class Routing:
 
     __slots__ = ("proxy", "prepared", "choice")
 
-    def __init__(self, proxy: "Proxy", prepared: Prepared, choice: Choice) -> None:
+    def __init__(self, proxy: Proxy, prepared: Prepared, choice: Choice) -> None:
         self.proxy, self.prepared, self.choice = proxy, prepared, choice
 
     def __call__(self) -> None:

@@ -10,7 +10,7 @@ the tenant file allows it (router/decision/tenants.py `TenantSpec.slo_for`).
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from kvroute.router.contract.errors import BadRequest
 

@@ -10,29 +10,29 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from kvroute.router.fleet.cluster import Cluster
-from kvroute.router.fleet.groups import Group
-from kvroute.router.contract.errors import BadRequest, NotFound, Overloaded, Unavailable
-from kvroute.router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
-from kvroute.router.fleet.instance import Instance
 from kvroute.router.contract.encoding import Encoding
+from kvroute.router.contract.errors import BadRequest, NotFound, Overloaded, Unavailable
 from kvroute.router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
-from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.contract.openai_request import CompletionRequest, parse_request
-from kvroute.router.decision.admission import NO_PREDICTION, Prediction, predicted_ttft
-from kvroute.router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
-from kvroute.router.decision.scoring.tier_credit import with_store
-from kvroute.router.decision.prefix_hashes import PrefixHashes
-from kvroute.router.decision.route import NoCandidates, RouteDecision, Routed, RouteSettings, uncached_tokens
-from kvroute.router.decision.tenants import DEFAULT_TENANT
 from kvroute.router.contract.protocol import hash_seed
-from kvroute.router.service.request_trace import RecentRequests, RequestTrace
 from kvroute.router.contract.tokenize_pool import TokenizePool
 from kvroute.router.contract.tokenizer import Tokenizer
+from kvroute.router.decision.admission import NO_PREDICTION, Prediction, predicted_ttft
+from kvroute.router.decision.base import COST_TERMS, Decision, Policy, RouteRequest
+from kvroute.router.decision.prefix_hashes import PrefixHashes
+from kvroute.router.decision.route import NoCandidates, Routed, RouteDecision, RouteSettings, uncached_tokens
+from kvroute.router.decision.scoring.tier_credit import with_store
+from kvroute.router.decision.tenants import DEFAULT_TENANT
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.groups import Group
+from kvroute.router.fleet.instance import Instance
+from kvroute.router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
+from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.service.request_trace import RecentRequests, RequestTrace
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 

@@ -19,7 +19,7 @@ import json
 import logging
 import pathlib
 import tomllib
-from typing import Mapping
+from collections.abc import Mapping
 
 from aiohttp import web
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 
@@ -82,7 +82,7 @@ class _Conn(asyncio.Protocol):
 class Response:
     """One answer: `status`, `headers`, then `read()` or `readany()` until b""; `close()` always."""
 
-    def __init__(self, conn: _Conn, pool: "Upstream", read_timeout_s: float | None) -> None:
+    def __init__(self, conn: _Conn, pool: Upstream, read_timeout_s: float | None) -> None:
         self._conn, self._pool, self._read_timeout_s = conn, pool, read_timeout_s
         self._deadline = 0.0  # loop time by which the bytes awaited now must come
         self._timer: asyncio.TimerHandle | None = None
@@ -103,7 +103,7 @@ class Response:
         self.received_any = False
 
     @property
-    def content(self) -> "Response":
+    def content(self) -> Response:
         """aiohttp's `response.content.readany()` spelling (a property: an attribute pointing back at
         the response would make every response a reference cycle, freed only by the cyclic GC)."""
         return self
@@ -263,7 +263,7 @@ class Response:
             return
         loop = waiter.get_loop()
         if loop.time() >= self._deadline:
-            waiter.set_exception(asyncio.TimeoutError())
+            waiter.set_exception(TimeoutError())
         else:
             self._timer = loop.call_at(self._deadline, self._expire)
 

@@ -30,7 +30,7 @@ class Usage(msgspec.Struct, frozen=True):
     cached_tokens: int | None = None  # prompt_tokens_details.cached_tokens; None when not reported
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Usage | None":
+    def from_dict(cls, d: Any) -> Usage | None:
         """None unless `d` is a usage object with integer prompt and completion token counts."""
         if not isinstance(d, dict):
             return None

@@ -7,8 +7,8 @@ import orjson
 from aiohttp import web
 
 from kvroute.engine.service.server import ENGINE, SERVICE
-from kvroute.router.service.app import CLUSTER, ENTRY
 from kvroute.router.contract.http import error_middleware
+from kvroute.router.service.app import CLUSTER, ENTRY
 from tests.support.loopback import LoopbackServer
 from tests.support.router_cluster import FAST, cluster
 from tests.support.stub_engine import stub_engine, stub_router
@@ -165,9 +165,9 @@ async def test_router_event_follower_ends_when_cancelled(redis_url):
 
     from kvroute.router.contract.cancellation import raise_if_cancelled
     from kvroute.router.fleet.cluster import Cluster
-    from kvroute.router.service.config import RouterConfig
-    from kvroute.router.kvevents.engine_feed import EventSync, RedisFollower
     from kvroute.router.index import make_index
+    from kvroute.router.kvevents.engine_feed import EventSync, RedisFollower
+    from kvroute.router.service.config import RouterConfig
     from kvroute.router.service.metrics import RouterMetrics
 
     cluster = Cluster(RouterConfig(engines=("http://127.0.0.1:9",)), make_index("memory"), "fp", RouterMetrics())

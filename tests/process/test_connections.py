@@ -28,7 +28,7 @@ async def _closed(reader: asyncio.StreamReader, timeout_s: float) -> bool:
         return await asyncio.wait_for(reader.read(), timeout_s) == b""
     except ConnectionError:
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
 
 

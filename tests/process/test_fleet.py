@@ -9,10 +9,10 @@ import torch
 from aiohttp import web
 
 from kvroute.engine.service.server import ENGINE, REGISTRATION
-from kvroute.router.service.app import CLUSTER
 from kvroute.router.contract.protocol import REDIS_EVENT_STREAM
 from kvroute.router.contract.registry_record import IDS, engine_key
 from kvroute.router.contract.serve import SHUTDOWN
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.redis_server import free_port
 from tests.support.router_cluster import FAST, prompt

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from kvroute.router.service.config import RouterConfig
 from kvroute.router.contract.prometheus_text import metric_labels, metric_max, metric_sum
 from kvroute.router.contract.tokenizer import load_tokenizer
-from tests.support.loopback import LoopbackServer
+from kvroute.router.service.config import RouterConfig
 from tests.support.foreign_stubs import StubEngine
+from tests.support.loopback import LoopbackServer
 from tests.support.vllm_publisher import VllmPublisher, engine_hashes, stored
 
 PROMPT = "You are a helpful assistant who answers questions about the solar system. " * 6

@@ -8,11 +8,18 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from kvroute.router.index import (INDEXES, BreakerIndex, IndexUnavailable, InstrumentedIndex, MemoryIndex, RedisIndex,
-                          make_index)
-from kvroute.router.index.redis import GC_CHUNK, WRITE_CHUNK, pack
 from kvroute.router.contract.protocol import TIERS, KVEvent
 from kvroute.router.contract.tier_costs import store_owner
+from kvroute.router.index import (
+    INDEXES,
+    BreakerIndex,
+    IndexUnavailable,
+    InstrumentedIndex,
+    MemoryIndex,
+    RedisIndex,
+    make_index,
+)
+from kvroute.router.index.redis import GC_CHUNK, WRITE_CHUNK, pack
 from tests.support.redis_server import RedisServer, free_port
 
 CHAIN = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(1, 41)]  # spread over the u64 range
@@ -472,8 +479,8 @@ async def test_an_instances_indexed_block_count_leaves_out_the_shared_stores_blo
     """/router/instances' blocks_indexed is the instance's own blocks, after a snapshot (which puts
     the store's under its owner) and after events alike."""
     from kvroute.router.fleet.cluster import Cluster
-    from kvroute.router.service.config import RouterConfig
     from kvroute.router.kvevents.engine_feed import EventSync
+    from kvroute.router.service.config import RouterConfig
     from kvroute.router.service.metrics import RouterMetrics
 
     cluster = Cluster(RouterConfig(engines=("http://127.0.0.1:9",)), make_index("memory"), "fp", RouterMetrics())

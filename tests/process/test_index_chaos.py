@@ -12,13 +12,13 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from kvroute.router.fleet.cluster import Cluster
-from kvroute.router.service.config import RouterConfig
-from kvroute.router.kvevents.engine_feed import EventSync
-from kvroute.router.index import RedisIndex
-from kvroute.router.fleet.instance import EngineInfo, Instance
-from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.contract.protocol import TIERS, KVEvent
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.instance import EngineInfo, Instance
+from kvroute.router.index import RedisIndex
+from kvroute.router.kvevents.engine_feed import EventSync
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.service.metrics import RouterMetrics
 
 BLOCKS = [(i * 0x9E3779B97F4A7C15 + 7) % 2**64 for i in range(1, 31)]
 ENGINES = ("e1", "e2")

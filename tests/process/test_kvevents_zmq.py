@@ -11,11 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvroute.loadgen.chaos.scenarios.feeds import deep_nesting_payload
-from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.contract.protocol import block_hashes, hash_seed
 from kvroute.router.fleet.instance import EngineInfo, Instance
+from kvroute.router.index.memory import MemoryIndex
 from kvroute.router.kvevents.follower import ZmqFollower
 from kvroute.router.kvevents.sources import EventSource
-from kvroute.router.contract.protocol import block_hashes, hash_seed
 from tests.support.vllm_publisher import VllmPublisher, cleared, encode_batch, engine_hashes, removed, stored
 
 SEED = hash_seed("m")

@@ -7,8 +7,16 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from kvroute.router.contract.registry_record import (CHANNEL, IDS, LEFT, MAX_CLOCK_SKEW_S, SIGNED_FOR_S, EngineRecord,
-                                            announcement, engine_key)
+from kvroute.router.contract.registry_record import (
+    CHANNEL,
+    IDS,
+    LEFT,
+    MAX_CLOCK_SKEW_S,
+    SIGNED_FOR_S,
+    EngineRecord,
+    announcement,
+    engine_key,
+)
 from kvroute.router.fleet.registry_trust import RegistryTrust
 from kvroute.router.service.app import CLUSTER, METRICS
 from tests.support.redis_server import free_port

@@ -64,7 +64,7 @@ async def test_dns_failure_and_a_server_that_is_not_an_engine(start_router, http
 
 
 @pytest.mark.parametrize("exc, reason", [
-    (asyncio.TimeoutError(), "timed out"),
+    (TimeoutError(), "timed out"),
     (aiohttp.ServerDisconnectedError(), "the engine closed the connection"),
     (NotAnEngine("GET /kv/info did not answer JSON"), "not a kvroute engine: GET /kv/info did not answer JSON"),
     (BadAnswer("GET /health answered HTTP 503"), "GET /health answered HTTP 503"),

@@ -6,8 +6,8 @@ import sys
 
 from aiohttp import web
 
-from kvroute.router.service.app import CLUSTER
 from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.router_cluster import FAST, prompt
 from tests.support.stub_engine import stub_engine

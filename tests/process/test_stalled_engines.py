@@ -9,8 +9,8 @@ import time
 import pytest
 from aiohttp import web
 
-from kvroute.router.service.app import CLUSTER, METRICS
 from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.service.app import CLUSTER, METRICS
 from tests.support.foreign_stubs import StubEngine
 from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import stub_engine

@@ -6,8 +6,8 @@ import torch
 
 from kvroute.engine.runners.sim import LINKS
 from kvroute.engine.service.app_keys import ENGINE
-from tests.support.tier_requests import BS, SESSION, at_least, complete, evict, metric, remote_written, wait_for
 from kvroute.router.contract.protocol import block_hashes, hash_seed
+from tests.support.tier_requests import BS, SESSION, at_least, complete, evict, metric, remote_written, wait_for
 
 torch.set_num_threads(1)
 

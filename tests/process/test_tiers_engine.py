@@ -5,13 +5,23 @@ import os
 
 import torch
 
+from kvroute.engine.core.work import SeqWork
 from kvroute.engine.kv.kv_copies import CopyPlan
 from kvroute.engine.kv.store_probe import probe_namespace
 from kvroute.engine.runners.torch_runner import TorchRunner
-from kvroute.engine.core.work import SeqWork
 from tests.support.redis_server import RedisServer, free_port
-from tests.support.tier_requests import (BS, GREEDY, SESSION, at_least, complete, evict, filler, metric, remote_written,
-                                         wait_for)
+from tests.support.tier_requests import (
+    BS,
+    GREEDY,
+    SESSION,
+    at_least,
+    complete,
+    evict,
+    filler,
+    metric,
+    remote_written,
+    wait_for,
+)
 
 torch.set_num_threads(1)
 

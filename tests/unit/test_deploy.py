@@ -66,11 +66,11 @@ def kvroute_commands() -> list[list[str]]:
 
 @pytest.mark.parametrize("argv", kvroute_commands(), ids=lambda a: " ".join(a[:2]))
 def test_every_container_command_parses(argv):
-    from kvroute.engine.service.cli import build_parser as engine
     from kvroute.engine.core.config import EngineConfig
+    from kvroute.engine.service.cli import build_parser as engine
+    from kvroute.router.contract.serve import config_values
     from kvroute.router.service.cli import build_parser as router
     from kvroute.router.service.config import RouterConfig
-    from kvroute.router.contract.serve import config_values
 
     parser, config = {"engine": (engine, EngineConfig), "router": (router, RouterConfig)}[argv[0]]
     args = parser().parse_args(argv[1:])

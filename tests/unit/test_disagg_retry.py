@@ -7,7 +7,7 @@ import time
 import pytest
 from aiohttp import web
 
-from kvroute.router.service import disagg, prefilled
+from kvroute.router.service import prefilled
 from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.router_cluster import FAST

@@ -7,7 +7,7 @@ import pathlib
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.engine_core import CoreConfig, EngineCore
-from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
 from kvroute.engine.kv.tier_setup import build_tiers
 from kvroute.loadgen.sim.tiers import SimStore, SimTierIO

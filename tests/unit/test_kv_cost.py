@@ -4,12 +4,12 @@ import random
 
 import pytest
 
-from kvroute.router.index.base import PrefixMatch
-from kvroute.router.decision.policies import InstanceState, make_policy
 from kvroute.router.decision.base import COST_TERMS
+from kvroute.router.decision.policies import InstanceState, make_policy
 from kvroute.router.decision.scoring.eviction import expected_loss
 from kvroute.router.decision.scoring.replication import PrefixDemand
 from kvroute.router.decision.scoring.reuse import ReuseHistory
+from kvroute.router.index.base import PrefixMatch
 from tests.support.clock import FakeClock
 from tests.support.route_requests import BS, chain, req
 
@@ -149,8 +149,8 @@ def test_router_and_simulator_map_the_load_record_alike():
     import time
 
     from kvroute.loadgen.sim.load_view import LoadView
-    from kvroute.router.fleet.instance import Instance
     from kvroute.router.contract.protocol import LoadRecord
+    from kvroute.router.fleet.instance import Instance
 
     record = LoadRecord(instance="e0", running=1, waiting=2, kv_used_blocks=90, kv_total_blocks=100, queued_prefill_tokens=0, ts=50.0, kv_free_blocks=10, kv_evictable=((60, 3.0), (20, 1.0)))
     view = LoadView(["e0"])

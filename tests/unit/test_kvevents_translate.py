@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from kvroute.router.index.memory import MemoryIndex
-from kvroute.router.kvevents.translate import BlockMap
 from kvroute.router.contract.kv_wire import Cleared, Removed, Stored
 from kvroute.router.contract.protocol import block_hashes, hash_seed
+from kvroute.router.index.memory import MemoryIndex
+from kvroute.router.kvevents.translate import BlockMap
 from tests.support.vllm_publisher import engine_hashes
 
 SEED = hash_seed("m")

@@ -14,9 +14,19 @@ import pytest
 from aiohttp import web
 
 from kvroute.router.contract.errors import BadRequest, ContextTooLong
-from kvroute.router.contract.limits import (BYTES_PER_CHAR, CHARS_PER_TOKEN, FALLBACK_MAX_MODEL_LEN, MESSAGE_TEMPLATE_CHARS,
-                                    MIN_BODY_BYTES, Limits, check_prompt_chars, check_token_count, check_token_ids,
-                                    check_vocabulary, prompt_chars)
+from kvroute.router.contract.limits import (
+    BYTES_PER_CHAR,
+    CHARS_PER_TOKEN,
+    FALLBACK_MAX_MODEL_LEN,
+    MESSAGE_TEMPLATE_CHARS,
+    MIN_BODY_BYTES,
+    Limits,
+    check_prompt_chars,
+    check_token_count,
+    check_token_ids,
+    check_vocabulary,
+    prompt_chars,
+)
 from kvroute.router.contract.openai_request import parse_request
 from kvroute.router.contract.protocol import hash_seed
 from kvroute.router.contract.tokenizer import load_tokenizer

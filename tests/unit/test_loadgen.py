@@ -19,6 +19,7 @@ from kvroute.loadgen.workloads import WORKLOADS, make_workload
 from kvroute.loadgen.workloads.content import FIRST_ID, VOCAB_SIZE
 from tests.support.loopback import LoopbackServer
 
+
 def common_prefix(a, b) -> int:
     n = 0
     for x, y in zip(a, b):

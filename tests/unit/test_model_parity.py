@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
+from kvroute.engine.core.work import SamplingParams, SeqWork
 from kvroute.engine.runners.model import attention
 from kvroute.engine.runners.model.config import ModelConfig
 from kvroute.engine.runners.torch_runner import TorchRunner
-from kvroute.engine.core.work import SamplingParams, SeqWork
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)

@@ -6,8 +6,8 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.contract.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
+from kvroute.router.service.metrics import RouterMetrics
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = (0.0, 0.0005, 0.001, 0.002, 0.01, 0.5, 1.0, 3.0, float("inf"))

@@ -7,6 +7,7 @@ from tests.support.planner_fleet import CFG, fleet, obs, settle
 from tests.support.router_cluster import FAST
 from tests.support.waiting import wait_for
 
+
 def test_prompt_heavy_load_gets_more_prefill_engines():
     planner = Planner(CFG)
     # 48k uncached prompt tokens/s (4.8 engines' worth) and 2.4k output tokens/s (1.2): 6P:2D of 8
@@ -85,8 +86,8 @@ def test_bad_planner_config_is_refused(bad):
 async def test_planner_service_switches_a_routers_engines(start_engine, start_router, http):
     import aiohttp
 
-    from kvroute.router.service.app import CLUSTER
     from kvroute.router.planner.service import PlannerService
+    from kvroute.router.service.app import CLUSTER
 
     engines = [await start_engine(time_scale=FAST, instance_id=f"p{i}", admin_key="k") for i in range(3)]
     url, server = await start_router([e[0] for e in engines], admin_key="k")

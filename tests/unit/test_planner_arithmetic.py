@@ -6,8 +6,16 @@ import math
 
 import pytest
 
-from kvroute.router.planner.decide import (EngineView, Observation, Plan, Planner, PlannerConfig, _overloaded,
-                                   _poisson_quantile, assign)
+from kvroute.router.planner.decide import (
+    EngineView,
+    Observation,
+    Plan,
+    Planner,
+    PlannerConfig,
+    _overloaded,
+    _poisson_quantile,
+    assign,
+)
 from tests.support.planner_fleet import CFG, fleet, obs
 
 STEP = dict(decode_step_s=2 ** -7, decode_seq_s=2 ** -9, decode_context_s=2 ** -20)  # exact in binary

@@ -4,9 +4,9 @@ from collections import Counter
 
 import pytest
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.policies import POLICIES, InstanceState, make_policy, policy_params
 from kvroute.router.decision.scoring.recent import RecentBlocks
+from kvroute.router.index.base import PrefixMatch
 from tests.support.clock import FakeClock
 from tests.support.route_requests import BS, chain, req
 

@@ -6,8 +6,15 @@ import sys
 import pytest
 
 from kvroute.router.contract import protocol
-from kvroute.router.contract.protocol import (KVEvent, LoadRecord, block_hashes, hash_seed, py_block_hashes_of_bytes,
-                                      py_u32le, u32le)
+from kvroute.router.contract.protocol import (
+    KVEvent,
+    LoadRecord,
+    block_hashes,
+    hash_seed,
+    py_block_hashes_of_bytes,
+    py_u32le,
+    u32le,
+)
 
 PINNED = [17411228942360384156, 8632648476289059976]  # block_hashes(range(40), 16, hash_seed("kvroute-tiny"))
 

@@ -12,7 +12,8 @@ import orjson
 from aiohttp import web
 
 from kvroute.router.service.app import CLUSTER
-from tests.support.stub_engine import OK_CHUNK as CHUNK, answer_ok, stub_router
+from tests.support.stub_engine import OK_CHUNK as CHUNK
+from tests.support.stub_engine import answer_ok, stub_router
 
 
 def answer(status, body=b'{"error": {"message": "pinned blocks gone"}}', headers=None):

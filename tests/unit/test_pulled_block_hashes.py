@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 
 from kvroute.engine.service.server import ENGINE
-from tests.support.loopback import LoopbackServer
 from tests.support.kv_transfer_fakes import SECRET, evil_prefill, forged_handle, ids, post, sign_handle
+from tests.support.loopback import LoopbackServer
+
 
 def signed(params: dict) -> dict:
     handle = params["handle"]

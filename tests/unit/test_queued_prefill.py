@@ -79,8 +79,8 @@ def test_a_failed_non_streamed_request_is_uncharged_once():
     import types
 
     from kvroute.router.fleet.instance import Instance
-    from kvroute.router.service.metrics import RouterMetrics
     from kvroute.router.service.charges import Dispatch
+    from kvroute.router.service.metrics import RouterMetrics
 
     inst = Instance("http://127.0.0.1:9")
     inst.kind = "kvroute"

@@ -10,7 +10,6 @@ import threading
 import orjson
 import pytest
 from aiohttp import web
-
 from prometheus_client import CollectorRegistry
 
 from kvroute.router.contract.errors import Overloaded

@@ -10,10 +10,10 @@ from aiohttp import web
 
 from kvroute.router.contract.tokenizer import load_tokenizer
 from kvroute.router.service.app import CLUSTER
-from tests.support.loopback import LoopbackServer
 from tests.support.foreign_stubs import StubEngine
-from tests.support.waiting import wait_for
+from tests.support.loopback import LoopbackServer
 from tests.support.stub_engine import stub_engine
+from tests.support.waiting import wait_for
 
 CHUNK = b'data: {"choices": [{"index": 0, "text": "ok"}]}\n\n'
 NEVER = dict(health_interval_s=3600.0, load_interval_s=3600.0)  # after the first probe, nothing re-checks

@@ -7,12 +7,12 @@ import logging
 import orjson
 from aiohttp import web
 
-from kvroute.router.service.app import CLUSTER
 from kvroute.router.contract.http import error_middleware
+from kvroute.router.service.app import CLUSTER
 from tests.support.loopback import LoopbackServer
 from tests.support.raw_client import stream_then_hang_up
-from tests.support.stub_engine import stub_engine, stub_router
 from tests.support.router_cluster import FAST
+from tests.support.stub_engine import stub_engine, stub_router
 from tests.support.waiting import wait_for
 
 CHUNK = b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n'

@@ -6,16 +6,16 @@ import dataclasses
 import random
 
 from kvroute.loadgen.workloads import make_workload
-from kvroute.router.fleet.cluster import Cluster
-from kvroute.router.service.config import RouterConfig
-from kvroute.router.index import MemoryIndex
-from kvroute.router.fleet.instance import EngineInfo
-from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
 from kvroute.router.decision.policies import make_policy
 from kvroute.router.decision.prefix_hashes import PrefixHashes
-from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.index import MemoryIndex
+from kvroute.router.service.config import RouterConfig
+from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.routing import Router
-from kvroute.router.contract.tokenizer import DATA_DIR, load_tokenizer
 
 MODEL = "kvroute-tiny"
 

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
+from kvroute.engine.core.work import SamplingParams, SeqWork
 from kvroute.engine.runners.logits_processors import apply_logit_bias, apply_penalties
 from kvroute.engine.runners.model.config import ModelConfig
 from kvroute.engine.runners.sampling import sample, top_k_min_p_filter
 from kvroute.engine.runners.torch_runner import TorchRunner
-from kvroute.engine.core.work import SamplingParams, SeqWork
 from tests.support.sse import sse_events
 
 torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.scheduler import Scheduler, SchedulerConfig
-from kvroute.engine.core.sequence import Sequence, SeqStatus
+from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import SamplingParams
 
 EOS = 2

@@ -93,8 +93,8 @@ def test_encodings_carry_their_bytes_and_a_key_that_names_their_leading_ids():
 
 
 def test_prefix_hashes_equal_full_hashing():
-    from kvroute.router.decision.prefix_hashes import PrefixHashes
     from kvroute.router.contract.protocol import block_hashes
+    from kvroute.router.decision.prefix_hashes import PrefixHashes
 
     tok = load_tokenizer(DATA_DIR)
     memo = PrefixHashes(max_hashes=400)

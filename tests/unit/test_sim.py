@@ -6,10 +6,10 @@ import random
 import pytest
 
 from kvroute.engine.core.block_manager import BlockManager
-from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.core.scheduler import Scheduler, SchedulerConfig
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import SamplingParams
+from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim import SimConfig, main, simulate
 from kvroute.loadgen.sim.instance import step_time

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from kvroute.router.index.base import PrefixMatch
-from kvroute.router.decision.policies import InstanceState, make_policy
 from kvroute.router.contract.tier_costs import Link, TierCosts, store_owner
+from kvroute.router.decision.policies import InstanceState, make_policy
+from kvroute.router.index.base import PrefixMatch
 from tests.support.route_requests import BS, req
 
 RATE = 10_000.0  # tokens/s: 1.6 ms of compute per block

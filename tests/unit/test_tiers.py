@@ -4,13 +4,13 @@ import pytest
 
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.sequence import Sequence
+from kvroute.engine.core.work import RunnerInfo, SamplingParams
 from kvroute.engine.kv.host_pool import HostPool
 from kvroute.engine.kv.link_estimate import LinkEstimate
 from kvroute.engine.kv.recovery import Recovery
-from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.kv.tier_setup import build_tiers
 from kvroute.engine.kv.tiers import CacheTiers
-from kvroute.engine.core.work import RunnerInfo, SamplingParams
 from kvroute.router.contract.protocol import block_hashes
 from kvroute.router.contract.tier_costs import Link, TierCosts, plan_runs
 

@@ -5,10 +5,10 @@ import asyncio
 import pytest
 import torch
 
+from kvroute.engine.core.work import SamplingParams, SeqWork
 from kvroute.engine.runners.model.config import ModelConfig
 from kvroute.engine.runners.sampling import sample, step_seed, top_p_filter
 from kvroute.engine.runners.torch_runner import TorchRunner
-from kvroute.engine.core.work import SamplingParams, SeqWork
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,8 @@ reads anything else, so the page shows only what the commands produced.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 Renderer = Callable[[Any], str]
 

@@ -10,7 +10,7 @@ line instead of a server that recomputes everything.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
 from kvroute.engine.kv.store.base import KVStore, StoreUnavailable, default_store_id, layout_namespace, store_key

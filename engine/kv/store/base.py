@@ -11,7 +11,8 @@ into "recompute" for the engine.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson

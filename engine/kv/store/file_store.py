@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 _tmp_ids = itertools.count()
 

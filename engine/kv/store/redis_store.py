@@ -10,7 +10,7 @@ Redis dropped is simply a miss.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 

@@ -39,7 +39,7 @@ class ChunkMask:
     mask: torch.Tensor
 
     @classmethod
-    def build(cls, start_pos: int, num_new: int, context: int, rep: int, device: torch.device) -> "ChunkMask":
+    def build(cls, start_pos: int, num_new: int, context: int, rep: int, device: torch.device) -> ChunkMask:
         rows = torch.arange(start_pos, start_pos + num_new, device=device)  # each new token's position
         keys = torch.arange(context, device=device)
         return cls((keys[None, :] <= rows[:, None]).repeat(rep, 1))  # (r*n, L): rows of a KV head's r queries

@@ -16,7 +16,7 @@ path eagerly, which is how the tests check the padding on CPU.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -21,7 +21,7 @@ host-to-device copy each, through a pinned staging buffer on CUDA (engine/runner
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class GatherSpace:
     """K and V buffers of `capacity` blocks, (capacity, block_size, kvh, hd) each; grown on demand."""
 
-    def __init__(self, pool: "KVPool", capacity: int = 0) -> None:
+    def __init__(self, pool: KVPool, capacity: int = 0) -> None:
         self.shape, self.dtype, self.device = pool.data.shape[3:], pool.data.dtype, pool.data.device
         self.k = self.v = torch.empty(0, *self.shape, dtype=self.dtype, device=self.device)
         self.ensure(capacity)

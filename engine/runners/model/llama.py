@@ -98,7 +98,7 @@ class Rotary:
     sin: torch.Tensor  # (T, 1, hd), first half negated
 
     @classmethod
-    def at(cls, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> "Rotary":
+    def at(cls, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> Rotary:
         freqs = positions[:, None].float() * inv_freq  # (T, hd/2)
         cos, sin = freqs.cos(), freqs.sin()
         return cls(torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1),

@@ -17,7 +17,7 @@ pool's scratch block and see only it; padded table entries are the scratch block
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from kvroute.loadgen.chaos.config import ChaosConfig
-from kvroute.loadgen.chaos.scenarios.boundaries import (EngineHangWhole, HandleReplay, IntrospectionAuth, RogueRegistry,
-                                                SlowClients)
+from kvroute.loadgen.chaos.scenarios.boundaries import (
+    EngineHangWhole,
+    HandleReplay,
+    IntrospectionAuth,
+    RogueRegistry,
+    SlowClients,
+)
 from kvroute.loadgen.chaos.scenarios.connections import FrontsAgree, StalledBodies, Upgrades
 from kvroute.loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
 from kvroute.loadgen.chaos.scenarios.feeds import FeedFlood, FeedPoison
@@ -12,8 +17,13 @@ from kvroute.loadgen.chaos.scenarios.fuzzing import Fuzz
 from kvroute.loadgen.chaos.scenarios.pd_decode_kill import PdDecodeKill
 from kvroute.loadgen.chaos.scenarios.progress import EngineStuckStep, RegistryReplay
 from kvroute.loadgen.chaos.scenarios.redis_faults import REDIS_FREEZE, REDIS_KILL
-from kvroute.loadgen.chaos.scenarios.request_limits import (KeyBoundTenant, PoisonedBodies, SloHeader, TenantLimits,
-                                                    TokenizerFlood)
+from kvroute.loadgen.chaos.scenarios.request_limits import (
+    KeyBoundTenant,
+    PoisonedBodies,
+    SloHeader,
+    TenantLimits,
+    TokenizerFlood,
+)
 from kvroute.loadgen.chaos.scenarios.router_restart import RouterRestart
 from kvroute.loadgen.chaos.scenarios.streams import ManyStreams
 

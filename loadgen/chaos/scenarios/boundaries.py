@@ -65,7 +65,7 @@ class SlowClients:
                 try:
                     if await asyncio.wait_for(reader.read(1 << 16), 2.0) == b"":
                         return time.monotonic() - t0
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if slow and not writer.is_closing():
                         writer.write(b"X-Slow: 1\r\n")  # one more header line every 2 s
                 except ConnectionError:
@@ -171,7 +171,7 @@ class EngineHangWhole:
             prompt = [rng.randrange(5, 8000) for _ in range(64)]
             try:
                 status, _, _ = await post_completion(ctx, router.url, {"prompt": prompt, "max_tokens": 4})
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 status = 0
             return status, time.monotonic() - t
 

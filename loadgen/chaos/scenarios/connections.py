@@ -62,7 +62,7 @@ async def _stall(port: int, address: str, data: bytes, wait_s: float) -> tuple[s
             answer = str((await read_response(reader))[0])
             while await reader.read(1 << 16):
                 pass
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return answer, None
     except (asyncio.IncompleteReadError, ConnectionError):
         pass

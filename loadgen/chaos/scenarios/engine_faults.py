@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from kvroute.loadgen.chaos.procs import Proc
 from kvroute.loadgen.chaos.scenario_base import Context, Outcome

@@ -100,7 +100,7 @@ async def _cached(ctx: Context, proc, engine: str, tokens: list[int]) -> int:
         async with ctx.session.post(proc.url + "/router/explain", json={"prompt": tokens, "max_tokens": 1},
                                     timeout=aiohttp.ClientTimeout(total=2)) as r:
             rows = (await r.json()).get("instances", []) if r.status == 200 else []
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return 0
     return next((row["cached_tokens"] for row in rows if row["instance"] == engine), 0)
 

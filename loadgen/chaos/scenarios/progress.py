@@ -106,7 +106,7 @@ class EngineStuckStep:
             t = time.monotonic()
             try:
                 status, headers, _ = await post_completion(ctx, url, {"prompt": prompt, "max_tokens": 4})
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 return 0, type(e).__name__, time.monotonic() - t
             return status, headers.get("x-kvroute-instance", ""), time.monotonic() - t
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvroute.router.decision.policies.approx_kv import ApproxKvPolicy
 from kvroute.router.decision.base import Decision, InstanceState, Policy, PolicyBase, RouteRequest
+from kvroute.router.decision.policies.approx_kv import ApproxKvPolicy
 from kvroute.router.decision.policies.kv_aware import KvAwarePolicy
 from kvroute.router.decision.policies.least_load import LeastLoadPolicy
 from kvroute.router.decision.policies.power_of_two import PowerOfTwoPolicy

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import InstanceState, RouteRequest
 from kvroute.router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
 from kvroute.router.decision.scoring.recent import RecentBlocks
+from kvroute.router.index.base import PrefixMatch
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

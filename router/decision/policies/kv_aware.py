@@ -103,15 +103,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvroute.router.contract.tier_costs import TierCosts
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import InstanceState, RouteRequest
 from kvroute.router.decision.scoring.kv_cost import KvCostConfig, KvCostPolicy
 from kvroute.router.decision.scoring.recent import RecentBlocks
 from kvroute.router.decision.scoring.tier_credit import tier_credit, with_store
-
+from kvroute.router.index.base import PrefixMatch
 
 TIER_CREDITS = ("measured", "fixed")
 

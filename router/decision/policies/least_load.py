@@ -12,10 +12,10 @@ Parameters: none (inject `rng: random.Random` for reproducible tie-breaks).
 from __future__ import annotations
 
 import random
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.router.index.base import PrefixMatch
 
 
 def load_key(c: InstanceState) -> tuple[int, int]:

@@ -10,11 +10,11 @@ Parameters: none (inject `rng: random.Random` for reproducible runs).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 from kvroute.router.decision.policies.least_load import least_loaded
+from kvroute.router.index.base import PrefixMatch
 
 
 class PowerOfTwoPolicy(PolicyBase):

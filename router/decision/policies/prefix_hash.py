@@ -32,13 +32,13 @@ import dataclasses
 import math
 import random
 import struct
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import xxhash
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 from kvroute.router.decision.policies.least_load import least_loaded
+from kvroute.router.index.base import PrefixMatch
 
 _U64 = struct.Struct("<Q")
 _MAX_RINGS = 16  # distinct candidate sets kept built (healthy-set changes are rare)
@@ -62,7 +62,7 @@ class PrefixHashConfig:
 def build_ring(ids: Sequence[str], virtual_nodes: int) -> tuple[list[int], list[str]]:
     """Sorted ring points and, in the same order, the instance owning each."""
     points = sorted(
-        (xxhash.xxh3_64_intdigest(f"{i}#{v}".encode("utf-8")), i) for i in ids for v in range(virtual_nodes)
+        (xxhash.xxh3_64_intdigest(f"{i}#{v}".encode()), i) for i in ids for v in range(virtual_nodes)
     )
     return [p for p, _ in points], [i for _, i in points]
 

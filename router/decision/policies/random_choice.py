@@ -5,10 +5,10 @@ Parameters: none (inject `rng: random.Random` for reproducible runs).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.router.index.base import PrefixMatch
 
 
 class RandomPolicy(PolicyBase):

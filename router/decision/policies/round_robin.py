@@ -12,10 +12,10 @@ Parameters: none.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
+from kvroute.router.index.base import PrefixMatch
 
 
 class RoundRobinPolicy(PolicyBase):

@@ -17,7 +17,7 @@ An engine that reports no profile (`kv_free_blocks` < 0) costs nothing here.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kvroute.router.decision.base import InstanceState
 

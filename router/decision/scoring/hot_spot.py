@@ -17,7 +17,7 @@ spill may cost.
 from __future__ import annotations
 
 import random
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from kvroute.router.decision.base import InstanceState
 

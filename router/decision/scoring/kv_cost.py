@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import OrderedDict
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.decision.base import Decision, InstanceState, PolicyBase, RouteRequest
 from kvroute.router.decision.scoring.eviction import expected_loss
 from kvroute.router.decision.scoring.hot_spot import others_mean, spill_target
@@ -22,6 +21,7 @@ from kvroute.router.decision.scoring.rate import PrefillRate, RateConfig
 from kvroute.router.decision.scoring.recent import RecentBlocks
 from kvroute.router.decision.scoring.replication import Copy, PrefixDemand, consider
 from kvroute.router.decision.scoring.reuse import ReuseHistory
+from kvroute.router.index.base import PrefixMatch
 
 _MAX_DISPATCHED = 65536  # request ids whose queue-at-dispatch is remembered until first token
 

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from itertools import repeat
-from typing import Sequence
 
 
 class _Shared(dict):

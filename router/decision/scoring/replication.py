@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 

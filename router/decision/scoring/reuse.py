@@ -30,7 +30,7 @@ import bisect
 import collections
 import itertools
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from kvroute.router.contract.idle_ages import IdleAges
 

@@ -21,12 +21,12 @@ with remote blocks.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import msgspec
 
-from kvroute.router.index.base import PrefixMatch
 from kvroute.router.contract.tier_costs import TierCosts, plan_runs, store_owner
+from kvroute.router.index.base import PrefixMatch
 
 LOWER_TIERS = ("host", "remote")
 

@@ -12,14 +12,15 @@ kind; a vLLM or SGLang engine without one is routed on load alone.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
+from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.fleet.instance import EngineInfo
 from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed
 from kvroute.router.fleet.kinds.kvroute import KvrouteKind
 from kvroute.router.fleet.kinds.sglang import SglangKind
 from kvroute.router.fleet.kinds.vllm import VllmKind
-from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.service.upstream_errors import NotAnEngine
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.fleet.instance import EngineInfo
 from kvroute.router.fleet.kinds.http import EngineHTTP
-from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.service.upstream_errors import Incompatible
 
 

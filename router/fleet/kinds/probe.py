@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import logging
 
-from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed
 from kvroute.router.contract.tokenizer import Tokenizer, load_tokenizer
+from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed
 
 log = logging.getLogger(__name__)
 

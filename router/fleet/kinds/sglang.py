@@ -15,11 +15,11 @@ load reports' presence alone.
 
 from __future__ import annotations
 
+from kvroute.router.contract.prometheus_text import metric_max, metric_sum
+from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.fleet.instance import EngineInfo
 from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed, optional
-from kvroute.router.contract.prometheus_text import metric_max, metric_sum
 from kvroute.router.fleet.kinds.vllm import discover_foreign, load_record, progress_of
-from kvroute.router.contract.protocol import LoadRecord
 
 SGLANG_PROGRESS = ("sglang:realtime_tokens_total",)  # counted by the scheduler while it runs, all modes
 

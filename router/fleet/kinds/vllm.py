@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 import urllib.parse
 
+from kvroute.router.contract.prometheus_text import metric_labels, metric_max, metric_sum
+from kvroute.router.contract.protocol import LoadRecord, hash_seed
 from kvroute.router.fleet.instance import EngineInfo
 from kvroute.router.fleet.kinds.http import EngineHTTP, optional
 from kvroute.router.fleet.kinds.probe import router_tokenizer, served_model, tokenizer_fingerprint
-from kvroute.router.contract.prometheus_text import metric_labels, metric_max, metric_sum
-from kvroute.router.contract.protocol import LoadRecord, hash_seed
 
 USAGE_SCALE_BLOCKS = 10_000  # kv_total_blocks when the engine does not say how many it has
 VLLM_PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")  # counted per engine step
