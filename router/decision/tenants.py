@@ -22,7 +22,7 @@ class TenantSpec:
     weight: float = 1.0  # share of the queue's service among tenants with a backlog
     slo_ttft_s: float | None = None  # overrides --slo-ttft-s
     rate: float | None = None  # requests/s admitted at most (token bucket); None: no limit
-    burst: float | None = None  # bucket size; None: max(1, rate)
+    burst: float | None = None  # bucket size, at least 1; None: max(1, rate)
     max_concurrency: int | None = None  # admitted requests in flight at most; None: no limit
     keys: tuple[str, ...] = ()  # API keys that name this tenant
 
@@ -35,6 +35,8 @@ class TenantSpec:
             value = getattr(self, field)
             if value is not None and not value > 0:
                 raise ValueError(f"tenant {self.name}: {field} must be positive, got {value}")
+        if self.burst is not None and self.burst < 1:  # a bucket that never holds a whole token admits nothing
+            raise ValueError(f"tenant {self.name}: burst must be at least 1 (one request), got {self.burst}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"tenant {self.name}: max_concurrency must be at least 1, got {self.max_concurrency}")
         if any(not isinstance(k, str) or not k for k in self.keys):
