@@ -13,22 +13,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from router.contract.protocol import LoadRecord
-from router.fleet.cluster import Cluster
-from router.fleet.instance import EngineInfo
 from router.fleet.queued_prefill import QueuedPrefill
-from router.index.memory import MemoryIndex
-from router.service.config import RouterConfig
-from router.service.metrics import RouterMetrics
+from tests.support.fleets import fleet
 from tests.support.properties import PROPERTY
-
-
-def fleet(n: int = 3) -> Cluster:
-    cluster = Cluster(RouterConfig(engines=tuple(f"http://127.0.0.1:{9000 + i}" for i in range(n))), MemoryIndex(),
-                      "fp", RouterMetrics())
-    for i, inst in enumerate(cluster.instances):
-        inst.info = EngineInfo(f"e{i}", "m", 16, 0, "fp")
-        inst.healthy = inst.reachable = True
-    return cluster
 
 
 def load(draining: bool = False, role: str = "") -> LoadRecord:
@@ -50,7 +37,7 @@ CHANGES = {  # how each routing fact goes out and comes back
 @pytest.mark.parametrize("change", CHANGES)
 @pytest.mark.parametrize("which", [0, 1, 2])
 def test_every_routing_change_regroups_the_fleet(change, which):
-    cluster = fleet()
+    cluster = fleet(3)
     out, back = CHANGES[change]
     everyone = ["e0", "e1", "e2"]
     assert [i.id for i in cluster.group("m", ("both",)).members] == everyone
@@ -67,7 +54,7 @@ charges = st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 1), st.integers(
 @PROPERTY
 @given(ops=charges)
 def test_every_charge_reaches_the_policys_view_and_the_least_loaded_order(ops):
-    cluster = fleet()
+    cluster = fleet(3)
     group = cluster.group("m")
     inflight, queued = [0, 0, 0], [0, 0, 0]
     for i, requests, tokens in ops:

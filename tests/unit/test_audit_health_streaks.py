@@ -16,11 +16,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from router.fleet import instance as instance_module
-from router.fleet.cluster import Cluster
 from router.fleet.instance import EngineInfo, Instance
-from router.index.memory import MemoryIndex
-from router.service.config import RouterConfig
-from router.service.metrics import RouterMetrics
+from tests.support.fleets import fleet
 from tests.support.properties import PROPERTY
 
 PROBE_FAIL, PROBE_OK, REQUEST_FAIL, REQUEST_5XX, ANSWERED = "probe_fail", "probe_ok", "request_fail", "5xx", "ok"
@@ -141,19 +138,10 @@ def test_probe_ejections_have_no_waiting_time(clock):
     assert [apply(inst, PROBE_OK, 3, 2) for _ in range(2)] == [False, True]
 
 
-def fleet(n: int, roles: tuple[str, ...] = ("both",)) -> Cluster:
-    urls = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(n))
-    cluster = Cluster(RouterConfig(engines=urls, eject_after=1), MemoryIndex(), "fp", RouterMetrics())
-    for i, inst in enumerate(cluster.instances):
-        inst.info = EngineInfo(f"e{i}", "m", 16, 1, "fp", role=roles[i % len(roles)])
-        inst.healthy = inst.reachable = True
-    return cluster
-
-
 @pytest.mark.parametrize("n", range(1, 9))
 @pytest.mark.parametrize("kind", ["slow probe", "failed request"])
 def test_slow_answers_take_out_at_most_half_of_a_models_engines(n, kind):
-    cluster = fleet(n)
+    cluster = fleet(n, eject_after=1)
     for inst in cluster.instances:
         cluster.report_failure(inst, "timed out", request=kind == "failed request", slow=kind == "slow probe")
     assert sum(not i.routable for i in cluster.instances) == n // 2
@@ -161,7 +149,7 @@ def test_slow_answers_take_out_at_most_half_of_a_models_engines(n, kind):
 
 @pytest.mark.parametrize("n", range(1, 6))
 def test_the_half_is_counted_per_role_and_dead_engines_always_go(n):
-    cluster = fleet(2 * n, roles=("prefill", "decode"))
+    cluster = fleet(2 * n, roles=("prefill", "decode"), eject_after=1)
     for inst in cluster.instances:
         cluster.report_failure(inst, "timed out", slow=True)
     out = [i for i in cluster.instances if not i.routable]

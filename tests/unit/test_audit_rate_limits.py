@@ -38,6 +38,15 @@ def bucket_size(spec: TenantSpec) -> float:
     return spec.burst or max(1.0, spec.rate)
 
 
+def offer(limits: Limits, spec: TenantSpec, now: float) -> bool:
+    """One request of `spec`'s tenant at `now`: admitted (and ended at once: only the rate counts)?"""
+    if limits.check(spec, now) is not None:
+        return False
+    limits.admitted(spec, now)
+    limits.finished(spec.name)
+    return True
+
+
 # -- a tenant's token bucket ---------------------------------------------------------------------
 
 
@@ -49,11 +58,7 @@ def test_no_window_admits_more_than_the_burst_plus_the_refill(rate, burst, trace
     spec, limits, now, admitted = TenantSpec(name="t", rate=rate, burst=burst), Limits(), 0.0, []
     for gap, tries in trace:
         now += gap
-        for _ in range(tries):
-            if limits.check(spec, now) is None:
-                limits.admitted(spec, now)
-                limits.finished("t")
-                admitted.append(now)
+        admitted += [now for _ in range(tries) if offer(limits, spec, now)]
     size = bucket_size(spec)
     for i, t0 in enumerate(admitted):
         for j in range(i, len(admitted)):
@@ -65,13 +70,10 @@ def test_no_window_admits_more_than_the_burst_plus_the_refill(rate, burst, trace
 @pytest.mark.parametrize("idle_s", [0.0, 1.0, 60.0, 3600.0])
 def test_after_any_idle_time_a_full_bucket_admits_exactly_its_burst(rate, burst, idle_s):
     spec, limits = TenantSpec(name="t", rate=rate, burst=burst), Limits()
-    limits.admitted(spec, 0.0)  # the bucket is known, one token spent
-    limits.finished("t")
+    assert offer(limits, spec, 0.0)  # the bucket is known, one token spent
     now = bucket_size(spec) / rate + idle_s  # long enough to refill whatever was spent
     n = 0
-    while limits.check(spec, now) is None:
-        limits.admitted(spec, now)
-        limits.finished("t")
+    while offer(limits, spec, now):
         n += 1
         assert n <= 100
     assert n == math.floor(bucket_size(spec))
@@ -82,14 +84,11 @@ def test_after_any_idle_time_a_full_bucket_admits_exactly_its_burst(rate, burst,
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_an_empty_bucket_gets_one_token_back_per_one_over_rate(rate, burst, k):
     spec, limits = TenantSpec(name="t", rate=rate, burst=burst), Limits()
-    while limits.check(spec, 0.0) is None:
-        limits.admitted(spec, 0.0)
-        limits.finished("t")
+    while offer(limits, spec, 0.0):
+        pass
     now = k / rate + 1e-6
     n = 0
-    while limits.check(spec, now) is None:
-        limits.admitted(spec, now)
-        limits.finished("t")
+    while offer(limits, spec, now):
         n += 1
     assert n == min(k, math.floor(burst))
 
@@ -103,9 +102,7 @@ def test_retry_after_is_when_the_next_token_is_back(rate, burst, trace):
     for gap, tries in trace:
         now += gap
         for _ in range(tries):
-            if limits.check(spec, now) is None:
-                limits.admitted(spec, now)
-                limits.finished("t")
+            if offer(limits, spec, now):
                 continue
             wait = limits.retry_after(spec, now)
             assert wait >= 1.0
