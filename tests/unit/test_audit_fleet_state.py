@@ -2,8 +2,9 @@
 
 router/fleet: every field that decides routability (health, reachability, draining, role, removal)
 regroups the fleet; every charge (a request sent or ended, its prompt tokens queued or released)
-reaches the state a policy reads and the least-loaded order; a load report releases exactly the
-non-streamed requests whose prefill the engine's own queue shows done (router/fleet/queued_prefill.py).
+reaches the state a policy reads and the least-loaded order; with other router workers, the
+engine's own queue counts too; a load report releases exactly the non-streamed requests whose
+prefill the engine's own queue shows done (router/fleet/queued_prefill.py).
 """
 
 import dataclasses
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from router.contract.protocol import LoadRecord
+from router.fleet.instance import EngineInfo, Instance
 from router.fleet.queued_prefill import QueuedPrefill
 from tests.support.fleets import fleet
 from tests.support.properties import PROPERTY
@@ -100,3 +102,15 @@ def test_a_load_report_releases_exactly_the_prefills_it_shows_done(sent, queued,
         assert total - kept[0].uncached < queued, "more kept than the engine's queue needs"
     assert q.release(record) == []  # each released once
     assert len(q) == len([d for at, d in pending if not d.answered]) - len(released)
+
+
+@pytest.mark.parametrize("peers", [0, 1, 3])
+@pytest.mark.parametrize("own,engine", [(0, 0), (100, 0), (0, 100), (100, 300), (300, 100)])
+def test_with_other_router_workers_the_queue_is_the_larger_of_ours_and_the_engines(peers, own, engine):
+    """Alone, a router's own charges are the prefill queued on an instance; with other workers
+    (`peers`) sending there too, the engine's own report counts theirs as well: the larger one."""
+    inst = Instance("http://127.0.0.1:9000", peers=peers)
+    inst.info = EngineInfo("e0", "m", 16, 0, "fp")
+    inst.charge(1, own)
+    inst.observe_load(dataclasses.replace(load(), queued_prefill_tokens=engine))
+    assert inst.state().queued_prefill_tokens == (max(own, engine) if peers else own)

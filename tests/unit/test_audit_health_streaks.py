@@ -7,9 +7,11 @@ own kind of success (a good probe, an answered request); a healthy instance is e
 either streak reaches --eject-after; one ejected for failed requests stays out for --ejection-s,
 doubled for each consecutive ejection up to 16x, and an answered request ends the doubling;
 an ejected instance comes back at its --readmit-after-th good probe in a row once that time is
-over; slow answers never take more than half of a model's engines out, a dead one always goes.
+over; slow answers never take more than half of a model's engines out, a dead one always goes; an
+outage is dated from its first failure (its index entries are forgotten --index-ttl-s after).
 """
 
+import contextlib
 import types
 
 import pytest
@@ -24,12 +26,21 @@ PROBE_FAIL, PROBE_OK, REQUEST_FAIL, REQUEST_5XX, ANSWERED = "probe_fail", "probe
 EVENTS = st.sampled_from([PROBE_FAIL, PROBE_OK, REQUEST_FAIL, REQUEST_5XX, ANSWERED])
 
 
+@contextlib.contextmanager
+def fake_clock():
+    """The instance module's clock, moved by hand (`.t`)."""
+    now, real = types.SimpleNamespace(t=1000.0), instance_module.time
+    instance_module.time = types.SimpleNamespace(monotonic=lambda: now.t)
+    try:
+        yield now
+    finally:
+        instance_module.time = real
+
+
 @pytest.fixture
-def clock(monkeypatch):
-    """The instance module's clock, moved by hand."""
-    now = types.SimpleNamespace(t=1000.0)
-    monkeypatch.setattr(instance_module, "time", types.SimpleNamespace(monotonic=lambda: now.t))
-    return now
+def clock():
+    with fake_clock() as now:
+        yield now
 
 
 def ready(url: str = "http://e0") -> Instance:
@@ -157,3 +168,21 @@ def test_the_half_is_counted_per_role_and_dead_engines_always_go(n):
     for inst in cluster.instances:
         cluster.report_failure(inst, "connection refused")  # cannot connect: dead, never capped
     assert not any(i.routable for i in cluster.instances)
+
+
+@PROPERTY
+@given(events=st.lists(st.tuples(EVENTS, st.floats(0.0, 5.0)), max_size=30))
+def test_an_outage_is_dated_from_its_first_excluding_failure(events):
+    """`down_since` (how long an instance has been unreachable: after --index-ttl-s its index entries
+    are forgotten) is the time of the first failure that excluded it since it was last reachable;
+    later failures keep it, a 5xx (the engine is up) does not start one, a good probe ends it."""
+    with fake_clock() as now:
+        inst, since = ready(), None
+        for event, wait in events:
+            now.t += wait
+            apply(inst, event, eject_after=3, readmit_after=2)
+            if event in (PROBE_FAIL, REQUEST_FAIL) and since is None:
+                since = now.t
+            elif event == PROBE_OK:
+                since = None
+            assert inst.down_since == since
