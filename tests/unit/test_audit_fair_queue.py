@@ -6,13 +6,17 @@ have a backlog, served_i / w_i and served_j / w_j differ by at most 1 / w_i + 1 
 long one of them was alone before); a new request displaces the newest entry of the least urgent
 band below it, else, in its own band, the newest entry of the tenant furthest over its weighted
 share if that is not itself. router/decision/admission.py `expires_at`: a queued request is
-refused once its budget is below what the engines may hold.
+refused once its budget is below what the engines may hold; the refusal made before tokenizing
+never refuses what the full decision would not, and a queued request's wait counts its own turn.
 """
+
+import dataclasses
 
 import pytest
 from hypothesis import given, strategies as st
 
-from router.decision.admission import EXPIRE_SHARE, expires_at
+from router.decision.admission import (ADMIT, EXPIRE_SHARE, REFUSE, AdmissionConfig, Ask, Rates, before_prediction,
+                                       expires_at, on_arrival)
 from router.decision.fair_queue import FairQueue, band_of
 from tests.support.properties import PROPERTY
 
@@ -144,3 +148,27 @@ def test_a_priority_is_in_the_band_of_the_edges_at_or_below_it(edges):
         band = band_of(priority, edges)
         assert band == sum(1 for e in edges if e <= priority)
         assert 0 <= band <= len(edges)
+
+
+@PROPERTY
+@given(queued=st.integers(0, 40), admitted=st.integers(0, 60), slo=st.floats(0.1, 20.0),
+       margin=st.floats(-0.9, 1.0), predicted=st.floats(0.0, 30.0), waited=st.floats(0.0, 1.0))
+def test_the_cheap_refusal_refuses_only_what_the_full_decision_refuses(queued, admitted, slo, margin, predicted,
+                                                                      waited):
+    """Before tokenizing, `before_prediction` refuses by the queue alone; whatever the prediction then
+    says, `on_arrival` refuses it too. A queued request's wait counts its own turn: (ahead + 1) / drain."""
+    config = AdmissionConfig(slo_ttft_s=slo, margin=margin)
+    queue, rates, now = FairQueue(config.bands), Rates(config.drain_halflife_s), 100.0
+    for i in range(queued):
+        queue.push(tenant=f"t{i % 3}", band=1, weight=1.0, arrived=now, item=i)
+    for i in range(admitted):
+        rates.add(f"t{i % 3}", now - 2.0 * i / max(admitted, 1))
+    ask = Ask(tenant="new", band=1, weight=1.0, slo_s=slo, arrived=now - waited, predicted_s=predicted)
+    cheap = before_prediction(config, dataclasses.replace(ask, predicted_s=None), queue, rates, {}, now)
+    full = on_arrival(config, ask, queue, rates, {}, now)
+    if cheap is not None:
+        assert cheap.action == REFUSE and full.action == REFUSE, (cheap.reason, full.action)
+    ahead = queue.ahead("new", 1, 1.0)
+    if ahead and full.action != ADMIT:
+        drain = max(sum(rates.rates(now).values()), config.min_drain_rps)
+        assert full.wait_s >= (ahead + 1) / drain - 1e-9
