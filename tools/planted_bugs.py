@@ -108,6 +108,14 @@ def checkout(rev: str, work: pathlib.Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
 
 
+def rows_of(files: str) -> list[dict]:
+    """The rows of comma-separated --out files, one per bug (the last file's row of a bug wins), in order."""
+    rows: dict[str, dict] = {}
+    for name in files.split(","):
+        rows.update((r["name"], r) for r in json.loads(pathlib.Path(name).read_text()))
+    return list(rows.values())
+
+
 def table(before: list[dict], after: list[dict]) -> str:
     """One row per bug of `before`: where, what, which test caught it in each run (or that it survived)."""
     later = {r["name"]: r for r in after}
@@ -142,10 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds one pytest run may take")
     p.add_argument("--out", help="write the rows as JSON here")
     p.add_argument("--table", nargs=2, metavar=("BEFORE", "AFTER"),
-                   help="print the markdown table of two runs' --out files (e.g. --rev main, then --named)")
+                   help="print the markdown table of two runs' --out files (e.g. --rev main, then --named); "
+                        "each may be several files joined by commas, a later row of a bug replacing an earlier one")
     args = p.parse_args(argv)
     if args.table:
-        print(table(*(json.loads(pathlib.Path(f).read_text()) for f in args.table)))
+        print(table(*(rows_of(files) for files in args.table)))
         return 0
     bugs_all = load_bugs()
     by_name = {b.name: b for b in bugs_all}

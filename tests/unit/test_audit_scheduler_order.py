@@ -169,3 +169,24 @@ def test_pulled_decodes_go_before_a_running_prefill(pulled, prefill_tokens):
     step = sched.schedule()
     assert step.seqs == resumed + [long]
     assert step.num_tokens == [1] * pulled + [8 - pulled]
+
+
+@pytest.mark.parametrize("pin", [False, True])
+@pytest.mark.parametrize("stops", [False, True])
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_a_finished_prefill_keeps_its_blocks_only_for_the_decode_that_follows(pin, stops, max_tokens):
+    """A prefill for a remote decode (`pin_kv`) that ends at its length keeps its blocks for the pull;
+    one that ends on a stop token is the whole answer (no decode follows) and frees them, as every
+    other finished sequence does."""
+    stop = 2
+    sched = Scheduler(SchedulerConfig(64, 8, 4096), BlockManager(16, BS), frozenset({stop}))
+    seq = request(0, 9, max_tokens)
+    seq.pin_kv = pin
+    sched.add(seq)
+    while not seq.is_finished:
+        step = sched.schedule()
+        sched.postprocess(step, [stop if stops else 7 for _ in step.seqs])
+    pinned = pin and not stops
+    assert seq.finish_reason == ("stop" if stops else "length")
+    assert sched.pinned_out == ([seq] if pinned else [])
+    assert sched.block_manager.num_used == (3 if pinned else 0)  # 9 prompt tokens + 1..3: 3 blocks of 4
