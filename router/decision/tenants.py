@@ -22,7 +22,7 @@ class TenantSpec:
     weight: float = 1.0  # share of the queue's service among tenants with a backlog
     slo_ttft_s: float | None = None  # overrides --slo-ttft-s
     rate: float | None = None  # requests/s admitted at most (token bucket); None: no limit
-    burst: float | None = None  # bucket size, at least 1; None: max(1, rate)
+    burst: float | None = None  # bucket size; None: max(1, rate)
     max_concurrency: int | None = None  # admitted requests in flight at most; None: no limit
     keys: tuple[str, ...] = ()  # API keys that name this tenant
 
