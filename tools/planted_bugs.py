@@ -13,7 +13,8 @@ untracked-but-not-ignored files and the built C hash chain, as tools/compiled_de
 them, or with `--rev` that revision's files): the file is changed, pytest runs from the copy's root
 (so the copy's code wins, in subprocesses too) with `-x`, and the file is put back. A bug is caught
 when pytest fails (the first failing test is reported) or runs past `--timeout`; it survives when
-pytest passes. The whole suite runs tests/unit first, so a caught bug stops early.
+pytest passes. A control run without any bug comes first: if the tests fail then, nothing is planted.
+The whole suite runs tests/unit first, so a caught bug stops early.
 Not part of CI: a bug that survives costs a whole run of the suite (minutes).
 """
 
@@ -170,9 +171,19 @@ def main(argv: list[str] | None = None) -> int:
     copy_tree(str(work))
     if args.rev:
         checkout(args.rev, work)
+    control(work, sorted({t for b in bugs for t in b.tests}) if args.named else args.tests, args.timeout)
     rows = run_all(bugs, work, None if args.named else args.tests, args.timeout, args.out)
     print(f"{sum(r['outcome'] != 'survived' for r in rows)} of {len(rows)} caught")
     return 0
+
+
+def control(work: pathlib.Path, tests: list[str], timeout_s: float) -> None:
+    """The tests pass with no bug planted, or nothing they say about a bug means anything: exit."""
+    outcome, test, wall = run_pytest(work, tests, timeout_s)
+    if outcome != "survived":
+        raise SystemExit(f"planted_bugs: the tests fail with no bug planted ({outcome}: {test or 'see pytest'}); "
+                         f"fix that first")
+    print(f"{'(no bug: control)':36s} passes   {wall:7.1f} s", flush=True)
 
 
 def run_all(bugs: list[Bug], work: pathlib.Path, tests: list[str] | None, timeout_s: float,
