@@ -1,7 +1,8 @@
-"""Settings for the property tests (hypothesis): the same examples on every run, nothing written to disk.
+"""Settings for the property tests (hypothesis): the same examples on every run, no example database.
 
 `derandomize` makes each run draw the same examples (a failure reproduces, CI never flakes on a
-new draw); `database=None` keeps hypothesis from writing `.hypothesis/` into the tree.
+new draw); `database=None` keeps no failing examples between runs (hypothesis still caches the
+source's constants in `.hypothesis/`, which git ignores).
 """
 
 from hypothesis import HealthCheck, settings
