@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import pathlib
 import resource
 import shutil
@@ -50,14 +51,17 @@ def modules_config(pyproject: pathlib.Path) -> dict[str, dict]:
 
 
 def scratch_copy(dest: pathlib.Path) -> None:
-    """The working tree's files (tracked, and untracked ones git does not ignore) under `dest`."""
+    """The working tree's files (tracked, and untracked ones git does not ignore) under `dest`; links as links."""
     names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                            capture_output=True).stdout.decode().split("\0")
     if dest.exists():
         shutil.rmtree(dest)
     for name in filter(None, names):
         src = ROOT / name
-        if src.is_file():
+        if src.is_symlink():  # a link stays a link (kvroute/router -> ../router): the copy imports its own code
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / name).symlink_to(os.readlink(src))
+        elif src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
 
