@@ -52,12 +52,16 @@ EventType = Literal["stored", "removed", "cleared"]
 _U64 = struct.Struct("<Q")
 
 
-def hash_seed(model: str, salt: str | None = None) -> int:
-    """The chain's seed for a model and optional salt (LoRA name, request `cache_salt`)."""
+def hash_seed(model: str, salt: str | None = None, adapter: str | None = None) -> int:
+    """The chain's seed for a model, an optional salt (a request's `cache_salt`) and an optional
+    LoRA adapter (the name the request's `model` gave)."""
     text = "kvroute-v1\x00" + model
     if salt:
         text += "\x00" + salt
-    return xxhash.xxh3_64_intdigest(text.encode("utf-8"))
+    seed = xxhash.xxh3_64_intdigest(text.encode("utf-8"))
+    if adapter:
+        seed = xxhash.xxh3_64_intdigest(b"kvroute-adapter\x00" + _U64.pack(seed) + adapter.encode("utf-8"))
+    return seed
 
 
 def block_hashes(
