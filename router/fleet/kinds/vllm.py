@@ -29,10 +29,12 @@ def instance_id(url: str) -> str:
 
 
 async def discover_foreign(http: EngineHTTP, inst, config) -> EngineInfo:
-    model, max_len = await served_model(http, inst.url)
+    served = await served_model(http, inst.url)
+    model = served.model
     fingerprint = await tokenizer_fingerprint(http, inst.url, model, router_tokenizer(config.tokenizer))
-    inst.kind_state["max_model_len"] = max_len
-    return EngineInfo(instance_id(inst.url), model, config.kv_event_block_size, hash_seed(model), fingerprint)
+    inst.kind_state["max_model_len"] = served.max_model_len
+    return EngineInfo(instance_id(inst.url), model, config.kv_event_block_size, hash_seed(model), fingerprint,
+                      adapters=served.adapters, model_path=served.root)
 
 
 def load_record(inst, running: float, waiting: float, usage: float | None, queued_tokens: int = 0,
@@ -54,6 +56,7 @@ def progress_of(text: str, names: tuple[str, ...]) -> int:
 class VllmKind:
     name = "vllm"
     has_kv_feed = False
+    key_rule = "vllm"  # adapter, images and salt as vLLM's extra keys (router/contract/block_keys.py)
 
     async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
         info = await discover_foreign(http, inst, config)
