@@ -12,7 +12,7 @@ from kvroute.router.contract.kv_wire import Removed, Stored
 from kvroute.router.contract.protocol import block_hashes, hash_seed, u32le
 from kvroute.router.index.memory import MemoryIndex
 from kvroute.router.kvevents.translate import BlockMap
-from tests.unit.test_vllm_key_parity import CASES, request_keys
+from tests.support.vllm_keys import CASES, request_keys
 
 SEED = hash_seed("m")
 

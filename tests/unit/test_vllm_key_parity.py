@@ -6,9 +6,6 @@ inputs (token ids, adapter, images with their placeholders, salt) and vLLM's ima
 per-block extra keys as `BlockStored.extra_keys` publishes them, and block hashes.
 """
 
-import json
-import pathlib
-
 import pytest
 
 from kvroute.router.contract.block_keys import (
@@ -20,21 +17,13 @@ from kvroute.router.contract.block_keys import (
 )
 from kvroute.router.contract.image_keys import image_hash
 from kvroute.router.contract.protocol import block_hashes, hash_seed, u32le
-
-FIXTURES = json.loads((pathlib.Path(__file__).parent / "data" / "vllm_keys.json").read_text())
-CASES = {case["name"]: case for case in FIXTURES["cases"]}
+from tests.support.vllm_keys import CASES, FIXTURES, request_keys
 
 
 def _lists(value):
     if isinstance(value, (list, tuple)):
         return [_lists(v) for v in value]
     return value
-
-
-def request_keys(case) -> RequestKeys:
-    images = tuple(ImageKey(hash=image_hash(im["data_uri"], case["model_id"]), offset=im["offset"],
-                            length=im["length"]) for im in case["images"])
-    return RequestKeys(adapter=case["adapter"], salt=case["salt"], images=images)
 
 
 def test_the_fixtures_cover_text_two_adapters_one_and_two_images_and_a_salt():
