@@ -1,5 +1,9 @@
-"""Adapters, images and salts end to end: events from a vLLM-shaped publisher credited to the
-requests that carry the same keys (POST /router/explain shows the cached tokens)."""
+"""Adapters, images and salts end to end: events from a vLLM publisher credited to the requests
+that carry the same keys (POST /router/explain shows the cached tokens).
+
+The publisher is tests/support/vllm_publisher.py (written from vLLM's wire format) and, where the
+vLLM package imports, vLLM's own ZmqEventPublisher (tests/support/vllm_package_publisher.py; run
+this file with the interpreter of tools/vllm_key_fixtures.py's venv)."""
 
 import asyncio
 import time
@@ -13,6 +17,7 @@ from tests.support.foreign_stubs import StubEngine
 from tests.support.loopback import LoopbackServer
 from tests.support.vision_tokenizer import vision_tokenizer_dir
 from tests.support.vllm_keys import CASES
+from tests.support.vllm_package_publisher import VllmPackagePublisher
 from tests.support.vllm_publisher import VllmPublisher, engine_hashes, stored
 
 PROMPT = "Describe the picture, then list every planet of the solar system in order of size. " * 3
@@ -34,15 +39,27 @@ def vllm_blocks(tok, model_id):
                                                                  length=RUN),))
 
 
-@pytest.fixture
-async def vllm_engine(tmp_path):
+class WirePublisher(VllmPublisher):
+    def publish_stored(self, hashes, parent, token_ids, **keys):
+        self.publish([stored(hashes, parent, token_ids, **keys)])
+
+
+def _publisher(kind):
+    if kind == "wire":
+        return WirePublisher(events="map", batch="map")
+    pytest.importorskip("vllm.distributed.kv_events", reason="the vLLM package does not import here")
+    return VllmPackagePublisher()
+
+
+@pytest.fixture(params=["wire", "vllm-package"])
+async def vllm_engine(tmp_path, request):
     """A vLLM-shaped engine (tests/support/foreign_stubs.py, serving adapter `my-lora`) with the
     vision tokenizer, its publisher, and the tokenizer directory."""
     tok_dir = vision_tokenizer_dir(tmp_path, RUN)
     tok = load_tokenizer(tok_dir)
+    pub = _publisher(request.param)
     stub = StubEngine("vllm", tok)
     server = await LoopbackServer(stub.app()).start()
-    pub = VllmPublisher(events="map", batch="map")
     yield stub, server.url, pub, tok_dir
     pub.close()
     await server.close()
@@ -74,8 +91,8 @@ async def test_lora_and_image_blocks_are_credited_to_that_adapter_and_image(vllm
     ids, keys = vllm_blocks(tok, stub.model)
     full = len(ids) // 16
     extras = [list(e) if e else None for e in vllm_extra_keys(keys, 16, full)]
-    pub.publish([stored(engine_hashes(ids, 16), None, ids[:full * 16], lora_id=1, lora_name="my-lora",
-                        extra_keys=extras)])
+    pub.publish_stored(engine_hashes(ids, 16), None, ids[:full * 16], lora_id=1, lora_name="my-lora",
+                       extra_keys=extras)
 
     await engine_blocks(http, router, url, full)
     found = await explain(http, router, chat("my-lora"))
