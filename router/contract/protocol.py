@@ -218,6 +218,8 @@ class LoadRecord:
     kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
     kv_tiers: dict = dataclasses.field(default_factory=dict)  # measured tier links, router/contract/tier_costs.py
     progress: int = -1  # grows while the engine works (tokens its steps computed); -1: not reported
+    adapters: tuple[str, ...] = ()  # LoRA adapters resident in its slots now (loading another costs time)
+    adapter_slots: int = -1  # how many adapters it holds at once (vLLM's max_loras); -1: not reported
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not asdict: no deep copy
@@ -239,6 +241,10 @@ class LoadRecord:
                     value = _evictable(value)
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"malformed load record: {e}") from None
+            elif f.name == "adapters":
+                if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
+                    raise ValueError(f"malformed load record: adapters must be a list of names, got {value!r}")
+                value = tuple(value)
             elif f.name == "kv_tiers":
                 if not isinstance(value, dict):
                     raise ValueError(f"malformed load record: kv_tiers must be an object, got {value!r}")
@@ -263,7 +269,8 @@ class LoadRecord:
 
 
 _NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
-_UNREPORTED_FIELDS = frozenset({"kv_free_blocks", "progress"})  # integers where -1 means "not reported"
+# integers where -1 means "not reported"
+_UNREPORTED_FIELDS = frozenset({"kv_free_blocks", "progress", "adapter_slots"})
 
 
 def _evictable(value: object) -> tuple[tuple[int, float], ...]:

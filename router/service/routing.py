@@ -140,7 +140,7 @@ class Router:
         hashes = request_keys.block_hashes(self.hashes, enc, block_size, model, keys, self.cluster.instances,
                                            hash_seed(model))
         route = RouteRequest(num_tokens=len(ids), block_hashes=tuple(hashes), block_size=block_size,
-                             request_id=f"r{next(_request_ids)}")
+                             request_id=f"r{next(_request_ids)}", adapter=keys.adapter)
         asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
         trace = RequestTrace(model=model, stream=req.stream, prompt_tokens=len(ids), started=started,
                              max_tokens=asked)

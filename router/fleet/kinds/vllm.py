@@ -11,10 +11,11 @@ which vLLM counts at every engine step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import urllib.parse
 
-from kvroute.router.contract.prometheus_text import metric_labels, metric_max, metric_sum
+from kvroute.router.contract.prometheus_text import latest_labels, metric_labels, metric_max, metric_sum
 from kvroute.router.contract.protocol import LoadRecord, hash_seed
 from kvroute.router.fleet.instance import EngineInfo
 from kvroute.router.fleet.kinds.http import EngineHTTP, optional
@@ -46,6 +47,17 @@ def load_record(inst, running: float, waiting: float, usage: float | None, queue
                       progress=progress)
 
 
+def lora_residency(text: str) -> dict:
+    """The adapters a vLLM engine holds now and its slots (`max_loras`), from its latest
+    `vllm:lora_requests_info{running_lora_adapters, waiting_lora_adapters, max_lora}`; {} without it."""
+    labels = latest_labels(text, "vllm:lora_requests_info")
+    if not labels or not str(labels.get("max_lora", "")).isdigit():
+        return {}
+    names = [n for key in ("running_lora_adapters", "waiting_lora_adapters")
+             for n in labels.get(key, "").split(",") if n]
+    return {"adapters": tuple(dict.fromkeys(names)), "adapter_slots": int(labels["max_lora"])}
+
+
 def progress_of(text: str, names: tuple[str, ...]) -> int:
     """The sum of those of the counters `names` that the page has (the load record's `progress`);
     -1 when it has none of them."""
@@ -73,4 +85,5 @@ class VllmKind:
             raise ValueError(f"{inst.url}/metrics has no vllm:num_requests_running")
         waiting = metric_sum(text, "vllm:num_requests_waiting") or 0.0
         usage = metric_max(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-        return load_record(inst, running, waiting, usage, progress=progress_of(text, VLLM_PROGRESS))
+        record = load_record(inst, running, waiting, usage, progress=progress_of(text, VLLM_PROGRESS))
+        return dataclasses.replace(record, **lora_residency(text))
