@@ -107,7 +107,7 @@ def place_images(ids: list[int], urls: list[str], layout: VisionLayout | None, m
         digest = image_hash(url, model_path) if url is not None else None
         if digest is None and cut < 0:
             cut, why = len(out), "remote_url" if url is not None and not url.startswith("data:") else "undecodable"
-        if cut < 0:
+        if cut < 0 and digest is not None:
             keys.append(ImageKey(hash=digest, offset=len(out), length=n))
         out.extend([token] * n)
     return PlacedImages(out, tuple(keys), cut, why)
