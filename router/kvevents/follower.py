@@ -169,7 +169,7 @@ class InstanceFeed:
         info = self.inst.info
         if info is not None:
             self.keys = (info.model, info.block_size)
-            self.block_map = BlockMap(hash_seed(info.model), info.block_size, self.cap())
+            self.block_map = BlockMap(hash_seed(info.model), info.block_size, self.cap(), key_rule=info.key_rule)
 
     async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
         self.seq += 1

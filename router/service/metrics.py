@@ -71,6 +71,9 @@ class RouterMetrics:
         self.resyncs = Counter("kvroute_router_resyncs", "Instances reloaded from their snapshot.", registry=r)
         self.retries = PlainCounter("kvroute_router_retries", "Requests retried on another instance.", registry=r)
         self.errors = Counter("kvroute_router_errors", "Errors, by kind.", ["kind"], registry=r)
+        self.request_keys = Counter("kvroute_router_request_keys", "Requests whose block keys carried an adapter, a "
+                                    "salt or images (image: images seen; image_unhashed_REASON: requests routed on "
+                                    "the text before an image without a local hash).", ["key"], registry=r)
         self.ejections = Counter("kvroute_router_ejections", "Instances ejected by health checks.", registry=r)
         self.stalls = Counter("kvroute_router_stalls", "Instances taken out of routing for holding work without "
                               "progress for --first-byte-timeout-s.", registry=r)

@@ -139,7 +139,8 @@ class Proxy:
     def _tokenizes_like_us(self, inst, prepared: Prepared) -> bool:
         info = inst.info
         return (inst.kind == "kvroute" and info is not None and info.tokenizer == self.cluster.tokenizer_fingerprint
-                and prepared.request.prompt_ids is None and bool(prepared.token_ids))
+                and prepared.request.prompt_ids is None and bool(prepared.token_ids)
+                and not prepared.keys.images and prepared.keys.hashable_tokens < 0)  # image runs: the engine's
 
     def _observe_choice(self, prepared: Prepared, choice: Choice) -> None:
         cached = choice.cached_tokens

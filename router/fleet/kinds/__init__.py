@@ -12,6 +12,7 @@ kind; a vLLM or SGLang engine without one is routed on load alone.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -27,6 +28,7 @@ from kvroute.router.service.upstream_errors import NotAnEngine
 class EngineKind(Protocol):
     name: str
     has_kv_feed: bool  # serves kvroute's own /kv/events and /kv/snapshot
+    key_rule: str  # how its engine keys adapters, images and salts (router/contract/block_keys.py KEY_RULES)
 
     async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo: ...
 
@@ -79,7 +81,7 @@ async def discover_info(http: EngineHTTP, inst, config) -> EngineInfo:
         inst.kind = await detect(http, inst.url)
     kind = ENGINE_KINDS[inst.kind]
     inst.engine_feed = kind.has_kv_feed
-    return await kind.discover(http, inst, config)
+    return dataclasses.replace(await kind.discover(http, inst, config), key_rule=kind.key_rule)
 
 
 async def poll_load(http: EngineHTTP, inst) -> LoadRecord:

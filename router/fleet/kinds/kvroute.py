@@ -11,6 +11,7 @@ from kvroute.router.service.upstream_errors import Incompatible
 class KvrouteKind:
     name = "kvroute"
     has_kv_feed = True  # /kv/events, /kv/snapshot (and the Redis stream)
+    key_rule = "seeded"  # adapter and salt in the chain's seed; no images (router/contract/block_keys.py)
 
     async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
         try:
