@@ -103,8 +103,11 @@ class Processes:
     reverse order by `close`. A log directory of its own is removed when the group closes cleanly
     and kept (errors name it) otherwise."""
 
-    def __init__(self, log_dir: str | None = None, env: dict | None = None) -> None:
+    def __init__(self, log_dir: str | None = None, env: dict | None = None, grace_s: float = 5.0) -> None:
+        """`env`: added to this process's environment for every child; `grace_s`: how long `close`
+        waits for each after SIGTERM."""
         self._own_log_dir = log_dir is None
+        self.grace_s = grace_s
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="kvroute-procs-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
@@ -137,9 +140,9 @@ class Processes:
             self.procs.remove(proc)
         return stop_process(proc, grace_s)
 
-    def close(self, grace_s: float = 5.0) -> None:
+    def close(self, grace_s: float | None = None) -> None:
         for proc in reversed(self.procs):
-            stop_process(proc, grace_s)
+            stop_process(proc, self.grace_s if grace_s is None else grace_s)
         self.procs.clear()
 
     def finish(self, ok: bool) -> None:

@@ -28,7 +28,7 @@ NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special to
 # Modelled KV links for prefill -> decode pulls: (bytes/s, seconds of latency per pull).
 # NVLink 4 (H100: 900 GB/s bidirectional, ~450 GB/s one way; we take 300 GB/s achieved),
 # 200 Gb/s InfiniBand NDR per GPU (~25 GB/s achieved), and this machine's loopback as
-# measured by tools/bench_disagg.py with the torch runner (about 1 GB/s, 2 ms per pull).
+# measured by kvroute/benchmarks/disagg.py with the torch runner (about 1 GB/s, 2 ms per pull).
 #
 # Tier links (the host pool and the shared store, docs/architecture.md#kv-tiers), from published figures:
 # PCIe 4.0 x16 (A100 hosts): 31.5 GB/s per direction theoretical, ~25 GB/s measured with pinned
@@ -36,7 +36,7 @@ NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special to
 # a PCIe 4.0 NVMe SSD: ~7 GB/s sequential read (Samsung 990 PRO: 7.45 GB/s read, 6.9 GB/s write),
 # ~100 us to the first byte; an RDMA-attached store over 200 Gb/s InfiniBand: "infiniband" above.
 # The cpu-* links are this machine (tiny model, 32 KiB blocks), medians of 3 runs of
-# `python tools/bench_tiers.py links`: torch index_select/index_copy_ between two host tensors, and
+# `python -m kvroute.benchmarks.tiers links`: torch index_select/index_copy_ between two host tensors, and
 # the engine's own store path (engine/kv/store: a local redis-server, one file per block; reads
 # include checking every entry).
 LINKS: dict[str, tuple[float, float]] = {

@@ -16,7 +16,7 @@ The wire format (vLLM's ZeroMQ publisher; SGLang publishes the same):
 
 Decoding uses msgspec's typed msgpack decoder: one C pass that both parses and validates
 (types, tags, token ids in uint32 range), measured as fast as msgpack's untyped `unpackb`
-alone (`python tools/bench_kvevents.py decode`). A typed batch decoder is kept per
+alone (`python -m kvroute.benchmarks.kvevents decode`). A typed batch decoder is kept per
 encoding combination and the last one that worked is tried first, since a publisher does
 not change encodings. A batch that fails typed decoding is decoded loosely and its events
 converted one by one, so one bad event is skipped without losing its batch.

@@ -99,13 +99,10 @@ def exported_names() -> set[str]:
 
 
 def test_dashboard_is_generated_and_names_real_metrics():
-    import importlib.util
+    from kvroute.scripts import grafana_dashboard
 
-    spec = importlib.util.spec_from_file_location("grafana_dashboard", ROOT / "tools" / "grafana_dashboard.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     path = DEPLOY / "grafana" / "kvroute-dashboard.json"
-    assert path.read_text() == tool.render(), "run python tools/grafana_dashboard.py"
+    assert path.read_text() == grafana_dashboard.render(), "run python -m kvroute.scripts.grafana_dashboard"
     dashboard = json.loads(path.read_text())
     exported = exported_names()
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()

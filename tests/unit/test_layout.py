@@ -272,3 +272,32 @@ def test_the_kvroute_package_links_the_top_level_folders():
     for package in PACKAGES:
         link = ROOT / "kvroute" / package
         assert link.is_symlink() and link.resolve() == (ROOT / package).resolve(), link
+
+
+def _edits_sys_path(node: ast.AST) -> bool:
+    """`sys.path.insert/append/extend(...)` or an assignment to `sys.path` (or an item of it)."""
+    def is_sys_path(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name)
+                and n.value.id == "sys")
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in ("insert", "append", "extend") and is_sys_path(node.func.value)
+    if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value)) for t in targets)
+    return False
+
+
+def test_nothing_edits_sys_path():
+    """Every command, benchmark and script imports the project as the package it is (`python -m kvroute...`),
+    from any directory: none finds it by editing the import path."""
+    assert _edits_sys_path(ast.parse("import sys\nsys.path.insert(0, '.')").body[1].value)
+    found = []
+    for path in _repository_files():
+        if path.suffix != ".py" or not path.is_file() or path.relative_to(ROOT).parts[0] == "kvroute" and \
+                path.relative_to(ROOT).parts[1] in PACKAGES:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text(), str(path)))
+                  if _edits_sys_path(n)]
+    assert not found, "sys.path edited at:\n" + "\n".join(found)
+    assert not (ROOT / "tools").exists(), "benchmarks live in kvroute/benchmarks, generators in kvroute/scripts"
