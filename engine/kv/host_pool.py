@@ -17,15 +17,8 @@ same batch can overwrite it first.
 from __future__ import annotations
 
 import collections
-import dataclasses
 
-
-@dataclasses.dataclass(slots=True)
-class HostEntry:
-    slot: int
-    hash: int
-    token_ids: tuple[int, ...]
-    parent: int | None  # hash of the previous block, or the chain seed for block 0
+from kvroute.engine.core.kv_copies import HostEntry
 
 
 class HostPool:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kvroute.engine.core.config import BACKENDS, ROLES, EngineConfig
+from kvroute.engine.config import BACKENDS, ROLES, EngineConfig
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.runners.sim import LINKS

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.runners.cost_model import get_cost_model
 from kvroute.engine.runners.sim import LINKS
 from kvroute.loadgen.arrivals import ArrivalConfig, arrival_times
@@ -65,7 +65,7 @@ class SimConfig:
     prefill_instances: int = 0
     kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/runners/sim.py LINKS
     pd_min_uncached: int = 256  # fewer predicted uncached prompt tokens: run whole on a decode instance
-    # KV tiers, as kvroute engine's flags (engine/core/config.py); the store is modelled, never contacted.
+    # KV tiers, as kvroute engine's flags (engine/config.py); the store is modelled, never contacted.
     host_blocks: int = 0
     kv_store: str | None = None  # any redis:// or file:/// URL: one store shared by every instance
     kv_store_write: str = "through"

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.config import EngineConfig
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
 

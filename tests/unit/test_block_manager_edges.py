@@ -4,12 +4,12 @@ records of evicted blocks."""
 
 import pytest
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.kv_copies import StoredBlock
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
-from kvroute.engine.kv.kv_copies import StoredBlock
 from kvroute.engine.kv.tier_setup import build_tiers
 from kvroute.router.contract.protocol import block_hashes
 

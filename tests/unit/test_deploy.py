@@ -66,7 +66,7 @@ def kvroute_commands() -> list[list[str]]:
 
 @pytest.mark.parametrize("argv", kvroute_commands(), ids=lambda a: " ".join(a[:2]))
 def test_every_container_command_parses(argv):
-    from kvroute.engine.core.config import EngineConfig
+    from kvroute.engine.config import EngineConfig
     from kvroute.engine.service.cli import build_parser as engine
     from kvroute.router.contract.serve import config_values
     from kvroute.router.service.cli import build_parser as router

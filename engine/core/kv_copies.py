@@ -35,6 +35,16 @@ class StoredBlock:
 
 
 @dataclasses.dataclass(slots=True)
+class HostEntry:
+    """A block in a slot of the host pool (engine/kv/host_pool.py): its identity, checked on a hit like a device block's."""
+
+    slot: int
+    hash: int
+    token_ids: tuple[int, ...]
+    parent: int | None  # hash of the previous block, or the chain seed for block 0
+
+
+@dataclasses.dataclass(slots=True)
 class CopyPlan:
     device_reads: list[tuple[int, StoredBlock]] = dataclasses.field(default_factory=list)
     host_reads: list[tuple[int, StoredBlock]] = dataclasses.field(default_factory=list)
