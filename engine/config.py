@@ -65,10 +65,12 @@ class EngineConfig:
     host_blocks: int = 0  # second block pool in host memory (pinned on CUDA); 0 = off
     kv_store: str | None = None  # shared store: redis://host:port/db or file:///dir
     kv_store_id: str = ""  # instances with the same id share the store; default: the URL without credentials
-    kv_store_write: str = "through"  # "through": a prompt's blocks after its prefill; "evict": leaving the last local tier
+    # "through": a prompt's blocks after its prefill; "evict": leaving the last local tier
+    kv_store_write: str = "through"
     kv_store_timeout_s: float = 0.1  # a store read (lookup or fetch) waits at most this long, then recomputes
     kv_load_budget_bytes: int = 0  # loads copied into the device per step; 0 = what the H2D link moves in 20 ms
-    kv_host_link: str = ""  # prior (sim backend: the modelled) host link figures, engine/runners/sim.py LINKS; "" = by device
+    # prior (sim backend: the modelled) host link figures, engine/kv/links.py LINKS; "" = by device
+    kv_host_link: str = ""
     kv_store_link: str = ""  # prior (sim: modelled) store link figures; "" = by store scheme
 
     def __post_init__(self) -> None:

@@ -36,7 +36,8 @@ class StoredBlock:
 
 @dataclasses.dataclass(slots=True)
 class HostEntry:
-    """A block in a slot of the host pool (engine/kv/host_pool.py): its identity, checked on a hit like a device block's."""
+    """A block in a slot of the host pool (engine/kv/host_pool.py): its identity, checked on a hit like a
+    device block's."""
 
     slot: int
     hash: int

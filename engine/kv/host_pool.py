@@ -43,7 +43,8 @@ class HostPool:
             return None
         return entry
 
-    def insert(self, h: int, token_ids: tuple[int, ...], parent: int | None) -> tuple[HostEntry | None, HostEntry | None]:
+    def insert(self, h: int, token_ids: tuple[int, ...], parent: int | None
+               ) -> tuple[HostEntry | None, HostEntry | None]:
         """(new entry, entry evicted to make room); (None, None) if `h` is here already or no slot is free."""
         if h in self.entries:
             return None, None

@@ -12,6 +12,7 @@ holds yet (the pool is empty at start-up).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -44,8 +45,8 @@ def measure_host_link(runner) -> dict[str, Link]:
         blocks = list(range(n))
         reads = CopyPlan(device_reads=[(b, None) for b in blocks])
         writes = CopyPlan(writes=[(b, bytes(bpb)) for b in blocks])
-        points["d2h"].append((n * bpb, median_seconds(lambda: runner.run_copies_sync(reads))))
-        points["h2d"].append((n * bpb, median_seconds(lambda: runner.run_copies_sync(writes))))
+        points["d2h"].append((n * bpb, median_seconds(functools.partial(runner.run_copies_sync, reads))))
+        points["h2d"].append((n * bpb, median_seconds(functools.partial(runner.run_copies_sync, writes))))
     return {name: fit_link(p) for name, p in points.items()}
 
 

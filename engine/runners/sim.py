@@ -44,7 +44,8 @@ class SimRunner:
         self.busy_s = 0.0
         self.link = LINKS[link]
         dtype_bytes = 2 if info.dtype in ("bfloat16", "float16") else 4
-        per_token = cost_model.kv_bytes_per_token or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes
+        per_token = (cost_model.kv_bytes_per_token
+                     or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes)
         self.kv_bytes_per_block = per_token * block_size
         self._times, self._ahead = CopyTimes([]), None  # the batch between start_copies and finish_copies
 

@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: all interfaces)")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on (checked before the model loads)")
-    p.add_argument("--instance-id", default=d.instance_id, help="id in KV events and metrics (default: <hostname>:<port>)")
+    p.add_argument("--instance-id", default=d.instance_id,
+                   help="id in KV events and metrics (default: <hostname>:<port>)")
     p.add_argument("--cluster-id", default=d.cluster_id, help="KV transfer link id (default: the instance id)")
     p.add_argument("--backend", choices=BACKENDS, default=d.backend,
                    help="torch: real forward; sim: step times from a cost model")

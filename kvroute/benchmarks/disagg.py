@@ -34,6 +34,8 @@ async def timed(session, url, prompt, max_tokens) -> tuple[float, float]:
         async for line in r.content:
             if ttft is None and line.startswith(b"data: {"):
                 ttft = time.perf_counter() - t0
+    if ttft is None:
+        raise RuntimeError(f"{url} answered HTTP {r.status} with no token")
     return ttft, time.perf_counter() - t0
 
 

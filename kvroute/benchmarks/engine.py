@@ -53,6 +53,8 @@ async def ttft(session: aiohttp.ClientSession, url: str, prompt: list[int]) -> t
                 first = time.perf_counter() - t0
             if b'"cached_tokens"' in line:
                 cached = json.loads(line[6:])["usage"]["prompt_tokens_details"]["cached_tokens"]
+    if first is None:
+        raise RuntimeError(f"{url} answered HTTP {r.status} with no token")
     return first, cached
 
 

@@ -105,7 +105,7 @@ async def drain(procs: Processes, session, redis_url: str, router: str) -> dict:
 
     await until(all_routable, "4 routable engines", poll_s=0.05)
     retries0 = await metric(session, router, "kvroute_router_retries_total")
-    stop, results = asyncio.Event(), []
+    stop, results = asyncio.Event(), list[bool]()
     load = asyncio.ensure_future(steady_load(session, router, stop, results))
     await asyncio.sleep(3.0)
     victim = engines[0][0]

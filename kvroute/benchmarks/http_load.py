@@ -19,14 +19,15 @@ import statistics
 import sys
 import time
 import urllib.parse
+from typing import Any
 
 
 class Conn(asyncio.Protocol):
     def __init__(self, request: bytes) -> None:
         self.request = request
         self.buf = bytearray()
-        self.done: asyncio.Future | None = None
-        self.transport = None
+        self.done: Any = None  # the answer awaited now (an asyncio.Future), set by send
+        self.transport: Any = None  # set by connection_made
         self.status = 0
 
     def connection_made(self, transport) -> None:
@@ -67,7 +68,7 @@ class Conn(asyncio.Protocol):
 async def run(url: str, body: bytes, concurrency: int, requests: int | None, duration: float | None,
               warmup: int) -> dict:
     u = urllib.parse.urlsplit(url)
-    host, port = u.hostname, u.port or 80
+    host, port = u.hostname or "127.0.0.1", u.port or 80
     request = (f"POST {u.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n").encode() + body
     loop = asyncio.get_running_loop()
@@ -77,7 +78,7 @@ async def run(url: str, body: bytes, concurrency: int, requests: int | None, dur
     latencies: list[float] = []
     bad = 0
     sent = 0
-    deadline = time.perf_counter() + duration if duration else None
+    deadline = time.perf_counter() + duration if duration else float("inf")
 
     async def worker(c: Conn) -> None:
         nonlocal bad, sent

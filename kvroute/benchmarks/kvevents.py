@@ -53,7 +53,7 @@ def make_payloads(encoding: str, batches: int, blocks_per_batch: int, page: int,
         hashes = list(range(next_hash, next_hash + n))
         next_hash += n
         tokens = [rng.randrange(5, 32000) for _ in range(n * page)]
-        events = [enc.stored(hashes, heads[c], tokens, page)]
+        events: list = [enc.stored(hashes, heads[c], tokens, page)]
         heads[c] = hashes[-1]
         history.append(hashes)
         if i >= remove_after:
@@ -117,7 +117,7 @@ async def consume(payloads: list[bytes], rate: float = 0.0) -> dict:
         await on_batch(seq, batch)
         lags.append(time.time() - batch.ts)
 
-    feed.on_batch = timed  # the subscriber looks the sink's method up per batch
+    feed.on_batch = timed  # type: ignore[method-assign]  # the subscriber looks the sink's method up per batch
     task = asyncio.create_task(follower.run())
     stats = feed.subscribers[0].stats
     deadline = time.monotonic() + 30.0  # a publisher that died or never started must not hang the bench

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +35,7 @@ def prefills_during_prefill(r: dict, others: list[dict]) -> int:
     return sum(1 for o in others if o is not r and o["send_s"] < end and o["send_s"] + o["ttft_s"] > start)
 
 
-def corr(xs: list[float], ys: list[float]) -> float | None:
+def corr(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return float(np.corrcoef(xs, ys)[0, 1]) if len(xs) > 2 and np.std(xs) > 0 and np.std(ys) > 0 else None
 
 
@@ -43,7 +45,7 @@ def median(values: list[float]) -> float | None:
 
 def analyse(records: list[dict]) -> dict:
     ok = [r for r in records if r.get("status") == 200 and not r.get("error") and r.get("ttft_s") is not None]
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for inst in sorted({r["instance"] for r in ok}):
         mine = [r for r in ok if r["instance"] == inst]
         out[inst] = {

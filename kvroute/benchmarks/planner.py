@@ -32,6 +32,7 @@ import dataclasses
 import json
 import sys
 import time
+from typing import Any
 
 from kvroute.benchmarks.results import write_json
 from kvroute.engine.runners.cost_model import get_cost_model
@@ -191,7 +192,7 @@ def run_http(args) -> dict:
         sweep[p] = goodput(records, None, args.slo_ttft, args.slo_tpot)
         print(f"  first half over HTTP, {p}P:{n - p}D: goodput {sweep[p]:.3f}", file=sys.stderr)
     best = max(sweep, key=lambda p: (sweep[p], -abs(p - n / 2)))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, cluster_roles, prof in (("colocated", ("both",) * n, None),
                                       (f"best static for the first half ({best}P:{n - best}D)", roles(best), None),
                                       ("planner", ("both",) * n, profile_file.name)):

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import sys
 import urllib.parse
+from typing import Any
 
 from aiohttp import web
 
@@ -29,7 +30,8 @@ class RawProxy(asyncio.Protocol):
     """HTTP/1.1 with Content-Length bodies, keep-alive, one request at a time per connection."""
 
     def __init__(self, forward) -> None:
-        self.forward, self.buf, self.transport = forward, b"", None
+        self.forward, self.buf = forward, b""
+        self.transport: Any = None  # set by connection_made
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -60,10 +62,11 @@ class RawProxy(asyncio.Protocol):
 
 async def serve(server: str, port: int, engine: str) -> None:
     url = urllib.parse.urlsplit(engine)
+    host, engine_port = url.hostname or "127.0.0.1", url.port or 80
     upstream = Upstream()
 
     async def forward(body: bytes) -> tuple[int, bytes]:
-        response = await upstream.post(url.hostname, url.port, "/v1/completions", body, TIMEOUT_S, TIMEOUT_S)
+        response = await upstream.post(host, engine_port, "/v1/completions", body, TIMEOUT_S, TIMEOUT_S)
         try:
             return response.status, await response.read()
         finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ HOST = dict(host_blocks=16000, kv_host_link="pcie4")
 RDMA = dict(kv_store="redis://store", kv_store_link="infiniband")
 NVME = dict(kv_store="file:///mnt/shared-nvme", kv_store_link="nvme")
 FIXED = (("tier_credit", "fixed"), ("host_credit", 0.75), ("remote_credit", 0.25))
-RUNS = {
+RUNS: dict[str, dict[str, Any]] = {
     "device only": {},
     "+ host (PCIe Gen4)": HOST,
     "+ RDMA store only": {"kv_host_link": "pcie4", **RDMA},

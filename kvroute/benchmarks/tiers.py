@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import aiohttp
 
@@ -121,7 +122,7 @@ async def first_token(session, url, prompt) -> tuple[float, dict]:
     body = {"prompt": prompt, "max_tokens": 2, "stream": True, "ignore_eos": True, "temperature": 0,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    ttft, usage = None, {}
+    ttft, usage = None, dict[str, Any]()
     async with session.post(url + "/v1/completions", json=body) as r:
         async for line in r.content:
             if line.startswith(b"data: {"):
@@ -129,6 +130,8 @@ async def first_token(session, url, prompt) -> tuple[float, dict]:
                 if ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
                     ttft = time.perf_counter() - t0
                 usage = chunk.get("usage") or usage
+    if ttft is None:
+        raise RuntimeError(f"{url} answered HTTP {r.status} with no token")
     return ttft, usage
 
 

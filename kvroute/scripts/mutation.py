@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from typing import Any
 
 from kvroute.benchmarks.checkout import root, scratch_copy
 
@@ -44,7 +45,7 @@ def modules_config(pyproject: pathlib.Path) -> dict[str, dict]:
     data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     out = {}
     for module, value in data["tool"]["kvroute"]["mutation"]["modules"].items():
-        spec = {"tests": value} if isinstance(value, list) else dict(value)
+        spec: dict[str, Any] = {"tests": value} if isinstance(value, list) else dict(value)
         out[module] = {"tests": list(spec["tests"]), "args": list(spec.get("args", [])),
                        "timeout_multiplier": float(spec.get("timeout_multiplier", TIMEOUT_MULTIPLIER))}
     return out
@@ -79,7 +80,8 @@ def without_mutmut_section(text: str) -> str:
 def tally(workdir: pathlib.Path, module: str) -> tuple[collections.Counter, list[str]]:
     meta = workdir / "mutants" / (module + ".meta")
     codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-    counts, survivors = collections.Counter(), []
+    counts: collections.Counter[str] = collections.Counter()
+    survivors: list[str] = []
     for name, code in sorted(codes.items()):
         if code in KILLED:
             counts["killed"] += 1

@@ -184,8 +184,11 @@ class SimResult:
         return out
 
 
+DEFAULT_ARRIVAL = ArrivalConfig(rate=10.0)
+
+
 def simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec],
-             arrival: ArrivalConfig = ArrivalConfig(rate=10.0), planner: PlannerConfig | None = None) -> SimResult:
+             arrival: ArrivalConfig = DEFAULT_ARRIVAL, planner: PlannerConfig | None = None) -> SimResult:
     """Run `specs` through a fresh cluster routed by `policy_name`; deterministic for config.seed.
     With `planner`, roles change on the virtual clock as `kvroute planner` would change them.
 

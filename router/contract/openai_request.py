@@ -137,7 +137,8 @@ def _messages(body: dict) -> tuple[dict, ...]:
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param="messages")
         content = m.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
                 raise BadRequest(f"messages[{i}].content parts must be text parts", param="messages")
         elif not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", param="messages")

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import aiohttp
 
@@ -26,6 +27,8 @@ from kvroute.router.index.base import BlockIndex, IndexUnavailable
 
 log = logging.getLogger(__name__)
 
+Settings = TypeVar("Settings", bound=FleetSettings)
+Metrics = TypeVar("Metrics", bound=FleetMetrics)
 MAX_OUT_SHARE = 0.5  # the most of a model's engines (per role) that slow answers may take out of routing
 
 
@@ -34,9 +37,12 @@ def answered_late(exc: BaseException) -> bool:
     return isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
 
 
-class Cluster:
-    def __init__(self, config: FleetSettings, index: BlockIndex, tokenizer_fingerprint: str,
-                 metrics: FleetMetrics, session: aiohttp.ClientSession | None = None,
+class Cluster(Generic[Settings, Metrics]):
+    """Generic in the settings and metrics it is given: it reads its section of them (FleetSettings,
+    FleetMetrics) and hands them back to whoever holds it as the types they are."""
+
+    def __init__(self, config: Settings, index: BlockIndex, tokenizer_fingerprint: str,
+                 metrics: Metrics, session: aiohttp.ClientSession | None = None,
                  on_load: Callable[[], None] = lambda: None) -> None:
         """`config`: the router's settings, of which the fleet reads its section; `session`: the
         engines' HTTP client (None: nothing is probed or polled, as in tests that drive the cluster

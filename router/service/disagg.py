@@ -103,7 +103,7 @@ class Disaggregation:
         """Serve the request in two stages; each stage's charge on its engine is `charges`'
         (router/service/charges.py), released by it whatever fails."""
         tried: list[str] = []
-        for attempt in range(self.cluster.config.max_retries + 1):
+        for _ in range(self.cluster.config.max_retries + 1):
             prefill = await self.plan(prepared, exclude=tuple(tried))
             if prefill is None:
                 break

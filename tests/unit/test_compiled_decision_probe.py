@@ -1,6 +1,6 @@
-"""The mypyc probe (kvroute/benchmarks/compiled_decision.py) changes a copy of the decision modules only as mypyc needs: every class it
-names is still there and gets its one decorator, and every module it compiles exists (a rename breaks it here,
-not in a 10-minute benchmark run)."""
+"""The mypyc probe (kvroute/benchmarks/compiled_decision.py) changes a copy of the decision modules only as mypyc
+needs: every class it names is still there and gets its one decorator, and every module it compiles exists (a
+rename breaks it here, not in a 10-minute benchmark run)."""
 
 import ast
 import os

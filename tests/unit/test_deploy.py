@@ -24,7 +24,8 @@ def containers(doc: dict) -> list[dict]:
     return spec.get("containers", [])
 
 
-@pytest.mark.parametrize("doc", docs(DEPLOY / "k8s" / "kvroute.yaml"), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+@pytest.mark.parametrize("doc", docs(DEPLOY / "k8s" / "kvroute.yaml"),
+                         ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
 def test_k8s_manifest_is_valid(doc):
     import kubernetes_validate
 

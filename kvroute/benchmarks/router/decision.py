@@ -172,12 +172,12 @@ async def decision(args) -> dict:
                 prep, dec, after = await time_decisions(router, bodies, "chat")
                 rows.append(scenario("chat, system prompt seen before", index_name, 64,
                                      len(tok.encode_chat(bodies[0]["messages"])), prep, dec, after))
-                await index.close()
+                await index.close()  # type: ignore[attr-defined]  # every backend has it; BlockIndex does not say
             tok, timed = timed_tokenizer(load_tokenizer(DATA_DIR))
             index = make_index(index_name, url=redis.url)
             router = make_router(tok, index, 64)
             texts = [f"fresh prompt {i}: " + text_of(8192, tok) for i in range(2 * args.reps)]
-            places = {"in place": [], "through the pool": []}  # per prompt: (alone, inside, prepare, decide)
+            places: dict[str, list] = {"in place": [], "through the pool": []}  # per prompt: (alone, inside, ...)
             in_place = router.pool.idle_inline_chars
             for i, t in enumerate(texts):  # interleaved: both sides see the same machine
                 place = "through the pool" if i % 2 else "in place"  # an idle router tokenizes in place
@@ -191,17 +191,16 @@ async def decision(args) -> dict:
             for place, runs in places.items():
                 rows.append(never_seen(f"completion, never seen, {place}", index_name, len(tok.encode(texts[0])),
                                        runs))
-            await index.close()
+            await index.close()  # type: ignore[attr-defined]
         for n_inst in (64, 1024):  # a 1k-token prompt, holders among many instances (memory index)
             tok = load_tokenizer(DATA_DIR)
             index = make_index("memory")
             router = make_router(tok, index, n_inst)
             base = text_of(1024, tok)
             await hold_prefixes(index, tok.encode(base), 8)
-            bodies = [{"prompt": [*tok.encode(base), 5 + i % 50, 6, 7], "max_tokens": 1} for i in range(args.reps)]
-            prep, dec, after = await time_decisions(router, bodies, "completion")
-            rows.append(scenario("token ids, 8 holders", "memory", n_inst, len(bodies[0]["prompt"]), prep, dec,
-                                 after))
+            ids = [[*tok.encode(base), 5 + i % 50, 6, 7] for i in range(args.reps)]
+            prep, dec, after = await time_decisions(router, [{"prompt": p, "max_tokens": 1} for p in ids], "completion")
+            rows.append(scenario("token ids, 8 holders", "memory", n_inst, len(ids[0]), prep, dec, after))
     finally:
         redis.stop()
     return {"decision": rows}

@@ -28,7 +28,8 @@ def instruction_commands(engine: str, port: int) -> dict[str, tuple[list[str], d
     Rust routers where their venvs exist (the same command lines as `latency`'s)."""
     kv = kvroute_argv("router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING", "--engine",
                       engine, "--load-interval-s", "30", "--health-interval-s", "60")  # requests, not polls
-    out = {f"kvroute {name}": ([*kv, *extra], {}) for name, extra in INSTRUCTION_VARIANTS.items()}
+    out: dict[str, tuple[list[str], dict]] = {f"kvroute {name}": ([*kv, *extra], {})
+                                              for name, extra in INSTRUCTION_VARIANTS.items()}
     for name, command in router_commands([engine], port, set()).items():
         if name.startswith(("floor: raw", "sglang-router", "vllm-router")):
             out[name] = command

@@ -46,7 +46,7 @@ def cpu_seconds(pid: int) -> float:
 
 def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str, tuple[list[str], dict]]:
     """name -> (argv, extra env) for every router to compare (those installed)."""
-    out = {}
+    out: dict[str, tuple[list[str], dict]] = {}
     kv = kvroute_argv("router", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
                       *[a for u in engines for a in ("--engine", u)])
     out["kvroute kv_aware"] = ([*kv], {})

@@ -62,8 +62,7 @@ def run_all(run: list[Entry], work: pathlib.Path, reuse: set[str]) -> dict[str, 
             print(f"[{i}/{len(run)}] {entry.name}: reused from {work}", file=sys.stderr, flush=True)
             continue
         print(f"[{i}/{len(run)}] {entry.name}: {shown(entry)}", file=sys.stderr, flush=True)
-        outcomes[entry.name] = run_entry(entry, work)
-        o = outcomes[entry.name]
+        o = outcomes[entry.name] = run_entry(entry, work)
         earlier[entry.name] = {k: o.get(k) for k in ("ok", "seconds", "returncode", "error")}
         ran.write_text(json.dumps(earlier, indent=1))
         print(f"[{i}/{len(run)}] {entry.name}: {'done' if o['ok'] else 'FAILED'} in {o['seconds']:.1f} s",

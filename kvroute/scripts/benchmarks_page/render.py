@@ -27,7 +27,7 @@ def num(value: Any, scale: float = 1.0, digits: int | None = None, unit: str = "
     return (f"{value:,.{digits}f}" if digits is not None else f"{value:.4g}") + unit
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -48,14 +48,14 @@ def generic(data: Any, depth: int = 0) -> str:
         keys = list(dict.fromkeys(k for r in records for k, v in r.items() if _scalar(v)))[:12]
         return table(keys, [[num(r.get(k)) for k in keys] for r in records])
     parts, flat = [], [(k, v) for k, v in data.items() if _scalar(v)]
-    records = {k: v for k, v in data.items() if isinstance(v, dict) and any(map(_scalar, v.values()))}
+    named = {k: v for k, v in data.items() if isinstance(v, dict) and any(map(_scalar, v.values()))}
     if flat:
         parts.append(table(["measure", "value"], [[k, num(v)] for k, v in flat]))
-    if records:  # nested values inside a record (per-run lists) are left to the JSON
-        keys = list(dict.fromkeys(k for r in records.values() for k, v in r.items() if _scalar(v)))[:12]
-        parts.append(table(["", *keys], [[name, *(num(r.get(k)) for k in keys)] for name, r in records.items()]))
+    if named:  # nested values inside a record (per-run lists) are left to the JSON
+        keys = list(dict.fromkeys(k for r in named.values() for k, v in r.items() if _scalar(v)))[:12]
+        parts.append(table(["", *keys], [[name, *(num(r.get(k)) for k in keys)] for name, r in named.items()]))
     for key, value in data.items():
-        if not _scalar(value) and key not in records and depth < 3:
+        if not _scalar(value) and key not in named and depth < 3:
             parts.append(f"**{key}**\n\n{generic(value, depth + 1)}")
     return "\n\n".join(parts)
 
