@@ -41,7 +41,7 @@ class EngineConfig:
     event_buffer: int = 10_000
     kv_pin_ttl_s: float = 30.0  # prefill role: how long pinned blocks wait for their pull
     kv_admit_timeout_s: float = 10.0  # decode role: how long a remote-prefilled request waits for blocks
-    kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/runners/sim.py LINKS)
+    kv_link: str = "loopback"  # sim backend: modelled KV transfer link (see engine/kv/links.py LINKS)
     kv_secret: str | None = None  # signs/verifies transfer grants and handles; default $KVROUTE_KV_SECRET
     kv_peers: tuple[str, ...] = ()  # hosts/IPs trusted for unsigned transfers (router/contract/kv_auth.py)
     registry: str | None = None  # redis:// URL of the fleet registry (router/contract/registry_record.py)

@@ -63,14 +63,14 @@ class SimConfig:
     request_overhead_s: float = 0.0
     # Prefill/decode disaggregation (disagg.py): instances 0..P-1 prefill, the rest decode; 0 = colocated.
     prefill_instances: int = 0
-    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/runners/sim.py LINKS
+    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/kv/links.py LINKS
     pd_min_uncached: int = 256  # fewer predicted uncached prompt tokens: run whole on a decode instance
     # KV tiers, as kvroute engine's flags (engine/config.py); the store is modelled, never contacted.
     host_blocks: int = 0
     kv_store: str | None = None  # any redis:// or file:/// URL: one store shared by every instance
     kv_store_write: str = "through"
     kv_load_budget_bytes: int = 0
-    kv_host_link: str = ""  # engine/runners/sim.py LINKS; "" = by device (cpu-memcpy)
+    kv_host_link: str = ""  # engine/kv/links.py LINKS; "" = by device (cpu-memcpy)
     kv_store_link: str = ""  # "" = by the store URL's scheme
     policy_args: tuple[tuple[str, object], ...] = ()  # (name, value) parameters for every policy that takes them
     # Admission by predicted TTFT (router/decision/admission.py, loadgen/sim/admission.py); None: off.
