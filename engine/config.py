@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import socket
 
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.runners.devices import check_device_syntax
-from kvroute.engine.runners.sim import LINKS
 from kvroute.router.contract.kv_encode import ENCODINGS
 from kvroute.router.contract.kv_wire import SCHEMES
 from kvroute.router.contract.protocol import ROLES

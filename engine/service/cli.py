@@ -7,9 +7,9 @@ import os
 import sys
 
 from kvroute.engine.config import BACKENDS, ROLES, EngineConfig
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS
-from kvroute.engine.runners.sim import LINKS
 from kvroute.router.contract.cli_help import HelpFormatter
 from kvroute.router.contract.kv_encode import ENCODINGS
 from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging

@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS, get_cost_model
-from kvroute.engine.runners.sim import LINKS
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.parallel import PolicyRun, default_jobs, run_policies
 from kvroute.loadgen.sim.pd_sweep import format_sweep, pd_sweep

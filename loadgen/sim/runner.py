@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from kvroute.engine.config import EngineConfig
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.runners.cost_model import get_cost_model
-from kvroute.engine.runners.sim import LINKS
 from kvroute.loadgen.arrivals import ArrivalConfig, arrival_times
 from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.admission import AdmissionSetup
