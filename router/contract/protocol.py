@@ -268,7 +268,8 @@ class LoadRecord:
         return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
 
 
-_NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
+# dataclass field annotations (strings: postponed evaluation)
+_NUMBER_TYPES: dict[object, type] = {"int": int, "float": float}
 # integers where -1 means "not reported"
 _UNREPORTED_FIELDS = frozenset({"kv_free_blocks", "progress", "adapter_slots"})
 
