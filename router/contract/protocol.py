@@ -40,7 +40,7 @@ import numpy as np
 import xxhash
 
 DEFAULT_BLOCK_SIZE = 16
-TIERS = ("device", "host", "remote")
+TIERS: tuple[Tier, ...] = ("device", "host", "remote")
 ROLES = ("both", "prefill", "decode")  # an engine's prefill/decode disaggregation role
 EVENT_TYPES = ("stored", "removed", "cleared")
 REDIS_EVENT_STREAM = "kvroute:events"
