@@ -227,7 +227,7 @@ class LoadRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> LoadRecord:
+    def from_dict(cls, d: object) -> LoadRecord:
         """Parse and type-check a record from another process (unknown keys are ignored)."""
         if not isinstance(d, dict):
             raise ValueError(f"a load record must be an object, got {type(d).__name__}")

@@ -35,7 +35,9 @@ class EngineInfo:
     key_rule: str = "seeded"  # how its blocks are keyed (router/contract/block_keys.py), set by its kind
 
     @classmethod
-    def from_dict(cls, d: dict) -> EngineInfo:
+    def from_dict(cls, d: object) -> EngineInfo:
+        if not isinstance(d, dict):  # JSON, but not an object (a list): refused like any malformed answer
+            raise ValueError(f"malformed /kv/info: an object expected, got {type(d).__name__}")
         try:
             adapters = d.get("adapters") or []
             if not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters):
