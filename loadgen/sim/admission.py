@@ -52,7 +52,7 @@ class SimAdmission:
         self.block_size, self.hash_seed = block_size, hash_seed
         self.dispatch, self.record, self.call_at, self.tenant_of = dispatch, record, call_at, setup.tenant_of
         self.weights: Mapping[str, float] = setup.weights()
-        self.queue = FairQueue(setup.config.bands)
+        self.queue: FairQueue[RequestSpec] = FairQueue(setup.config.bands)
         self.rates = adm.Rates(setup.config.drain_halflife_s)
         self.outcomes: dict[str, int] = {}
         self._busy = False
