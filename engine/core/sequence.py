@@ -22,7 +22,7 @@ class Sequence:
     def __init__(
         self,
         request_id: str,
-        prompt_ids: list[int],
+        prompt_ids: list[int] | tuple[int, ...],  # copied
         sampling: SamplingParams,
         hash_seed: int,
         arrival: float = 0.0,
