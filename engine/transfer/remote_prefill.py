@@ -103,13 +103,14 @@ class RemotePrefill:
         request ends up in a defined state: resumed with pulled K/V, resumed to compute the
         missing blocks here, or failed; never left `pulling` with its blocks held."""
         handle = seq.remote
-        assert isinstance(handle, TransferHandle) and self.links is not None and self.session is not None
+        assert isinstance(handle, TransferHandle)  # the engine set it: a decode of a remote prefill
         metrics, bs = self.metrics, self.bm.block_size
         num_blocks = -(-handle.num_tokens // bs)
         metrics.kv_pull_skipped.inc(first_block)
         t0 = time.perf_counter()
         computed = first_block * bs  # if the pull fails: compute the rest here
         try:
+            assert self.links is not None and self.session is not None  # made by start()
             await self.links.ensure(self.session, handle)
             if first_block < num_blocks:
                 received = await self._receive(seq, handle, first_block, num_blocks)
