@@ -56,7 +56,7 @@ def meets_slo(record: RequestRecord, slo_ttft_s: float | None, slo_tpot_s: float
 def _cache(ok: list[RequestRecord]) -> dict:
     reported = [r for r in ok if r.cached_tokens is not None]
     prompt = sum(r.prompt_tokens for r in reported)
-    cached = sum(r.cached_tokens for r in reported)
+    cached = sum(r.cached_tokens or 0 for r in reported)  # reported: not None
     by_tier: collections.Counter = collections.Counter()
     for r in ok:
         if r.cached_tokens_by_tier:
@@ -73,10 +73,10 @@ def _instances(ok: list[RequestRecord]) -> dict:
     return {"instance_requests": ordered, "instance_share": {k: v / len(ok) for k, v in ordered.items()}}
 
 
-def summarize(records: Iterable[RequestRecord | Mapping[str, Any]], duration_s: float | None = None,
+def summarize(items: Iterable[RequestRecord | Mapping[str, Any]], duration_s: float | None = None,
               slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
     """The summary dict of one run (see the module docstring for its fields)."""
-    records = [as_record(r) for r in records]
+    records = [as_record(r) for r in items]
     ok = [r for r in records if r.ok]
     if duration_s is None:
         duration_s = max((r.end_s for r in records), default=0.0) - min((r.send_s for r in records), default=0.0)

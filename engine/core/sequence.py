@@ -22,7 +22,7 @@ class Sequence:
     def __init__(
         self,
         request_id: str,
-        prompt_ids: list[int],
+        prompt_ids: list[int] | tuple[int, ...],  # copied
         sampling: SamplingParams,
         hash_seed: int,
         arrival: float = 0.0,
@@ -53,7 +53,7 @@ class Sequence:
         self.scheduled_time: float | None = None  # first time a step ran it (engine clock)
         self.first_token_time: float | None = None
         self.pin_kv = False  # prefill for a remote decode: keep the blocks for a pull
-        self.remote = None  # decode of a remote prefill: its TransferHandle
+        self.remote: object = None  # decode of a remote prefill: its engine/transfer TransferHandle
         self.pulling = False  # K/V being pulled into this sequence's blocks
         self.transfer_address = ""  # prefill for a remote decode: the address the grant named
         self.transfer_signature: str | None = None  # ... and the handle's signature, checked on the pull

@@ -47,7 +47,8 @@ class SimRunner:
         per_token = (cost_model.kv_bytes_per_token
                      or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes)
         self.kv_bytes_per_block = per_token * block_size
-        self._times, self._ahead = CopyTimes([]), None  # the batch between start_copies and finish_copies
+        self._ahead: asyncio.Future | None = None
+        self._times = CopyTimes([])  # the batch between start_copies and finish_copies
 
     transfer_payload_bytes = 0  # per block on the wire: nothing moves, `transfer_time` stands for it
 

@@ -131,7 +131,7 @@ class TorchRunner:
     def _forward(self, works: Sequence[SeqWork]) -> tuple[torch.Tensor, torch.Tensor]:
         """Queues the step's work on the device: ((S, V) logits, the `wanted` rows), nothing waited for."""
         pad = self.graphs.bucket(works) if self.graphs is not None else None
-        if pad is not None:
+        if pad is not None and self.graphs is not None:  # a bucket: the graphs exist
             return self.graphs.run(works, pad)
         batch = self.inputs.build(works, self.space)
         return self.model(batch, self.pool), batch.wanted

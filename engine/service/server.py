@@ -78,6 +78,7 @@ async def _engine_ctx(app: web.Application):
 async def _zmq_ctx(app: web.Application):
     config = app[CONFIG]
     engine = app[ENGINE]
+    assert config.kv_events_zmq is not None  # this context is added only with it (create_app)
     publisher = ZmqEventPublisher(events=engine.events, blocks=engine.block_manager, model=model_name(app),
                                   endpoint=config.kv_events_zmq, replay_endpoint=config.kv_events_replay,
                                   encoding=config.kv_events_encoding, topic=config.kv_events_topic,
@@ -90,7 +91,9 @@ async def _zmq_ctx(app: web.Application):
 
 async def _redis_ctx(app: web.Application):
     engine = app[ENGINE]
-    publisher = RedisEventPublisher(app[CONFIG].redis, events=engine.events, load=engine.load)
+    redis = app[CONFIG].redis
+    assert redis is not None  # this context is added only with it (create_app)
+    publisher = RedisEventPublisher(redis, events=engine.events, load=engine.load)
     await publisher.start()
     app[REDIS_PUBLISHER] = publisher
     yield
@@ -99,6 +102,7 @@ async def _redis_ctx(app: web.Application):
 
 async def _registry_ctx(app: web.Application):
     config = app[CONFIG]
+    assert config.registry is not None  # this context is added only with it (create_app)
     registration = Registration(config.registry, lambda: registry_record(app), config.registry_refresh_s,
                                 config.registry_ttl_s, secret_from(config.kv_secret))
     await registration.start()
@@ -199,7 +203,7 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    request.app[METRICS].observe_state(request.app[ENGINE])
+    request.app[METRICS].observe_state(request.app[ENGINE].core)
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -219,7 +223,7 @@ async def handle_kv_snapshot(request: web.Request) -> web.Response:
         "epoch": engine.events.epoch,
         "seq": engine.events.seq,
         "tiers": {"device": engine.block_manager.cached_hashes(), **(engine.kv.snapshot() if engine.kv else {})},
-        "store": (engine.block_manager.tiers.store_key or None) if engine.kv is not None else None,
+        "store": (engine.kv.tiers.store_key or None) if engine.kv is not None else None,  # the same tiers
         "load": engine.load().to_dict(),
     })
 

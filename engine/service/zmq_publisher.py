@@ -129,7 +129,8 @@ class ZmqEventPublisher:
                 continue
             # A chain's first block has the chain seed as parent, never a block hash. (An event with
             # parent None may also list mid-chain blocks: the re-announcements after clear_cache.)
-            chain_start = i == 0 and event.parent is None and pool.cached_block(block.parent) is None
+            chain_start = i == 0 and event.parent is None and (block.parent is None
+                                                               or pool.cached_block(block.parent) is None)
             parent = None if chain_start else block.parent
             if chain_start or last is None or parent != last:
                 salted = chain_start and block.parent != self.default_seed
@@ -159,6 +160,7 @@ class ZmqEventPublisher:
     # -- replay ----------------------------------------------------------------------------
 
     async def _serve_replay(self) -> None:
+        assert self.replay is not None  # bound by start(), which runs this
         while True:
             frames = await self.replay.recv_multipart()
             if len(frames) != 3 or len(frames[2]) != 8:

@@ -19,7 +19,7 @@ from kvroute.router.contract.protocol import block_hashes
 from kvroute.router.decision import admission as adm
 from kvroute.router.decision.base import RouteRequest
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry, band_of
-from kvroute.router.decision.route import NoCandidates, RouteDecision
+from kvroute.router.decision.route import Members, NoCandidates, RouteDecision
 from kvroute.router.decision.tenants import DEFAULT_TENANT
 from kvroute.router.index.memory import MemoryIndex
 
@@ -45,14 +45,16 @@ class AdmissionSetup:
 
 class SimAdmission:
     def __init__(self, setup: AdmissionSetup, *, index: MemoryIndex, decision: RouteDecision,
-                 members: Callable[[], object], block_size: int, hash_seed: int,
+                 members: Callable[[], Members[int]], block_size: int, hash_seed: int,
                  dispatch: Callable[[RequestSpec, float], None], record: Callable[[RequestSpec, RequestRecord], None],
                  call_at: Callable[[float, Callable[[], None]], None]) -> None:
         self.config, self.index, self.decision, self.members = setup.config, index, decision, members
         self.block_size, self.hash_seed = block_size, hash_seed
         self.dispatch, self.record, self.call_at, self.tenant_of = dispatch, record, call_at, setup.tenant_of
         self.weights: Mapping[str, float] = setup.weights()
-        self.queue = FairQueue(setup.config.bands)
+        assert setup.config.slo_ttft_s is not None  # made only with an SLO (loadgen/sim/router.py)
+        self.slo_s = setup.config.slo_ttft_s
+        self.queue: FairQueue[RequestSpec] = FairQueue(setup.config.bands)
         self.rates = adm.Rates(setup.config.drain_halflife_s)
         self.outcomes: dict[str, int] = {}
         self._busy = False
@@ -72,7 +74,7 @@ class SimAdmission:
     def _ask(self, spec: RequestSpec, arrived: float, predicted: adm.Prediction) -> adm.Ask:
         tenant, priority = self.tenant_of(spec)
         return adm.Ask(tenant=tenant, band=band_of(priority, self.config.priority_edges),
-                       weight=self.weights.get(tenant, 1.0), slo_s=self.config.slo_ttft_s, arrived=arrived,
+                       weight=self.weights.get(tenant, 1.0), slo_s=self.slo_s, arrived=arrived,
                        predicted_s=predicted.ttft_s, prefill_s=predicted.prefill_s)
 
     def arrive(self, spec: RequestSpec, now: float) -> bool:
@@ -94,7 +96,7 @@ class SimAdmission:
             self._refuse(victim.item, victim.arrived, now, adm.Verdict(action=adm.REFUSE, reason="displaced",
                                                                        status=503))
         entry = self.queue.push(tenant=ask.tenant, band=ask.band, weight=ask.weight, arrived=now, item=spec)
-        expires = adm.expires_at(self.config.slo_ttft_s, now, verdict.threshold_s)
+        expires = adm.expires_at(self.slo_s, now, verdict.threshold_s)
         self.call_at(expires, lambda: self._expire(entry, expires))
         return False
 

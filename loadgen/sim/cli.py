@@ -271,7 +271,8 @@ def run(args: argparse.Namespace) -> dict:
         specs = workload.requests()
     generate_s = time.perf_counter() - started
     arrivals(specs, arrival, config.seed)  # refuse a workload without send times before running anything
-    results, records = {}, {}
+    results: dict[str, dict] = {}
+    records: dict[str, list] = {}  # policy -> its RequestRecords
     if args.pd_sweep:
         sweep = pd_sweep(config, policies[0], specs, arrival, args.slo_ttft, args.slo_tpot, progress=True)
     else:

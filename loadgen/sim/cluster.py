@@ -24,7 +24,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.kv_events import KVChange
@@ -51,6 +51,9 @@ class Sink(Protocol):
 
 
 class Cluster:
+    now: float  # the virtual clock (seconds)
+    _sink: Sink  # set by run()
+
     def __init__(self, num_instances: int, engine: EngineConfig, event_delay_s: float = 0.0,
                  poll_interval_s: float = 0.1) -> None:
         clock = lambda: self.now  # noqa: E731
@@ -62,11 +65,10 @@ class Cluster:
         self.now = 0.0
         self.kv_listeners: list[Callable[[int, KVEvents], None]] = []
         self.step_listeners: list[Callable[[SimInstance], None]] = []
-        self._heap: list[tuple[float, int, int, object]] = []
+        self._heap: list[tuple[float, int, int, Any]] = []  # (at, order, kind, payload: what `kind` takes)
         self._order = itertools.count()
         self._changed: dict[int, None] = {}
         self._poll_pending = False
-        self._sink: Sink | None = None
         self.num_events = 0
 
     def _io_maker(self, index: int) -> Callable[..., SimTierIO]:
@@ -77,7 +79,7 @@ class Cluster:
                              lambda: self.kick(self.instances[index]))
         return make
 
-    def push(self, at: float, kind: int, payload: object) -> None:
+    def push(self, at: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at, next(self._order), kind, payload))
 
     def run(self, sink: Sink, arrivals: Iterator[tuple[float, RequestSpec]]) -> None:

@@ -44,7 +44,7 @@ from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.kv.tier_setup import build_tiers
 from kvroute.engine.runners.cost_model import CostModel
 from kvroute.engine.runners.registry import RUNNERS
-from kvroute.engine.runners.sim import NUM_SPECIAL_TOKENS
+from kvroute.engine.runners.sim import NUM_SPECIAL_TOKENS, SimRunner
 from kvroute.loadgen.sim.tiers import SimTierIO
 from kvroute.router.contract.protocol import LoadRecord
 
@@ -86,7 +86,9 @@ class SimInstance:
         self.remote: collections.deque[Sequence] = collections.deque()
         self.num_held = 0
         self.config = config
-        self.runner = RUNNERS["sim"](config)
+        runner = RUNNERS["sim"](config)
+        assert isinstance(runner, SimRunner)  # backend "sim": its cost model and time scale are read here
+        self.runner = runner
         self.cost_model = self.runner.cost_model
         self.clock = clock  # the virtual clock: the block manager's idle times are on it
         self.tiers = build_tiers(config, self.runner.info, self.runner.kv_bytes_per_block,
@@ -154,6 +156,7 @@ class SimInstance:
         """Advance the step's sequences; returns those that got a token (finished ones included)."""
         t0 = time.perf_counter()
         step, self.step = self.step, None
+        assert step is not None  # a step was started (busy_until)
         end = self.core.finish_step(step, self.tokens)
         self.num_held += len(end.pinned)
         self.step_wall_s += time.perf_counter() - t0

@@ -169,6 +169,7 @@ class SimRouter:
         self.view.finished(flight.instance)
         self.policy.on_finished(flight.route, prefill.id)
         flight.prefill = False
+        assert self.disagg is not None  # a prefill flight exists only with disaggregation
         flight.instance = decode = self.disagg.pick_decode()  # by load now, as the router does, not at arrival
         self.view.dispatched(decode, 0)
         del self.flights[prefilled.seq_id]
@@ -212,4 +213,4 @@ class SimRouter:
         """Admission refused `spec`: its record, and its follow-ups as after any end."""
         self.records.append(record)
         for follower in self.followers.get(spec.index, ()):
-            self.cluster.push(record.send_s + record.e2e_s + follower.think_s, ARRIVE, follower)
+            self.cluster.push(record.end_s + follower.think_s, ARRIVE, follower)  # end_s: send_s + e2e_s

@@ -15,7 +15,7 @@ import gc
 import random
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -116,8 +116,8 @@ def policy_names() -> list[str]:
     return [*POLICIES, *SIM_POLICIES]
 
 
-def build_policy(name: str, cluster: Cluster, seed: int, specs: list[RequestSpec] = (),
-                 starts: list[tuple[float, RequestSpec]] = (), args: tuple[tuple[str, object], ...] = ()) -> Policy:
+def build_policy(name: str, cluster: Cluster, seed: int, specs: Sequence[RequestSpec] = (),
+                 starts: Sequence[tuple[float, RequestSpec]] = (), args: tuple[tuple[str, object], ...] = ()) -> Policy:
     """Policy `name` with those of `args` it takes (ValueError if it takes none of them)."""
     rng = random.Random(seed)
     clock = lambda: cluster.now  # noqa: E731
@@ -136,12 +136,14 @@ def arrivals(specs: list[RequestSpec], arrival: ArrivalConfig, seed: int) -> Ite
     """(send time, spec) of every request that is not a follow-up, in time order."""
     starts = [s for s in specs if s.after is None]
     if arrival.mode == "open":
+        assert arrival.rate is not None  # an open loop has its rate
         times = arrival_times(arrival.rate, arrival.burstiness, len(starts), seed)
         return zip(times, starts)
     if arrival.mode == "fixed":
         if any(s.arrival_s is None for s in starts):
             raise ValueError("this workload has no send times of its own; give --rate")
-        return iter(sorted(((s.arrival_s, s) for s in starts), key=lambda p: (p[0], p[1].index)))
+        return iter(sorted(((s.arrival_s, s) for s in starts if s.arrival_s is not None),  # all, checked above
+                           key=lambda p: (p[0], p[1].index)))
     raise ValueError("the simulator runs open loop (--rate) or the workload's send times, not --concurrency")
 
 

@@ -106,7 +106,8 @@ def run_case(config: SimConfig, policies: list[str], case: Case, progress: bool 
 
 def check_targets(rows: list[dict], target: Mapping[str, Any] = TARGET) -> dict:
     """Which rows the target policy meets (p90 ratio <= target, cached ratio >= target) and which it misses."""
-    met, missed = [], []
+    met: list[str] = []
+    missed: list[str] = []
     for row in rows:
         rel = (row["relative_to_oracle"] or {}).get(target["policy"])
         if rel is None:

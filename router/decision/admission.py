@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import TypedDict
 
 import msgspec
 
@@ -82,6 +83,11 @@ class Ask:
     arrived: float  # on the caller's clock
     predicted_s: float | None  # the best candidate's predicted TTFT now; None: no prediction (admit)
     prefill_s: float = 0.0  # of which its own prefill: the threshold is never below it
+
+
+class _Common(TypedDict):  # what every verdict of one decision says of the request
+    budget_s: float
+    threshold_s: float
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -195,7 +201,7 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
     predicted = ask.predicted_s
-    common = dict(budget_s=budget, threshold_s=threshold)
+    common = _Common(budget_s=budget, threshold_s=threshold)
     if ahead == 0 and (predicted is None or predicted <= min(threshold, budget)):
         return Verdict(action=ADMIT, reason="fits", **common)
     if ahead == 0 and now - rates.last(ask.tenant) >= config.probe_s:
@@ -231,14 +237,14 @@ def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates
         return None
     over = over_share(ask.tenant, weights, admitted)
     return _refuse("over_share" if over else "saturated", over, wait + threshold - budget, wait,
-                   dict(budget_s=budget, threshold_s=threshold))
+                   _Common(budget_s=budget, threshold_s=threshold))
 
 
 def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf) -> Verdict:
     """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline)."""
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     predicted = ask.predicted_s
-    common = dict(budget_s=budget, threshold_s=threshold)
+    common = _Common(budget_s=budget, threshold_s=threshold)
     if predicted is None or predicted <= min(threshold, budget):
         return Verdict(action=ADMIT, reason="fits", **common)
     if now - last_admitted >= config.probe_s:
@@ -259,6 +265,6 @@ def expires_at(slo_s: float, arrived: float, threshold_s: float = 0.0) -> float:
     return arrived + slo_s - max(threshold_s, slo_s * EXPIRE_SHARE)
 
 
-def _refuse(reason: str, too_many: bool, late_s: float, wait: float, common: dict) -> Verdict:
+def _refuse(reason: str, too_many: bool, late_s: float, wait: float, common: _Common) -> Verdict:
     return Verdict(action=REFUSE, reason=reason, status=429 if too_many else 503,
                    retry_after_s=max(1.0, math.ceil(late_s)), wait_s=wait, **common)

@@ -16,26 +16,29 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Iterator, Mapping
+from typing import Generic, TypeVar
+
+T = TypeVar("T")  # what waits: a router ticket, a simulated request
 
 
 @dataclasses.dataclass(eq=False, kw_only=True, slots=True)
-class QueueEntry:
+class QueueEntry(Generic[T]):
     tenant: str
     band: int
     tag: float
     seq: int
     arrived: float  # on the caller's clock
-    item: object  # the caller's (a waiting request)
+    item: T  # the caller's (a waiting request)
 
     def key(self) -> tuple[float, int]:
         return (self.tag, self.seq)
 
 
-class FairQueue:
+class FairQueue(Generic[T]):
     def __init__(self, bands: int) -> None:
         if bands < 1:
             raise ValueError(f"a queue needs at least one band, got {bands}")
-        self._bands: list[list[tuple[float, int, QueueEntry]]] = [[] for _ in range(bands)]
+        self._bands: list[list[tuple[float, int, QueueEntry[T]]]] = [[] for _ in range(bands)]
         self._vtime = [0.0] * bands
         self._last: dict[tuple[int, str], float] = {}
         self._count: dict[tuple[int, str], int] = {}
@@ -48,7 +51,7 @@ class FairQueue:
         start = max(self._vtime[band], self._last.get((band, tenant), 0.0))
         return start + 1.0 / weight
 
-    def push(self, *, tenant: str, band: int, weight: float, arrived: float, item: object) -> QueueEntry:
+    def push(self, *, tenant: str, band: int, weight: float, arrived: float, item: T) -> QueueEntry[T]:
         tag = self._tag(tenant, band, weight)
         entry = QueueEntry(tenant=tenant, band=band, tag=tag, seq=next(self._seq), arrived=arrived, item=item)
         self._last[(band, tenant)] = tag
@@ -62,13 +65,13 @@ class FairQueue:
         tag = self._tag(tenant, band, weight)
         return higher + bisect.bisect_right(self._bands[band], (tag, math.inf))  # equal tags queued first go first
 
-    def head(self) -> QueueEntry | None:
+    def head(self) -> QueueEntry[T] | None:
         for entries in self._bands:
             if entries:
                 return entries[0][2]
         return None
 
-    def remove(self, entry: QueueEntry, served: bool = False) -> bool:
+    def remove(self, entry: QueueEntry[T], served: bool = False) -> bool:
         """Take `entry` out (served: the band's virtual time moves to its tag); False if not queued."""
         entries = self._bands[entry.band]
         i = bisect.bisect_left(entries, (entry.tag, entry.seq))
@@ -89,12 +92,12 @@ class FairQueue:
         """Queued entries by (tenant, band)."""
         return {(tenant, band): n for (band, tenant), n in self._count.items()}
 
-    def entries(self) -> Iterator[QueueEntry]:
+    def entries(self) -> Iterator[QueueEntry[T]]:
         for band in self._bands:
             for _, _, entry in band:
                 yield entry
 
-    def victim(self, tenant: str, band: int, weights: Mapping[str, float]) -> QueueEntry | None:
+    def victim(self, tenant: str, band: int, weights: Mapping[str, float]) -> QueueEntry[T] | None:
         """The entry a new request of `tenant` in `band` displaces when the queue is full: the
         newest of the least urgent band below it; else, in its own band, the newest entry of the
         tenant furthest over its weighted share, if that is not `tenant` itself."""

@@ -93,9 +93,11 @@ class Limits:
 
     @staticmethod
     def _size(spec: TenantSpec) -> float:
+        assert spec.rate is not None  # buckets are kept for rate-limited tenants only
         return spec.burst or max(1.0, spec.rate)
 
     def _tokens(self, spec: TenantSpec, now: float) -> float:
+        assert spec.rate is not None  # buckets are kept for rate-limited tenants only
         size = self._size(spec)
         tokens, since = self._buckets.get(spec.name, (size, now))
         return min(size, tokens + (now - since) * spec.rate)

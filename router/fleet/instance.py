@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.contract.tier_costs import TierCosts
 from kvroute.router.decision.base import InstanceState
 from kvroute.router.fleet.progress import moved
 from kvroute.router.fleet.queued_prefill import QueuedPrefill
+
+if TYPE_CHECKING:
+    from kvroute.router.kvevents.follower import InstanceFeed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,7 +35,9 @@ class EngineInfo:
     key_rule: str = "seeded"  # how its blocks are keyed (router/contract/block_keys.py), set by its kind
 
     @classmethod
-    def from_dict(cls, d: dict) -> EngineInfo:
+    def from_dict(cls, d: object) -> EngineInfo:
+        if not isinstance(d, dict):  # JSON, but not an object (a list): refused like any malformed answer
+            raise ValueError(f"malformed /kv/info: an object expected, got {type(d).__name__}")
         try:
             adapters = d.get("adapters") or []
             if not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters):
@@ -65,6 +71,9 @@ class Generation:
 
 
 class Instance:
+    id: str  # kept by __setattr__: the engine's instance id once `info` is known, else the URL
+    generation: Generation
+
     def __init__(self, url: str, source: str = "static", peers: int = 0,
                  generation: Generation | None = None) -> None:
         """`generation`: the counter of the fleet it belongs to (None: one of its own)."""
@@ -100,7 +109,7 @@ class Instance:
         self.kind = "auto"  # engine kind (router/fleet/kinds): set from --engine-kind, resolved at discovery
         self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
-        self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+        self.kv_feed: InstanceFeed | None = None  # when its events come over ZeroMQ
         self.feed_stale: str | None = None  # why its event feed is down: its index entries are not credited
         self._state: InstanceState | None = None
         self.peers = peers  # other router workers sending requests here (router/service/workers.py)

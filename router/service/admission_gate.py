@@ -53,7 +53,7 @@ class AdmissionGate:
         self.config, self.book, self.metrics, self.clock = config, book, metrics, clock
         self.workers = workers
         self._shares: dict[TenantSpec, TenantSpec] = {}
-        self.queue = FairQueue(config.bands)
+        self.queue: FairQueue[Ticket] = FairQueue(config.bands)
         self.rates = adm.Rates(config.drain_halflife_s)
         self.limits = Limits()
         # at most a tenth of the default SLO (or 50 ms): a correction, never a lock-out

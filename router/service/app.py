@@ -80,7 +80,7 @@ async def auth_middleware(request: web.Request, handler):
         if not ok and (not config.admin_key or path == EXPLAIN_PATH):
             tenant = book.tenant_of_key(request.headers.get("Authorization", ""))
             ok = tenant is not None
-            if ok and path == EXPLAIN_PATH:
+            if tenant is not None and path == EXPLAIN_PATH:
                 request[TENANT_KEY] = tenant  # explained as the key's tenant, as its request would be
         if not ok:
             which = "admin key" if config.admin_key else "API key"
@@ -117,7 +117,8 @@ async def _router_ctx(app: web.Application):
                                           max_engine_blocks=config.kv_event_max_blocks)
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
-    follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
+    # --events redis without --redis is refused by RouterConfig
+    follower = RedisFollower(sync, config.redis or "") if config.events == "redis" else PollFollower(sync)
     registry = (RegistryFollower(cluster, config.registry, secret=secret_from(config.kv_secret),
                                  on_refused=lambda reason: metrics.registry_refused.labels(reason).inc())
                 if config.registry else None)
@@ -200,6 +201,7 @@ async def handle_stats(request: web.Request) -> web.Response:
         return query_number(request, name, default, positive=True)
 
     window = number("window", 60.0)
+    assert window is not None  # it has a default
     stats = request.app[ROUTER].recent.stats(window, number("slo_ttft", None), number("slo_tpot", None))
     stats["engines"] = [i.to_dict() for i in request.app[CLUSTER].instances]
     stats["workers"] = request.app[CONFIG].workers  # this answer covers one worker's share of the traffic

@@ -60,7 +60,8 @@ class Routing:
     __slots__ = ("proxy", "prepared", "choice")
 
     def __init__(self, proxy: Proxy, prepared: Prepared, choice: Choice) -> None:
-        self.proxy, self.prepared, self.choice = proxy, prepared, choice
+        self.proxy, self.prepared = proxy, prepared
+        self.choice: Choice | None = choice
 
     def __call__(self) -> None:
         choice = self.choice
@@ -157,7 +158,8 @@ class Proxy:
         """(host, port, path prefix) of a plain-http engine URL; None: use aiohttp (https)."""
         if url not in self._addresses:
             u = urllib.parse.urlsplit(url)
-            self._addresses[url] = (u.hostname, u.port or 80, u.path.rstrip("/")) if u.scheme == "http" else None
+            self._addresses[url] = ((u.hostname, u.port or 80, u.path.rstrip("/"))
+                                    if u.scheme == "http" and u.hostname else None)  # no host: aiohttp says so
         return self._addresses[url]
 
     async def _post(self, url: str, path: str, raw: bytes, stream: bool, on_sent: Callable[[], None] = _nothing):

@@ -73,11 +73,13 @@ class Choice(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def cached_tokens(self) -> int:
+        assert self.instance.info is not None  # a chosen instance is routable: it has its info
         match = self.matches.get(self.instance.id, NO_MATCH) if self.instance.cache_ok else NO_MATCH
         return match.tokens(self.instance.info.block_size)
 
     @property
     def uncached_tokens(self) -> int:
+        assert self.instance.info is not None  # a chosen instance is routable: it has its info
         return uncached_tokens(self.decision, self.instance.state(), self.matches, self.prepared_tokens,
                                self.instance.info.block_size)
 
@@ -163,6 +165,7 @@ class Router:
             if messages is not None:
                 plan = self.tokenizer.plan_chat(messages)
             else:
+                assert req.prompt is not None  # a completion has its text or its ids (returned above)
                 plan = self.tokenizer.plan(req.prompt)
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
@@ -275,6 +278,7 @@ class Router:
     def explain(self, prepared: Prepared, choice: Choice) -> dict:
         rows, terms = [], choice.decision.terms
         for inst in choice.candidates:
+            assert inst.info is not None  # a candidate is routable: it has its info
             match = choice.matches.get(inst.id, NO_MATCH)
             by_tier = with_store(match, choice.matches, inst.tier_costs) if inst.cache_ok else {}
             rows.append({

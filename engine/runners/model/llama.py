@@ -128,6 +128,7 @@ class Attention(nn.Module):
         pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
         d = batch.decode
         if not batch.prefills:  # decodes only: the attention's output is the whole step's
+            assert d is not None  # a step has work
             kc, vc = pool.gather(self.layer, d.block_ids, batch.space)
             return self.o_proj(attention.decode_attention(q, kc, vc, d.key_mask).view(T, nh * hd))
         out = x.new_empty(T, nh, hd)

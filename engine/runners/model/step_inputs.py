@@ -56,7 +56,9 @@ class StepInputs:
         pos = [w.start_pos for w in decodes] + [0] * idle
         blocks = [w.block_table[w.start_pos // bs] for w in decodes] + [self.scratch] * idle
         offsets = [w.start_pos % bs for w in decodes] + [0] * idle
-        tables, lens, chunks = [], [w.context_len for w in decodes] + [1] * idle, []
+        tables: list[int] = []
+        chunks: list[tuple[int, ...]] = []
+        lens = [w.context_len for w in decodes] + [1] * idle
         for w in decodes:
             n = blocks_for(w.context_len, bs)
             tables += w.block_table[:n]
