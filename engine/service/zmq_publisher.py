@@ -15,8 +15,9 @@
   tokens and parents is exact. A chain seeded other than by the model alone (a `cache_salt`,
   a LoRA adapter) carries its seed as its first block's one extra key,
   `extra_keys: [[["kvroute_hash_seed", seed]], None, ...]`, which kvroute's router reads and
-  which marks the chain unroutable for consumers that cannot reproduce it. A block no longer in the pool when published (evicted within
-  the same step) is left out; its `BlockRemoved` is harmless to consumers.
+  which marks the chain unroutable for consumers that cannot reproduce it. A block no longer
+  in the pool when published (evicted within the same step) is left out; its `BlockRemoved`
+  is harmless to consumers.
 - Replay: a ROUTER socket answering `[b"", start seq]` with `[b"", seq, payload]` for the
   last `--kv-events-buffer-steps` batches from `start` on, then seq -1 and an empty payload.
 """
