@@ -150,6 +150,11 @@ ENTRIES = (
     Entry(name="decision-scale", title="Decision time against fleet size (simulator)", full_only=True,
           about="Index lookup + candidates + kv_aware score with every pool full, all candidates and fast path.",
           args=("tools/sim_scale.py", "--out", "{out}"), out="sim-scale-decisions.json"),
+    Entry(name="adapters", title="LoRA adapters: cached share with three adapters, four engines", full_only=True,
+          about="kv_aware and round_robin with and without three adapters (each prefix group under one, or "
+                "round-robin per request), in the simulator and over HTTP on sim and torch engines; vs_none is "
+                "the cached share over the same policy's without adapters (tools/bench_adapters.py).",
+          args=("-m", "tools.bench_adapters", "--out", "{out}"), out="adapters.json"),
 )
 
 BY_NAME = {e.name: e for e in ENTRIES}
