@@ -19,9 +19,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.config import EngineConfig
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.runners.cost_model import get_cost_model
-from kvroute.engine.runners.sim import LINKS
 from kvroute.loadgen.arrivals import ArrivalConfig, arrival_times
 from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.admission import AdmissionSetup
@@ -64,14 +64,14 @@ class SimConfig:
     request_overhead_s: float = 0.0
     # Prefill/decode disaggregation (disagg.py): instances 0..P-1 prefill, the rest decode; 0 = colocated.
     prefill_instances: int = 0
-    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/runners/sim.py LINKS
+    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/kv/links.py LINKS
     pd_min_uncached: int = 256  # fewer predicted uncached prompt tokens: run whole on a decode instance
-    # KV tiers, as kvroute engine's flags (engine/core/config.py); the store is modelled, never contacted.
+    # KV tiers, as kvroute engine's flags (engine/config.py); the store is modelled, never contacted.
     host_blocks: int = 0
     kv_store: str | None = None  # any redis:// or file:/// URL: one store shared by every instance
     kv_store_write: str = "through"
     kv_load_budget_bytes: int = 0
-    kv_host_link: str = ""  # engine/runners/sim.py LINKS; "" = by device (cpu-memcpy)
+    kv_host_link: str = ""  # engine/kv/links.py LINKS; "" = by device (cpu-memcpy)
     kv_store_link: str = ""  # "" = by the store URL's scheme
     policy_args: tuple[tuple[str, object], ...] = ()  # (name, value) parameters for every policy that takes them
     # Admission by predicted TTFT (router/decision/admission.py, loadgen/sim/admission.py); None: off.
@@ -189,8 +189,11 @@ class SimResult:
         return out
 
 
+DEFAULT_ARRIVAL = ArrivalConfig(rate=10.0)
+
+
 def simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec],
-             arrival: ArrivalConfig = ArrivalConfig(rate=10.0), planner: PlannerConfig | None = None) -> SimResult:
+             arrival: ArrivalConfig = DEFAULT_ARRIVAL, planner: PlannerConfig | None = None) -> SimResult:
     """Run `specs` through a fresh cluster routed by `policy_name`; deterministic for config.seed.
     With `planner`, roles change on the virtual clock as `kvroute planner` would change them.
 

@@ -3,7 +3,7 @@
 Each simulated instance runs the real block manager with the real tiers (host
 pool, load queue, cost-based recovery: engine/kv/tier_setup.py builds them from the
 same `EngineConfig`), and this module does for it what engine/kv/tier_service.py does
-for a real engine, with times from the sim runner's links (engine/runners/sim.py LINKS):
+for a real engine, with times from the sim runner's links (engine/kv/links.py LINKS):
 
 - a copy batch (evictions to the host, host hits and store bytes into the device,
   reads for the store) lengthens the step it precedes by its modelled time, as it
@@ -24,9 +24,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
+from kvroute.engine.core.kv_copies import CopyPlan
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
-from kvroute.engine.kv.kv_copies import CopyPlan
 from kvroute.engine.kv.tiers import CacheTiers
 
 

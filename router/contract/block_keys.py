@@ -13,7 +13,7 @@ exactly what the engine would reuse (docs/architecture.md#block-keys).
              salt. KV events publish those per block (`BlockStored.extra_keys`, vLLM's untagged
              form: `["sql", ["<image hash>", 5], "tenant-a"]`), and the router folds exactly that
              list into the block's hash. tests/unit/test_vllm_key_parity.py holds it to fixtures
-             vLLM's own code wrote (tools/vllm_key_fixtures.py).
+             vLLM's own code wrote (kvroute/scripts/vllm_key_fixtures.py).
     seeded   kvroute's engines (and SGLang's, which publish no keys): adapter and salt go into
              the chain's seed (`hash_seed`), images into nothing (these engines take no
              images), so a request's blocks from its first image on are not hashed.

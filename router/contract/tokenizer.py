@@ -1,7 +1,7 @@
 """The tokenizer shared by routers and engines: encode, decode, chat template, fingerprint.
 
 `load_tokenizer(None)` is the built-in 8192-token byte-level BPE (router/contract/data/, made by
-tools/train_tokenizer.py) with a ChatML template; `load_tokenizer(DIR)` reads a local
+kvroute/scripts/train_tokenizer.py) with a ChatML template; `load_tokenizer(DIR)` reads a local
 Hugging Face model directory (tokenizer.json, tokenizer_config.json, chat_template.jinja,
 generation_config.json, config.json). The built-in directory has that same layout.
 

@@ -32,7 +32,8 @@ class InstanceState(msgspec.Struct, frozen=True):
     kv_free_blocks: int = -1  # engine-reported blocks holding nothing; -1: not reported
     kv_evictable: tuple[tuple[int, float], ...] = ()  # engine-reported (blocks, idle s), next evicted first
     kv_measured_at: float = 0.0  # when kv_evictable's idle times were measured, on the policy's clock
-    tier_costs: TierCosts | None = None  # advertised tier links and store key (router/contract/tier_costs.py); None: none
+    # advertised tier links and store key (router/contract/tier_costs.py); None: none
+    tier_costs: TierCosts | None = None
     adapters: frozenset[str] = frozenset()  # LoRA adapters resident there (engine-reported)
     adapter_slots: int = -1  # adapters it holds at once; -1: not reported (no adapter price)
 

@@ -173,8 +173,8 @@ class InstanceFeed:
 
     async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
         self.seq += 1
-        result = await self.index.apply(KVEvent(instance=self.inst.id, epoch=self.epoch, seq=self.seq, type=kind, tier=tier,
-                                                   blocks=tuple(hashes)))
+        result = await self.index.apply(KVEvent(instance=self.inst.id, epoch=self.epoch, seq=self.seq, type=kind,
+                                                tier=tier, blocks=tuple(hashes)))
         if result != "applied":
             raise IndexUnavailable(f"the index refused the feed's seq {self.seq} ({result})")
         if kind == "cleared":

@@ -65,8 +65,8 @@ class RouterMetrics:
         self.event_lag = Histogram("kvroute_router_event_lag_seconds",
                                    "Age of an engine's load record when its events arrive.",
                                    buckets=LATENCY_BUCKETS, registry=r)
-        self.events = Counter("kvroute_router_kv_events", "KV events applied to the index, by type (duplicate: another replica had).",
-                              ["type"],
+        self.events = Counter("kvroute_router_kv_events",
+                              "KV events applied to the index, by type (duplicate: another replica had).", ["type"],
                               registry=r)
         self.resyncs = Counter("kvroute_router_resyncs", "Instances reloaded from their snapshot.", registry=r)
         self.retries = PlainCounter("kvroute_router_retries", "Requests retried on another instance.", registry=r)

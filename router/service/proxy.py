@@ -35,12 +35,12 @@ from kvroute.router.contract.http import (
     write_client,
 )
 from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.attempt_deadlines import Deadlines
 from kvroute.router.service.charges import Charges, Dispatch
 from kvroute.router.service.routing import Choice, Forecast, Prepared, Router
 from kvroute.router.service.steering import with_token_ids
 from kvroute.router.service.upstream import Upstream
-from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ that carry the same keys (POST /router/explain shows the cached tokens).
 
 The publisher is tests/support/vllm_publisher.py (written from vLLM's wire format) and, where the
 vLLM package imports, vLLM's own ZmqEventPublisher (tests/support/vllm_package_publisher.py; run
-this file with the interpreter of tools/vllm_key_fixtures.py's venv)."""
+this file with the interpreter of kvroute/scripts/vllm_key_fixtures.py's venv)."""
 
 import asyncio
 import time

@@ -1,4 +1,4 @@
-"""The parity fixtures vLLM's own code wrote (tests/unit/data/vllm_keys.json; tools/vllm_key_fixtures.py)."""
+"""The parity fixtures vLLM's own code wrote (tests/unit/data/vllm_keys.json; kvroute/scripts/vllm_key_fixtures.py)."""
 
 import json
 import pathlib

@@ -1,7 +1,8 @@
 """vLLM's own `ZmqEventPublisher` (the vLLM package's vllm/distributed/kv_events.py) behind the same
 small interface as tests/support/vllm_publisher.py, for the tests that run where vLLM imports:
 
-    /tmp/vllm-venv/bin/python -m pytest tests/process/test_request_keys.py   # the venv of tools/vllm_key_fixtures.py
+    # in the venv of kvroute/scripts/vllm_key_fixtures.py:
+    /tmp/vllm-venv/bin/python -m pytest tests/process/test_request_keys.py
 
 Its sockets bind on ipc:// paths under a private directory (vLLM binds an endpoint with "*", "::"
 or ipc://, and a wildcard TCP bind would leave loopback)."""

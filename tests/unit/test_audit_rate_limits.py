@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.engine_core import CoreConfig, EngineCore
+from kvroute.engine.core.kv_copies import CopyPlan, StoredBlock
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import SamplingParams
-from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 from kvroute.engine.kv.load_queue import Load, LoadQueue
 from kvroute.loadgen.sim.load_view import LoadView
 from kvroute.router.decision.admission import Rates

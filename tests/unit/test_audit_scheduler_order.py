@@ -35,7 +35,7 @@ def request(i: int, prompt: int, max_tokens: int) -> Sequence:
 
 def check_step(sched: Scheduler, step, before: dict) -> None:
     """The step's invariants; `before`: the scheduler as it was before `schedule()`."""
-    bm, budget = sched.block_manager, sched.config.max_batched_tokens
+    budget = sched.config.max_batched_tokens
     assert sum(step.num_tokens) <= budget
     assert len(sched.running) <= sched.config.max_running
     for seq, n in zip(step.seqs, step.num_tokens):

@@ -35,7 +35,7 @@ def specs(n: int, prompt: int = 64, max_tokens: int = 8, shared: int = 32, seed:
         size = 5000 if long_every and i % long_every == long_every - 1 else prompt
         tokens = heads[i % 4] + tuple(rng.randrange(5, 8000) for _ in range(size))
         out.append(RequestSpec(index=len(out), prompt_ids=tokens, max_tokens=max_tokens, group=f"t{i % 2}:g"))
-        for turn in range(1, turns):
+        for _ in range(1, turns):
             tokens = tokens + tuple(rng.randrange(5, 8000) for _ in range(16))
             out.append(RequestSpec(index=len(out), prompt_ids=tokens, max_tokens=max_tokens, group=f"t{i % 2}:g",
                                    after=len(out) - 1, think_s=think_s))

@@ -1,6 +1,6 @@
 """The router keys blocks as vLLM does: fixtures written by vLLM 0.34's own code.
 
-tests/unit/data/vllm_keys.json comes from `python tools/vllm_key_fixtures.py` run where the vLLM
+tests/unit/data/vllm_keys.json comes from `python -m kvroute.scripts.vllm_key_fixtures` run where the vLLM
 package imports (its hashing modules only; the command is in the tool's docstring): per case the
 inputs (token ids, adapter, images with their placeholders, salt) and vLLM's image hashes,
 per-block extra keys as `BlockStored.extra_keys` publishes them, and block hashes.

@@ -156,7 +156,8 @@ class KvCostPolicy(PolicyBase):
         credits = self.credits(request, candidates, matches)
         costs, terms = self.score(request, candidates, credits, now)
         chosen = self._cheapest(candidates, costs, credits, now)
-        why: Callable[..., str] = lambda c=chosen: f"lowest cost {costs[c.id]:.4f} s ({credits.get(c.id, 0.0):g} cached blocks credited)"  # noqa: E731
+        why: Callable[..., str] = lambda c=chosen: (  # noqa: E731
+            f"lowest cost {costs[c.id]:.4f} s ({credits.get(c.id, 0.0):g} cached blocks credited)")
         copy = None
         if cfg.replicate_weight and credits:
             waits = {i: t[0] for i, t in terms.items()}
@@ -202,7 +203,8 @@ class KvCostPolicy(PolicyBase):
             self.recent.record(instance, request.block_hashes, now)
             self.reuse.observe(request.block_hashes, now)
         last, self._last = self._last, None
-        if last is not None and not (last[0] is request or request.request_id and last[0].request_id == request.request_id):
+        if last is not None and not (last[0] is request
+                                     or request.request_id and last[0].request_id == request.request_id):
             last = None  # the decision was for another request (select without on_routed)
         if last is not None and last[2] is not None:
             self.demand.record(last[2].key, now, last[2].delay_s)

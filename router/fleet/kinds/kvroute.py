@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.fleet.instance import EngineInfo
 from kvroute.router.fleet.kinds.http import EngineHTTP
-from kvroute.router.service.upstream_errors import Incompatible
+from kvroute.router.fleet.upstream_errors import Incompatible
 
 
 class KvrouteKind:
