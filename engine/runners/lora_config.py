@@ -9,7 +9,10 @@ A directory holds `adapter_config.json` (PEFT's `LoraConfig`) and `adapter_model
     target_modules   a list among q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj,
                      one of those names, or "all-linear" (all seven); no regular expression
     refused          use_dora, bias other than "none", modules_to_save, fan_in_fan_out,
-                     layers_to_transform, rank_pattern and alpha_pattern (per-layer ranks)
+                     layers_to_transform, rank_pattern and alpha_pattern (per-layer ranks), lora_bias,
+                     exclude_modules, layer_replication, target_parameters, trainable_token_indices, and
+                     PEFT 0.21's variants (alora_invocation_tokens, arrow_config, use_qalora, use_bdlora,
+                     kasa_config): any of them set (PEFT writes each as null, false or empty when unused)
 
 Reading a config needs no torch: the CLI checks every adapter this way before the port is bound
 (engine/runners/model/lora.py loads the tensors). The sim backend has no weights: it takes a bare
@@ -48,7 +51,12 @@ def tensor_name(layer: int, module: str, which: str) -> str:
 
 _REFUSED = {"use_dora": "DoRA (use_dora)", "modules_to_save": "modules_to_save", "fan_in_fan_out": "fan_in_fan_out",
             "layers_to_transform": "layers_to_transform", "rank_pattern": "per-module ranks (rank_pattern)",
-            "alpha_pattern": "per-module alphas (alpha_pattern)"}
+            "alpha_pattern": "per-module alphas (alpha_pattern)", "lora_bias": "a bias on lora_B (lora_bias)",
+            "exclude_modules": "exclude_modules", "layer_replication": "layer_replication",
+            "target_parameters": "target_parameters", "trainable_token_indices": "trainable_token_indices",
+            # PEFT variants that change what the adapter computes at inference (PEFT 0.21's names)
+            "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)", "arrow_config": "arrow_config",
+            "use_qalora": "QA-LoRA (use_qalora)", "use_bdlora": "use_bdlora", "kasa_config": "kasa_config"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

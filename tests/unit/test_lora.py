@@ -154,6 +154,9 @@ def test_peft_configs_kvroute_cannot_apply_are_refused_with_the_reason(tmp_path)
     assert "'lm_head' cannot be adapted" in config_error(target_modules=["q_proj", "lm_head"])
     assert "regular expression" in config_error(target_modules=".*proj")
     assert "peft_type" in config_error(peft_type="IA3")
+    assert "lora_bias" in config_error(lora_bias=True)
+    assert "activated LoRA" in config_error(alora_invocation_tokens=[5, 6])
+    assert "exclude_modules" in config_error(target_modules="all-linear", exclude_modules=["q_proj"])
     spec = read_adapter("a", str(write_random_adapter(tmp_path / "b", CONFIG, rank=4, alpha=8,
                                                        extra_config={"target_modules": "all-linear"})), 16)
     assert spec.scale == 2.0 and len(spec.targets) == 7
