@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvroute.router.contract.tokenizer import load_tokenizer
-from tests.unit.test_engine_model_dir import build_checkpoint
+from tests.support.hf_checkpoint import build_checkpoint
 
 peft = pytest.importorskip("peft")
 # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model
