@@ -8,6 +8,7 @@ import socket
 from kvroute.engine.kv.links import LINKS
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.runners.devices import check_device_syntax
+from kvroute.engine.runners.lora_config import parse_lora_modules
 from kvroute.router.contract.kv_encode import ENCODINGS
 from kvroute.router.contract.kv_wire import SCHEMES
 from kvroute.router.contract.protocol import ROLES
@@ -72,6 +73,11 @@ class EngineConfig:
     # prior (sim backend: the modelled) host link figures, engine/kv/links.py LINKS; "" = by device
     kv_host_link: str = ""
     kv_store_link: str = ""  # prior (sim: modelled) store link figures; "" = by store scheme
+    # LoRA adapters (engine/runners/lora_config.py): "NAME=DIR" in PEFT's format, served as model NAME
+    # (the sim backend, which has no weights, takes a bare "NAME" too)
+    lora_modules: tuple[str, ...] = ()
+    max_loras: int = 1  # adapters in one step (slots on the device, engine/core/adapter_slots.py)
+    max_lora_rank: int = 16  # the largest rank an adapter may have (sizes the slots)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -116,6 +122,23 @@ class EngineConfig:
 
         self._check_kv_events()
         self._check_tiers()
+        self._check_adapters()
+
+    def _check_adapters(self) -> None:
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # argparse gives a list
+        parse_lora_modules(self.lora_modules, self.served_model_name or "", dirs=self.backend == "torch")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("--max-loras and --max-lora-rank must be at least 1")
+
+    @property
+    def adapter_dirs(self) -> tuple[tuple[str, str], ...]:
+        """(name, directory) of each --lora-modules adapter."""
+        return parse_lora_modules(self.lora_modules, dirs=False)
+
+    @property
+    def adapter_slots(self) -> int:
+        """Adapter slots of the engine's scheduler: 0 when it serves no adapter."""
+        return self.max_loras if self.lora_modules else 0
 
     def _check_kv_events(self) -> None:
         for flag, endpoint in (("--kv-events-zmq", self.kv_events_zmq), ("--kv-events-replay", self.kv_events_replay)):

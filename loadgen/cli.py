@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from kvroute.loadgen.adapters import ASSIGNMENTS, parse_adapters, with_adapters
 from kvroute.loadgen.arrivals import ArrivalConfig, count_within
 from kvroute.loadgen.client import APIS, PROMPT_FORMATS, TargetError, normalize_target, probe_target
 from kvroute.loadgen.progress import Progress
@@ -102,6 +103,11 @@ def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) ->
                    help="sampling temperature to send (0 = greedy: outputs comparable across runs); "
                         "default: the server's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--adapters", default=None, metavar="A,B,...",
+                   help="LoRA adapters to spread the requests over: each request's model names one "
+                        "(loadgen/adapters.py)")
+    p.add_argument("--adapter-assign", choices=ASSIGNMENTS, default="group",
+                   help="with --adapters: group: one adapter per prefix group (seeded); request: round-robin")
     for name, (kind, workloads) in _knob_defaults().items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
                        help=f"{KNOB_HELP.get(name, name)} [{', '.join(workloads)}]")
@@ -138,7 +144,12 @@ def _count_starts(workload) -> tuple[int, int]:
 
 
 def build_workload(args: argparse.Namespace, arrival: ArrivalConfig):
-    """The workload, sized by --num-requests, or by --duration at --rate (session starts), or a cap."""
+    """The workload, sized by --num-requests, or by --duration at --rate (session starts), or a cap, and
+    spread over --adapters."""
+    return with_adapters(_sized_workload(args, arrival), parse_adapters(args.adapters), args.adapter_assign, args.seed)
+
+
+def _sized_workload(args: argparse.Namespace, arrival: ArrivalConfig):
     knobs = _knobs(args, args.workload)
     if args.num_requests is not None:
         return make_workload(args.workload, seed=args.seed, num_requests=args.num_requests, **knobs)
@@ -179,6 +190,8 @@ def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
     if args.tenant:
         if args.workload:
             raise ValueError("give --workload or --tenant specs, not both")
+        if args.adapters:
+            raise ValueError("--adapters spreads a --workload; it does not apply to --tenant specs")
         loads = [parse_tenant(spec) for spec in args.tenant]
         if len({load.name for load in loads}) != len(loads):
             raise ValueError("two --tenant specs have the same name")

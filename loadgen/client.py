@@ -70,8 +70,8 @@ def request_body(spec: RequestSpec, model: str | None, api: str = "completions",
         body["temperature"] = temperature
     if priority is not None:
         body["priority"] = priority
-    if model:
-        body["model"] = model
+    if model or spec.adapter:
+        body["model"] = spec.adapter or model  # an adapter is named as vLLM serves --lora-modules
     if api == "chat":
         body["messages"] = [{"role": "user", "content": tokenizer.decode(spec.prompt_ids)}]
     elif prompt_format == "text":

@@ -28,15 +28,19 @@ class Sequence:
         arrival: float = 0.0,
         *,
         hash_chain: list[int] | None = None,
+        adapter: str | None = None,
     ) -> None:
         """`hash_chain`: the prompt's chained block hashes (router/contract/protocol.py `block_hashes` of
-        `prompt_ids` under `hash_seed`), when the caller has them already (the simulator's router)."""
+        `prompt_ids` under `hash_seed`), when the caller has them already (the simulator's router).
+        `adapter`: the LoRA adapter it runs under (its `hash_seed` names it too: its blocks are its own)."""
         self.seq_id = next(_ids)
         self.request_id = request_id
         self.token_ids = list(prompt_ids)
         self.num_prompt = len(prompt_ids)
         self.sampling = sampling
         self.hash_seed = hash_seed
+        self.adapter = adapter
+        self.adapter_slot = -1  # while running: its adapter's slot (engine/core/adapter_slots.py)
         self.arrival = arrival
         self.status = SeqStatus.WAITING
         self.block_table: list[int] = []

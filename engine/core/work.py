@@ -103,6 +103,8 @@ class SeqWork:
     num_generated: int = 0  # tokens generated so far (seeds per-step sampling)
     prompt_ids: tuple[int, ...] = ()  # prompt and output so far, only when the sampling's penalties need them
     output_ids: tuple[int, ...] = ()
+    adapter: str | None = None  # the LoRA adapter it runs under (None: the base model) ...
+    adapter_slot: int = -1  # ... in this slot, which the scheduler gave it (engine/core/adapter_slots.py)
 
     @property
     def num_new(self) -> int:

@@ -20,11 +20,13 @@ def model_config(config: EngineConfig) -> ModelConfig:
 
 
 def _torch(config: EngineConfig) -> ModelRunner:
+    from kvroute.engine.runners.lora_config import read_adapters
     from kvroute.engine.runners.torch_runner import TorchRunner
 
     return TorchRunner(model_config(config), config.num_blocks, config.block_size, model_dir=config.model,
                        device=config.device, num_threads=config.num_threads, seed=config.seed,
-                       host_blocks=config.host_blocks, max_running=config.max_running, cuda_graphs=config.cuda_graphs)
+                       host_blocks=config.host_blocks, max_running=config.max_running, cuda_graphs=config.cuda_graphs,
+                       adapters=read_adapters(config.adapter_dirs, config.max_lora_rank), max_loras=config.max_loras)
 
 
 def _sim(config: EngineConfig) -> ModelRunner:

@@ -105,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host link figures to start from (sim backend: to model): pcie4, pcie5, cpu-memcpy, ...")
     p.add_argument("--kv-store-link", default=d.kv_store_link,
                    help="store link figures to start from (sim backend: to model): infiniband, nvme, cpu-redis, ...")
+    p.add_argument("--lora-modules", nargs="+", action="extend", default=list(d.lora_modules), metavar="NAME=DIR",
+                   help="LoRA adapters to serve, each a PEFT directory (adapter_config.json, "
+                        "adapter_model.safetensors); a request's model NAME runs under it (vLLM's flag; "
+                        "--backend sim takes a bare NAME too)")
+    p.add_argument("--max-loras", type=int, default=d.max_loras,
+                   help="with --lora-modules: different adapters in one step (their slots on the device)")
+    p.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
+                   help="with --lora-modules: the largest adapter rank accepted (sizes the slots)")
     p.add_argument("--calibrate", action="store_true",
                    help="with --backend sim: measure the torch runner here and print fitted cost coefficients")
     p.add_argument("--calibrate-out", default=None, help="write the calibration JSON here")
@@ -124,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         from kvroute.engine.runners.model.config import ModelConfig  # validate --model before binding a port
         from kvroute.router.contract.tokenizer import load_tokenizer
 
-        if config.model:
-            ModelConfig.from_hf_dir(config.model)
+        base = ModelConfig.from_hf_dir(config.model) if config.model else ModelConfig.tiny()
         load_tokenizer(config.model)
+        from kvroute.engine.runners.lora_config import parse_lora_modules, read_adapters
+
+        parse_lora_modules(config.lora_modules, config.served_model_name or base.name, dirs=config.backend == "torch")
+        read_adapters(config.adapter_dirs, config.max_lora_rank)  # configs checked; tensors when the runner loads
         if config.backend == "torch":
             from kvroute.engine.runners.devices import check_device_available
 

@@ -64,7 +64,7 @@ async def _engine_ctx(app: web.Application):
         {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
     app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
-    app[SERVICE] = CompletionService(engine, tokenizer, name)
+    app[SERVICE] = CompletionService(engine, tokenizer, name, tuple(a for a, _ in config.adapter_dirs))
     await engine.start(kv_info(app))
     app[DRAIN] = Drain(engine, config.drain_timeout_s, app[SHUTDOWN], deregister=lambda: _leave_registry(app),
                        flush=lambda: _flush_events(app))
@@ -154,6 +154,8 @@ def kv_info(app: web.Application) -> dict:
         "num_kv_heads": info.num_kv_heads,
         "head_dim": info.head_dim,
         "epoch": engine.events.epoch,
+        "adapters": list(app[SERVICE].adapters),  # LoRA adapters a request's model may name (keyed by the seed)
+        "max_loras": config.adapter_slots,
         **_zmq_info(app),
         **({"kv_tiers": engine.kv.kv_tiers()} if engine.kv is not None else {}),
     }
@@ -175,18 +177,23 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     return await request.app[SERVICE].handle(request, "chat")
 
 
-def model_card(app: web.Application) -> dict:
-    return {"id": model_name(app), "object": "model", "created": int(time.time()), "owned_by": "kvroute",
-            "max_model_len": app[ENGINE].runner.info.max_model_len}
+def model_card(app: web.Application, adapter: str | None = None) -> dict:
+    """The base model's card, or an adapter's as vLLM lists `--lora-modules`: `parent` the base model."""
+    config, base = app[CONFIG], model_name(app)
+    card = {"id": adapter or base, "object": "model", "created": int(time.time()), "owned_by": "kvroute",
+            "root": (dict(config.adapter_dirs)[adapter] or adapter) if adapter else config.model or base,
+            "parent": base if adapter else None, "max_model_len": app[ENGINE].runner.info.max_model_len}
+    return card
 
 
 async def handle_models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": [model_card(request.app)]})
+    app = request.app
+    return json_response({"object": "list",
+                          "data": [model_card(app), *(model_card(app, a) for a in app[SERVICE].adapters)]})
 
 
 async def handle_model(request: web.Request) -> web.Response:
-    request.app[SERVICE].check_model(request.match_info["model"])
-    return json_response(model_card(request.app))
+    return json_response(model_card(request.app, request.app[SERVICE].check_model(request.match_info["model"])))
 
 
 async def handle_health(request: web.Request) -> web.Response:

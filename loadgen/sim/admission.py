@@ -45,11 +45,11 @@ class AdmissionSetup:
 
 class SimAdmission:
     def __init__(self, setup: AdmissionSetup, *, index: MemoryIndex, decision: RouteDecision,
-                 members: Callable[[], Members[int]], block_size: int, hash_seed: int,
+                 members: Callable[[], Members[int]], block_size: int, seed_of: Callable[[RequestSpec], int],
                  dispatch: Callable[[RequestSpec, float], None], record: Callable[[RequestSpec, RequestRecord], None],
                  call_at: Callable[[float, Callable[[], None]], None]) -> None:
         self.config, self.index, self.decision, self.members = setup.config, index, decision, members
-        self.block_size, self.hash_seed = block_size, hash_seed
+        self.block_size, self.seed_of = block_size, seed_of  # a spec's chain seed (its adapter's)
         self.dispatch, self.record, self.call_at, self.tenant_of = dispatch, record, call_at, setup.tenant_of
         self.weights: Mapping[str, float] = setup.weights()
         assert setup.config.slo_ttft_s is not None  # made only with an SLO (loadgen/sim/router.py)
@@ -62,8 +62,8 @@ class SimAdmission:
     def predict(self, spec: RequestSpec, now: float) -> adm.Prediction:
         tokens = spec.prompt_ids
         route = RouteRequest(num_tokens=len(tokens),
-                             block_hashes=tuple(block_hashes(tokens, self.block_size, self.hash_seed)),
-                             block_size=self.block_size, request_id=f"r{spec.index}")
+                             block_hashes=tuple(block_hashes(tokens, self.block_size, self.seed_of(spec))),
+                             block_size=self.block_size, request_id=f"r{spec.index}", adapter=spec.adapter or None)
         matches = self.index.lookup_sync(route.block_hashes) if self.decision.policy.uses_index else {}
         try:
             routed = self.decision.choose(route, self.members(), matches, now)

@@ -35,6 +35,7 @@ from pathlib import Path
 from kvroute.engine.kv.links import LINKS
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS, get_cost_model
+from kvroute.loadgen.adapters import ASSIGNMENTS, parse_adapters, with_adapters
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.parallel import PolicyRun, default_jobs, run_policies
 from kvroute.loadgen.sim.pd_sweep import format_sweep, pd_sweep
@@ -78,6 +79,7 @@ _CONFIG_FLAGS = {  # flag dest -> SimConfig field; a flag not given keeps the ba
     "pd_min_uncached": "pd_min_uncached", "seed": "seed", "host_blocks": "host_blocks", "kv_store": "kv_store",
     "kv_store_write": "kv_store_write", "kv_load_budget_bytes": "kv_load_budget_bytes", "kv_host_link": "kv_host_link",
     "kv_store_link": "kv_store_link", "admission_slo": "admission_slo_s", "admission_margin": "admission_margin",
+    "max_loras": "max_loras",
 }
 
 
@@ -118,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-load-budget-bytes", type=int, help="per engine, as kvroute engine")
     p.add_argument("--kv-host-link", help=f"modelled host link: {', '.join(LINKS)}")
     p.add_argument("--kv-store-link", help="modelled store link (as --kv-host-link)")
+    p.add_argument("--adapters", metavar="A,B,...",
+                   help="LoRA adapters every instance serves, the requests spread over them (as kvroute loadgen)")
+    p.add_argument("--adapter-assign", choices=ASSIGNMENTS, default="group",
+                   help="with --adapters: group: one adapter per prefix group (seeded); request: round-robin")
+    p.add_argument("--max-loras", type=int,
+                   help=f"adapter slots per engine, as kvroute engine (default {d['max_loras']})")
     p.add_argument("--policy-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="policy parameter (e.g. tier_credit=fixed), given to every policy that takes it")
     p.add_argument("--admission-slo", type=float,
@@ -165,7 +173,8 @@ def _workload(args: argparse.Namespace, seed: int):
             raise ValueError(f"--{name.replace('_', '-')} does not apply to workload {base}")
     if args.num_requests is not None:
         knobs["num_requests"] = args.num_requests
-    return make_workload(args.workload, seed=seed, **knobs)
+    return with_adapters(make_workload(args.workload, seed=seed, **knobs), parse_adapters(args.adapters),
+                         args.adapter_assign, seed)
 
 
 def parse_policy_args(items: list[str]) -> tuple[tuple[str, object], ...]:
@@ -188,6 +197,8 @@ def _config(args: argparse.Namespace) -> SimConfig:
     given = {field: getattr(args, flag) for flag, field in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
     if args.policy_arg:
         given["policy_args"] = parse_policy_args(args.policy_arg)
+    if args.adapters:
+        given["adapters"] = parse_adapters(args.adapters)
     return dataclasses.replace(base, **given)
 
 

@@ -96,7 +96,7 @@ class Disagg:
     def hand_off(self, prefilled: Sequence, prefill: SimInstance, decode: int) -> Sequence:
         """Queue the decode half of `prefilled` (which holds its first token) on instance `decode`."""
         seq = Sequence(prefilled.request_id, prefilled.token_ids[: prefilled.num_prompt], prefilled.sampling,
-                       prefilled.hash_seed, prefilled.arrival)
+                       prefilled.hash_seed, prefilled.arrival, adapter=prefilled.adapter)
         seq.token_ids.append(prefilled.token_ids[-1])
         seq.num_cached = prefilled.num_cached
         seq.remote = (prefilled, prefill)

@@ -53,7 +53,7 @@ SAMPLED_TOKEN = NUM_SPECIAL_TOKENS  # the first ordinary id
 
 
 def step_time(cost_model: CostModel, step: Step) -> float:
-    """`cost_model.step_time(step.works())`, without building the works."""
+    """`cost_model.step_time(step.works(), step.adapter_loads)`, without building the works."""
     if not step.seqs:
         return 0.0
     p_tok = p_pair = d_seq = d_ctx = 0.0
@@ -67,7 +67,7 @@ def step_time(cost_model: CostModel, step: Step) -> float:
             d_ctx += start + 1
     cm = cost_model
     return (cm.step_s + cm.prefill_token_s * p_tok + cm.prefill_pair_s * p_pair + cm.decode_seq_s * d_seq
-            + cm.decode_context_s * d_ctx)
+            + cm.decode_context_s * d_ctx + cm.adapter_load_s * step.adapter_loads)
 
 
 class SimInstance:
@@ -96,7 +96,8 @@ class SimInstance:
         self.block_manager = BlockManager(config.num_blocks, config.block_size, self.tiers, clock)
         self.core = EngineCore(CoreConfig(instance=config.instance, max_batched_tokens=config.max_batched_tokens,
                                           max_running=config.max_running, max_waiting=config.max_waiting,
-                                          max_model_len=self.runner.info.max_model_len),
+                                          max_model_len=self.runner.info.max_model_len,
+                                          max_loras=config.adapter_slots),
                                self.block_manager, frozenset())
         self.scheduler = self.core.scheduler
         self.max_fresh = self.core.max_fresh

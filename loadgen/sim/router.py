@@ -62,7 +62,9 @@ class SimRouter:
         self.policy = policy
         first = cluster.instances[0]
         self.block_size = first.config.block_size
-        self.hash_seed = hash_seed(first.runner.info.model)
+        self.model = first.runner.info.model
+        self.hash_seed = hash_seed(self.model)
+        self.seeds: dict[str, int] = {"": self.hash_seed}  # a LoRA adapter's chain seed (the "seeded" key rule)
         self.max_model_len = first.runner.info.max_model_len
         self.pool_tokens = first.config.num_blocks * self.block_size
         self.ids = [inst.id for inst in cluster.instances]
@@ -80,7 +82,7 @@ class SimRouter:
         self.window = SimWindow(cluster) if window else None  # what the planner reads
         self.admission = None if admission is None or admission.config.slo_ttft_s is None else SimAdmission(
             admission, index=self.index, decision=self.decision, members=self.view.all, block_size=self.block_size,
-            hash_seed=self.hash_seed, dispatch=self.on_arrival, record=self._refused,
+            seed_of=self.seed_of, dispatch=self.on_arrival, record=self._refused,
             call_at=lambda at, fn: cluster.push(at, CALL, fn))
 
     # -- arrivals -------------------------------------------------------------------
@@ -94,9 +96,10 @@ class SimRouter:
         n = len(tokens)
         if self.window is not None:
             self.window.arrived(n, spec.max_tokens)
-        hashes = block_hashes(tokens, self.block_size, self.hash_seed)
+        seed = self.seed_of(spec)
+        hashes = block_hashes(tokens, self.block_size, seed)
         route = RouteRequest(num_tokens=n, block_hashes=tuple(hashes), block_size=self.block_size,
-                             request_id=f"r{spec.index}")
+                             request_id=f"r{spec.index}", adapter=spec.adapter or None)
         routed, prefill, uncached = self.decide(route, now)
         decision = routed.decision
         i = routed.member
@@ -106,8 +109,8 @@ class SimRouter:
                                instance=decision.instance)
         flight = Flight(record, route, i, uncached)
         flight.prefill, flight.max_tokens = prefill, spec.max_tokens
-        seq = Sequence(route.request_id, tokens, self._sampling_for(spec.max_tokens), self.hash_seed, now,
-                       hash_chain=hashes)  # the engine would hash the same tokens alike
+        seq = Sequence(route.request_id, tokens, self._sampling_for(spec.max_tokens), seed, now,
+                       hash_chain=hashes, adapter=route.adapter)  # the engine would hash the same tokens alike
         if prefill and spec.max_tokens > 1:
             seq.sampling, seq.pin_kv = self._sampling_for(1), True
         self.flights[seq.seq_id] = flight
@@ -117,6 +120,13 @@ class SimRouter:
             self._end(flight, seq, QUEUE_FULL, 429)
         if len(self.records) & 1023 == 0:
             self.index_peak = max(self.index_peak, self.index.size_sync())
+
+    def seed_of(self, spec: RequestSpec) -> int:
+        """The chain seed of `spec`'s blocks: the model's, or its adapter's (as the engine keys them)."""
+        seed = self.seeds.get(spec.adapter)
+        if seed is None:
+            seed = self.seeds[spec.adapter] = hash_seed(self.model, None, spec.adapter)
+        return seed
 
     def decide(self, route: RouteRequest, now: float) -> tuple[Routed, bool, int]:
         """(the decision, whether it is a disaggregated prefill, its predicted uncached tokens), recorded

@@ -78,6 +78,9 @@ class SimConfig:
     admission_slo_s: float | None = None
     admission_margin: float = -0.4
     admission_tenants: tuple[tuple[str, int, float], ...] = ()  # (name, priority, weight): loadgen/sim/tenant_mix.py
+    # LoRA adapters every instance serves (requests name them: loadgen/adapters.py), in max_loras slots each
+    adapters: tuple[str, ...] = ()
+    max_loras: int = 1
 
     def __post_init__(self) -> None:
         if self.request_overhead_s < 0:
@@ -109,7 +112,8 @@ class SimConfig:
                             max_running=self.max_running, max_waiting=self.max_waiting, seed=self.seed,
                             kv_link=self.kv_link, host_blocks=self.host_blocks, kv_store=self.kv_store,
                             kv_store_write=self.kv_store_write, kv_load_budget_bytes=self.kv_load_budget_bytes,
-                            kv_host_link=self.kv_host_link, kv_store_link=self.kv_store_link)
+                            kv_host_link=self.kv_host_link, kv_store_link=self.kv_store_link,
+                            lora_modules=self.adapters, max_loras=self.max_loras)
 
 
 def policy_names() -> list[str]:
@@ -220,6 +224,10 @@ class SimSetup:
 def build(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival: ArrivalConfig,
           planner: PlannerConfig | None = None) -> SimSetup:
     """The cluster, router and arrivals `simulate` runs (tests watch them run)."""
+    unserved = sorted({s.adapter for s in specs if s.adapter} - set(config.adapters))
+    if unserved:
+        raise ValueError(f"requests name adapter {unserved[0]!r}, which the simulated engines do not serve "
+                         f"(--adapters)")
     cluster = Cluster(config.instances, config.engine_config(), config.event_delay_s, config.poll_interval_s)
     starts = list(arrivals(specs, arrival, config.seed))
     policy = build_policy(policy_name, cluster, config.seed, specs, starts, config.policy_args)

@@ -42,7 +42,7 @@ class DecodeGraphs:
             n *= 2
         self.blocks = blocks + [max_blocks]
         self.buckets = [Padding(b, n) for b in self.batches for n in self.blocks if b * n * bs <= MAX_GRAPH_TOKENS]
-        largest = max((p.rows * (p.blocks + 7) for p in self.buckets), default=0)
+        largest = max((p.rows * (p.blocks + 8) for p in self.buckets), default=0)
         self.static = torch.zeros(largest, dtype=torch.long, device=pool.device)  # packed inputs, see step_inputs
         self.space = GatherSpace(pool, max((p.rows * p.blocks for p in self.buckets), default=0))
         self.mempool = torch.cuda.graph_pool_handle() if capture else None
@@ -65,8 +65,8 @@ class DecodeGraphs:
             logits = self.model(batch_from(self.static, lengths, (), self.space), self.pool)
         else:
             graph.replay()
-        wanted_at = sum(lengths[:7])
-        return logits[:len(works)], self.static[wanted_at:wanted_at + lengths[7]]
+        wanted_at = sum(lengths[:8])
+        return logits[:len(works)], self.static[wanted_at:wanted_at + lengths[8]]
 
     def capture_all(self) -> int:
         """Capture every bucket's graph now (start-up), largest first; returns how many."""
@@ -86,7 +86,7 @@ class DecodeGraphs:
     def _capture(self, pad: Padding, lengths: list[int]
                  ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | tuple[None, None]:
         """Warm up and capture the bucket's forward over the static inputs (which hold a valid step)."""
-        batch = batch_from(self.static, lengths[:7] + [0], (), self.space)
+        batch = batch_from(self.static, lengths[:8] + [0], (), self.space)
         if not self.capture:
             return None, None
         device = self.pool.device
