@@ -7,6 +7,10 @@ tenant that sends little is served almost at once. Bands are strict: band 0 (mos
 empties before band 1 is served. `ahead` is exact: the entries a new request of that
 tenant and band would wait behind. Pure: no clock, no I/O; the router service and the
 simulator drive the same queue (docs/admission.md).
+
+Where the tags come from is a `Tags` (3-5 methods): `LocalTags`, this queue's own virtual time,
+or the fleet's, shared by router replicas (router/decision/fleet_share.py `SharedTags`), whose
+`in_turn` also says whether an entry's tag is not too far ahead of the other replicas' queues.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import bisect
 import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 
 @dataclasses.dataclass(eq=False, kw_only=True, slots=True)
@@ -30,13 +35,54 @@ class QueueEntry:
         return (self.tag, self.seq)
 
 
-class FairQueue:
+class Tags(Protocol):
+    """The virtual time a queue tags its entries by: per band, and each tenant's last tag."""
+
+    def start(self, band: int, tenant: str) -> float:
+        """A new entry's start: the band's virtual time, or the tenant's last tag if later."""
+
+    def issued(self, band: int, tenant: str, tag: float, weight: float) -> None:
+        """A new entry of `tenant` was tagged `tag` (its start + 1 / weight)."""
+
+    def served(self, band: int, tag: float) -> None:
+        """The entry tagged `tag` was served: the band's virtual time moves to it."""
+
+    def emptied(self, band: int) -> None:
+        """The band's queue is empty."""
+
+    def in_turn(self, band: int, tag: float) -> bool:
+        """An entry tagged `tag` may be served now as far as other queues are concerned."""
+
+
+class LocalTags:
+    """One queue's own virtual time; an idle band forgets its tenants' tags (the next starts afresh)."""
+
     def __init__(self, bands: int) -> None:
+        self.vtime = [0.0] * bands
+        self.last: dict[tuple[int, str], float] = {}
+
+    def start(self, band: int, tenant: str) -> float:
+        return max(self.vtime[band], self.last.get((band, tenant), 0.0))
+
+    def issued(self, band: int, tenant: str, tag: float, weight: float) -> None:
+        self.last[(band, tenant)] = tag
+
+    def served(self, band: int, tag: float) -> None:
+        self.vtime[band] = max(self.vtime[band], tag - 1e-12)
+
+    def emptied(self, band: int) -> None:
+        self.last = {k: v for k, v in self.last.items() if k[0] != band}
+
+    def in_turn(self, band: int, tag: float) -> bool:
+        return True
+
+
+class FairQueue:
+    def __init__(self, bands: int, tags: Tags | None = None) -> None:
         if bands < 1:
             raise ValueError(f"a queue needs at least one band, got {bands}")
         self._bands: list[list[tuple[float, int, QueueEntry]]] = [[] for _ in range(bands)]
-        self._vtime = [0.0] * bands
-        self._last: dict[tuple[int, str], float] = {}
+        self.tags: Tags = tags if tags is not None else LocalTags(bands)
         self._count: dict[tuple[int, str], int] = {}
         self._seq = itertools.count()
 
@@ -44,13 +90,21 @@ class FairQueue:
         return sum(len(b) for b in self._bands)
 
     def _tag(self, tenant: str, band: int, weight: float) -> float:
-        start = max(self._vtime[band], self._last.get((band, tenant), 0.0))
-        return start + 1.0 / weight
+        return self.tags.start(band, tenant) + 1.0 / weight
+
+    def in_turn(self, tenant: str, band: int, weight: float, entry: QueueEntry | None = None) -> bool:
+        """`entry` (else a new entry of `tenant` in `band`) may be served now as far as the other
+        replicas' queues are concerned (always, for a queue of its own: `LocalTags`)."""
+        return self.tags.in_turn(band, entry.tag if entry is not None else self._tag(tenant, band, weight))
+
+    def head_tags(self) -> dict[int, float]:
+        """Per band with entries, its head's tag (what a replica tells the others)."""
+        return {band: entries[0][0] for band, entries in enumerate(self._bands) if entries}
 
     def push(self, *, tenant: str, band: int, weight: float, arrived: float, item: object) -> QueueEntry:
         tag = self._tag(tenant, band, weight)
         entry = QueueEntry(tenant=tenant, band=band, tag=tag, seq=next(self._seq), arrived=arrived, item=item)
-        self._last[(band, tenant)] = tag
+        self.tags.issued(band, tenant, tag, weight)
         self._count[(band, tenant)] = self._count.get((band, tenant), 0) + 1
         bisect.insort(self._bands[band], (tag, entry.seq, entry))
         return entry
@@ -79,9 +133,9 @@ class FairQueue:
         if not self._count[key]:
             del self._count[key]
         if served:
-            self._vtime[entry.band] = max(self._vtime[entry.band], entry.tag - 1e-12)
+            self.tags.served(entry.band, entry.tag)
         if not entries:  # an idle band forgets: the next tenant starts from its virtual time
-            self._last = {k: v for k, v in self._last.items() if k[0] != entry.band}
+            self.tags.emptied(entry.band)
         return True
 
     def depth(self) -> dict[tuple[str, int], int]:
