@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Mapping
 
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import SamplingParams
@@ -33,7 +34,8 @@ from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.router.contract.protocol import block_hashes, hash_seed
 from kvroute.router.decision.base import Policy, RouteRequest
 from kvroute.router.decision.route import Routed, RouteDecision, RouteSettings, uncached_tokens
-from kvroute.router.index.base import event_owner
+from kvroute.router.decision.routing_loss import best_and_predicted
+from kvroute.router.index.base import PrefixMatch, event_owner
 from kvroute.router.index.memory import MemoryIndex
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
@@ -73,6 +75,7 @@ class SimRouter:
         self.flights: dict[int, Flight] = {}
         self.records: list[RequestRecord] = []
         self.decision_s = array("d")
+        self.matches: Mapping[str, PrefixMatch] = {}  # the last decision's
         self.num_candidates = 0
         self.index_peak = 0
         self._sampling: dict[int, SamplingParams] = {}
@@ -98,12 +101,19 @@ class SimRouter:
         route = RouteRequest(num_tokens=n, block_hashes=tuple(hashes), block_size=self.block_size,
                              request_id=f"r{spec.index}")
         routed, prefill, uncached = self.decide(route, now)
+        matches = self.matches
         decision = routed.decision
         i = routed.member
         self.view.dispatched(i, uncached)
         sent = now if arrived is None else arrived
         record = RequestRecord(index=spec.index, group=spec.group, send_s=sent, planned_s=sent, prompt_tokens=n,
                                instance=decision.instance)
+        if not prefill:  # the routing-loss figures, as the router's (router/decision/routing_loss.py)
+            if not self.policy.uses_index and hashes:
+                matches = self.index.lookup_sync(route.block_hashes)
+            ids = self.ids
+            record.best_cached_tokens, record.predicted_cached_tokens = best_and_predicted(
+                matches, ((ids[c], True) for c in routed.candidates), decision.instance, n, self.block_size)
         flight = Flight(record, route, i, uncached)
         flight.prefill, flight.max_tokens = prefill, spec.max_tokens
         seq = Sequence(route.request_id, tokens, self._sampling_for(spec.max_tokens), self.hash_seed, now,
@@ -120,7 +130,8 @@ class SimRouter:
 
     def decide(self, route: RouteRequest, now: float) -> tuple[Routed, bool, int]:
         """(the decision, whether it is a disaggregated prefill, its predicted uncached tokens), recorded
-        (`RouteDecision.routed`); lookup and choice are timed, in real seconds."""
+        (`RouteDecision.routed`; the index's matches kept in `matches`); lookup and choice are timed, in
+        real seconds."""
         t0 = time.perf_counter()
         matches = self.index.lookup_sync(route.block_hashes) if self.policy.uses_index else {}
         if self.disagg is None:
@@ -132,6 +143,7 @@ class SimRouter:
         if not prefill:
             self.decision.routed(route, routed.decision.instance, now)
         uncached = uncached_tokens(routed.decision, routed.state, matches, route.num_tokens, self.block_size)
+        self.matches = matches
         return routed, prefill, uncached
 
     def _sampling_for(self, max_tokens: int) -> SamplingParams:

@@ -230,6 +230,7 @@ async def handle_stats(request: web.Request) -> web.Response:
     window = number("window", 60.0)
     stats = request.app[ROUTER].recent.stats(window, number("slo_ttft", None), number("slo_tpot", None))
     stats["engines"] = [i.to_dict() for i in request.app[CLUSTER].instances]
+    stats["routing_loss"] = request.app[ROUTER].loss.stats(window)  # router/service/routing_loss.py
     stats["workers"] = request.app[CONFIG].workers  # this answer covers one worker's share of the traffic
     stats["worker_pid"] = os.getpid()
     return json_response(stats)

@@ -87,10 +87,12 @@ def exported_names() -> set[str]:
     from kvroute.router.index.instrumented import InstrumentedIndex
     from kvroute.router.index.memory import MemoryIndex
     from kvroute.router.service.metrics import RouterMetrics
+    from kvroute.router.service.routing_loss import RoutingLoss
 
     names = set()
     router = RouterMetrics()
     InstrumentedIndex(MemoryIndex(), router.registry)
+    RoutingLoss(router.registry)
     for registry in (EngineMetrics("m", CollectorRegistry()).registry, router.registry):
         for family in registry.collect():
             suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
