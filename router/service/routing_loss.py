@@ -10,8 +10,9 @@
 
 A policy that does not read the index (round_robin, ...) gets the index's answer after the
 request is on the wire, where the index answers without awaiting (memory; with `--index redis`
-such requests have no figures). Only whole requests served by the instance they were routed to count (a disaggregated request's
-prefill and decode engines differ; a request without usage.cached_tokens says nothing). Each
+such requests have no figures). Only whole requests served by the instance they were routed to
+count (a disaggregated request's prefill and decode engines differ; a request without
+usage.cached_tokens says nothing). Each
 sample goes to the counters below, to a window for GET /router/stats (`routing_loss`), and to
 `on_sample` (the silent-miss alarms, router/service/silent_miss.py).
 

@@ -69,4 +69,5 @@ def test_the_simulator_reports_the_split_and_it_explains_the_gap_to_another_run(
         assert s["routing_loss"]["cached"] == pytest.approx(s["cached_token_ratio"])
     gap = gap_by_cause(rr, ka)
     assert sum(gap[c] for c in CAUSES) == pytest.approx(gap["gap"])
-    assert gap["gap"] == pytest.approx(runs["kv_aware"]["cached_token_ratio"] - runs["round_robin"]["cached_token_ratio"])
+    ka_cached, rr_cached = (runs[p]["cached_token_ratio"] for p in ("kv_aware", "round_robin"))
+    assert gap["gap"] == pytest.approx(ka_cached - rr_cached)
