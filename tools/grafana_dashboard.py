@@ -89,7 +89,9 @@ PANELS = [  # (title, unit, targets, description)
         q("sum (increase(kvroute_router_ejections_total[5m]))", "ejections (5 min)"),
         q("min by (instance) (kvroute_router_instance_routable)", "routable {{instance}}"),
         q("max by (instance) (kvroute_router_instance_mismatch)", "mismatch {{instance}}"),
-    ], "Health-check ejections; 1 = the instance takes requests."),
+        q("max by (instance, cause) (kvroute_router_silent_miss)", "silent miss {{instance}} ({{cause}})"),
+    ], "Health-check ejections; 1 = the instance takes requests; mismatch: it advertises keys the router "
+       "cannot reproduce; silent miss: its engine and the index disagree (docs/router.md#silent-miss-alarms)."),
     ("Tokens per second", "short", [
         q(f"sum by (instance) (rate(kvroute_router_output_tokens_total{RATE}))", "output {{instance}}"),
         q(f"sum (rate(vllm:prompt_tokens_total{RATE}))", "prompt (engines)"),

@@ -34,7 +34,7 @@ from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.router.contract.protocol import block_hashes, hash_seed
 from kvroute.router.decision.base import Policy, RouteRequest
 from kvroute.router.decision.route import Routed, RouteDecision, RouteSettings, uncached_tokens
-from kvroute.router.decision.routing_loss import best_and_predicted
+from kvroute.router.decision.routing_loss import best_and_predicted, held_blocks
 from kvroute.router.index.base import PrefixMatch, event_owner
 from kvroute.router.index.memory import MemoryIndex
 
@@ -111,9 +111,10 @@ class SimRouter:
         if not prefill:  # the routing-loss figures, as the router's (router/decision/routing_loss.py)
             if not self.policy.uses_index and hashes:
                 matches = self.index.lookup_sync(route.block_hashes)
-            ids = self.ids
+            ids, costs = self.ids, self.view.tier_costs
+            held = ((ids[c], held_blocks(ids[c], matches, costs[c])) for c in routed.candidates)
             record.best_cached_tokens, record.predicted_cached_tokens = best_and_predicted(
-                matches, ((ids[c], True) for c in routed.candidates), decision.instance, n, self.block_size)
+                held, decision.instance, n, self.block_size)
         flight = Flight(record, route, i, uncached)
         flight.prefill, flight.max_tokens = prefill, spec.max_tokens
         seq = Sequence(route.request_id, tokens, self._sampling_for(spec.max_tokens), self.hash_seed, now,

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
+from kvroute.router.contract.tier_costs import TierCosts
+from kvroute.router.decision.scoring.tier_credit import with_store
 from kvroute.router.index.base import PrefixMatch
 
 CAUSES = ("workload", "balancing", "index")
@@ -39,16 +41,20 @@ def servable(blocks: int, num_tokens: int, block_size: int) -> int:
     return min(blocks, (num_tokens - 1) // block_size) * block_size
 
 
-def best_and_predicted(matches: Mapping[str, PrefixMatch], candidates: Iterable[tuple[str, bool]], chosen: str,
-                       num_tokens: int, block_size: int) -> tuple[int, int]:
-    """(best, predicted) of a decision: `candidates` are (instance id, its cache can be credited)."""
+def held_blocks(instance: str, matches: Mapping[str, PrefixMatch], costs: TierCosts | None) -> int:
+    """The prefix blocks an instance holds by the index, its shared store's included (tier_credit.py)."""
+    return sum(with_store(matches.get(instance), matches, costs).values())
+
+
+def best_and_predicted(held: Iterable[tuple[str, int]], chosen: str, num_tokens: int,
+                       block_size: int) -> tuple[int, int]:
+    """(best, predicted) of a decision: `held` is (instance id, prefix blocks it holds) per candidate
+    whose cache can be credited."""
     best = predicted = 0
-    for inst, cache_ok in candidates:
-        match = matches.get(inst) if cache_ok else None
-        if match is None:
-            continue
-        tokens = servable(match.blocks, num_tokens, block_size)
-        best = max(best, tokens)
+    for inst, blocks in held:
+        tokens = servable(blocks, num_tokens, block_size)
+        if tokens > best:
+            best = tokens
         if inst == chosen:
             predicted = tokens
     return best, predicted

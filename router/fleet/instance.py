@@ -80,6 +80,7 @@ class Instance:
         self.successes = 0
         self.down_since: float | None = None
         self.mismatch: list[str] = []
+        self.silent_miss: dict | None = None  # its engine and the index disagree (router/fleet/silent_miss.py)
         self.queued_prefill_tokens = 0
         self.load: LoadRecord | None = None
         self.load_seen = 0.0  # time.monotonic() when the last load record arrived (its HTTP server is alive)
@@ -260,6 +261,7 @@ class Instance:
             "failures": self.failures,
             "request_failures": self.request_failures,
             "mismatch": list(self.mismatch),
+            "silent_miss": self.silent_miss,
             "feed_stale": self.feed_stale,
             "last_error": self.last_error,
             "inflight": self.inflight,

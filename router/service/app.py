@@ -62,6 +62,8 @@ from kvroute.router.service.fleet_admission import SharedAdmission, replica_id
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.proxy import Proxy
 from kvroute.router.service.routing import Router
+from kvroute.router.service.routing_loss import RoutingLoss
+from kvroute.router.service.silent_miss_alarms import SilentMissAlarms
 from kvroute.router.service.tenant_book import TENANT_KEY, TenantBook
 
 log = logging.getLogger(__name__)
@@ -125,7 +127,9 @@ async def _router_ctx(app: web.Application):
                                             metrics.registry) if share is not None else None)
     pool = TokenizePool(config.tokenize_workers, config.tokenize_queue,
                         idle_inline_chars=config.tokenize_idle_inline_chars)
-    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke)
+    alarms = SilentMissAlarms(lambda: cluster.instances, lambda: cluster.generation.value, metrics.registry)
+    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke,
+                    loss=RoutingLoss(metrics.registry, on_sample=alarms.observe))
     app[CLUSTER], app[ROUTER] = cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
     app[DISAGG] = disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))

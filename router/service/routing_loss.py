@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter
 
-from kvroute.router.decision.routing_loss import LossSample, LossSplit, best_and_predicted
+from kvroute.router.decision.routing_loss import LossSample, LossSplit, best_and_predicted, held_blocks
 from kvroute.router.index.base import PrefixMatch
 
 BEST_HEADER = "x-kvroute-best-cached-tokens"
@@ -66,8 +66,8 @@ class RoutingLoss:
             return
         inst = choice.instance
         block_size = inst.info.block_size if inst.info is not None else 16
-        trace.loss_best, trace.loss_predicted = best_and_predicted(
-            matches, ((c.id, c.cache_ok) for c in choice.candidates), inst.id, trace.prompt_tokens, block_size)
+        held = ((c.id, held_blocks(c.id, matches, c.tier_costs)) for c in choice.candidates if c.cache_ok)
+        trace.loss_best, trace.loss_predicted = best_and_predicted(held, inst.id, trace.prompt_tokens, block_size)
         trace.loss_instance = inst.id
 
     @staticmethod

@@ -7,12 +7,14 @@ from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.runner import SimConfig, simulate
 from kvroute.loadgen.summary import summarize
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.tier_costs import TierCosts, store_owner
 from kvroute.router.decision.routing_loss import (
     CAUSES,
     LossSample,
     LossSplit,
     best_and_predicted,
     gap_by_cause,
+    held_blocks,
     servable,
 )
 from kvroute.router.index.base import PrefixMatch
@@ -25,12 +27,14 @@ def test_an_engine_serves_whole_blocks_and_computes_the_last_token():
     assert servable(3, 0, 16) == servable(0, 100, 16) == 0
 
 
-def test_best_is_over_creditable_candidates_and_predicted_is_the_choices():
+def test_best_is_over_the_candidates_and_predicted_is_the_choices():
     matches = {"a": PrefixMatch({"device": 5}), "b": PrefixMatch({"device": 2, "host": 1}),
-               "c": PrefixMatch({"device": 8})}
-    candidates = [("a", True), ("b", True), ("c", False)]  # c's cache cannot be credited (a mismatch)
-    assert best_and_predicted(matches, candidates, "b", 200, 16) == (80, 48)
-    assert best_and_predicted(matches, candidates, "d", 200, 16) == (80, 0)
+               store_owner("s1"): PrefixMatch({"remote": 7})}
+    held = [(i, held_blocks(i, matches, None)) for i in ("a", "b")]
+    assert best_and_predicted(held, "b", 200, 16) == (80, 48)
+    assert best_and_predicted(held, "d", 200, 16) == (80, 0)
+    with_store = TierCosts(bytes_per_block=1024, links={}, store="s1")
+    assert held_blocks("b", matches, with_store) == 7  # its shared store holds more of the prefix
 
 
 def test_the_parts_add_up_to_the_prompt_request_by_request():
