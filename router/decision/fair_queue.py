@@ -3,8 +3,12 @@
 Within a band, start-time fair queueing (virtual time): a tenant's new entry is tagged
 `max(band's virtual time, tenant's last tag) + 1 / weight`, and the lowest tag is served
 first, so tenants that keep a backlog are served in proportion to their weights and a
-tenant that sends little is served almost at once. Bands are strict: band 0 (most urgent)
-empties before band 1 is served. `ahead` is exact: the entries a new request of that
+tenant that sends little is served almost at once. A request admitted without queueing is
+tagged and served at once (`passed`), so it counts in its tenant's share as a queued one does.
+An entry that leaves unserved (refused at its deadline, displaced, its client gone) gives its
+1 / weight back to its tenant's last tag: weights share what is served, and a tenant whose
+requests expire is not served less. Bands are strict: band 0 (most urgent) empties before
+band 1 is served. `ahead` is exact: the entries a new request of that
 tenant and band would wait behind. Pure: no clock, no I/O; the router service and the
 simulator drive the same queue (docs/admission.md).
 
@@ -30,6 +34,7 @@ class QueueEntry:
     seq: int
     arrived: float  # on the caller's clock
     item: object  # the caller's (a waiting request)
+    cost: float = 0.0  # 1 / weight: what its tag added to its tenant's
 
     def key(self) -> tuple[float, int]:
         return (self.tag, self.seq)
@@ -49,6 +54,9 @@ class Tags(Protocol):
 
     def emptied(self, band: int) -> None:
         """The band's queue is empty."""
+
+    def withdrawn(self, band: int, tenant: str, cost: float) -> None:
+        """An entry of `tenant` left unserved (refused, or its client left): its cost is given back."""
 
     def in_turn(self, band: int, tag: float) -> bool:
         """An entry tagged `tag` may be served now as far as other queues are concerned."""
@@ -72,6 +80,11 @@ class LocalTags:
 
     def emptied(self, band: int) -> None:
         self.last = {k: v for k, v in self.last.items() if k[0] != band}
+
+    def withdrawn(self, band: int, tenant: str, cost: float) -> None:
+        key = (band, tenant)
+        if key in self.last:
+            self.last[key] -= cost
 
     def in_turn(self, band: int, tag: float) -> bool:
         return True
@@ -103,11 +116,19 @@ class FairQueue:
 
     def push(self, *, tenant: str, band: int, weight: float, arrived: float, item: object) -> QueueEntry:
         tag = self._tag(tenant, band, weight)
-        entry = QueueEntry(tenant=tenant, band=band, tag=tag, seq=next(self._seq), arrived=arrived, item=item)
+        entry = QueueEntry(tenant=tenant, band=band, tag=tag, seq=next(self._seq), arrived=arrived, item=item,
+                           cost=1.0 / weight)
         self.tags.issued(band, tenant, tag, weight)
         self._count[(band, tenant)] = self._count.get((band, tenant), 0) + 1
         bisect.insort(self._bands[band], (tag, entry.seq, entry))
         return entry
+
+    def passed(self, tenant: str, band: int, weight: float) -> None:
+        """A request of `tenant` in `band` was admitted without queueing: it is tagged and served at once,
+        so what a tenant is served ahead of the queue counts in its share as what it waited for."""
+        tag = self._tag(tenant, band, weight)
+        self.tags.issued(band, tenant, tag, weight)
+        self.tags.served(band, tag)
 
     def ahead(self, tenant: str, band: int, weight: float) -> int:
         """Entries a new request of `tenant` in `band` would be served after."""
@@ -122,7 +143,8 @@ class FairQueue:
         return None
 
     def remove(self, entry: QueueEntry, served: bool = False) -> bool:
-        """Take `entry` out (served: the band's virtual time moves to its tag); False if not queued."""
+        """Take `entry` out (served: the band's virtual time moves to its tag; else its tenant gets its
+        cost back, so a tenant whose requests are refused is not also served less); False if not queued."""
         entries = self._bands[entry.band]
         i = bisect.bisect_left(entries, (entry.tag, entry.seq))
         if i >= len(entries) or entries[i][2] is not entry:
@@ -134,6 +156,8 @@ class FairQueue:
             del self._count[key]
         if served:
             self.tags.served(entry.band, entry.tag)
+        else:
+            self.tags.withdrawn(entry.band, entry.tenant, entry.cost)
         if not entries:  # an idle band forgets: the next tenant starts from its virtual time
             self.tags.emptied(entry.band)
         return True

@@ -43,7 +43,7 @@ from kvroute.router.decision.fair_queue import LocalTags
 from kvroute.router.decision.fleet_ledger import SyncReply, SyncRequest, TenantSync
 from kvroute.router.decision.leases import LeasedLimits
 
-DEFAULT_WINDOW = 2.0  # virtual time a head may run ahead of the others': two weight-1 requests
+DEFAULT_WINDOW = 1.0  # virtual time a head may run ahead of the other replicas' heads: one weight-1 request
 
 
 class SharedRates(Rates):
@@ -105,6 +105,11 @@ class SharedTags(LocalTags):
     def emptied(self, band: int) -> None:
         if not self.shared:  # else the fleet forgets, when no replica has a backlog in the band
             super().emptied(band)
+
+    def withdrawn(self, band: int, tenant: str, cost: float) -> None:
+        super().withdrawn(band, tenant, cost)
+        key = f"{band}:{tenant}"
+        self._cost[key] = self._cost.get(key, 0.0) - cost
 
     def in_turn(self, band: int, tag: float) -> bool:
         other = self.others.get(band) if self.shared else None

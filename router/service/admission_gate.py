@@ -128,6 +128,7 @@ class AdmissionGate:
         verdict = adm.on_arrival(self.config, self._ask(ticket, predicted), self.queue, self.rates,
                                  self.weights(), now)
         if verdict.action == adm.ADMIT:
+            self.queue.passed(ticket.spec.name, ticket.band, ticket.spec.weight)
             return self._admit(ticket, predicted, now, verdict.reason)
         if verdict.action == adm.REFUSE:
             raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
