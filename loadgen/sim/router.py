@@ -33,6 +33,7 @@ from kvroute.loadgen.sim.planning import SimWindow
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.router.contract.protocol import block_hashes, hash_seed
 from kvroute.router.decision.base import Policy, RouteRequest
+from kvroute.router.decision.fleet_share import FleetShare
 from kvroute.router.decision.route import Routed, RouteDecision, RouteSettings, uncached_tokens
 from kvroute.router.decision.routing_loss import best_and_predicted, held_blocks
 from kvroute.router.index.base import PrefixMatch, event_owner
@@ -59,7 +60,10 @@ class Flight:
 class SimRouter:
     def __init__(self, cluster: Cluster, policy: Policy, followers: dict[int, list[RequestSpec]] | None = None,
                  fast_k: int = 0, recent_ttl_s: float = 2.0, disagg: DisaggConfig | None = None,
-                 window: bool = False, admission: AdmissionSetup | None = None) -> None:
+                 window: bool = False, admission: AdmissionSetup | None = None, index: MemoryIndex | None = None,
+                 share: FleetShare | None = None) -> None:
+        """`index`: one shared by several replicas (loadgen/sim/replicas.py), as --index redis is; `share`:
+        this replica's side of shared admission (router/decision/fleet_share.py)."""
         self.cluster = cluster
         self.policy = policy
         first = cluster.instances[0]
@@ -68,7 +72,7 @@ class SimRouter:
         self.max_model_len = first.runner.info.max_model_len
         self.pool_tokens = first.config.num_blocks * self.block_size
         self.ids = [inst.id for inst in cluster.instances]
-        self.index = MemoryIndex()
+        self.index = index if index is not None else MemoryIndex()
         self.view = LoadView(self.ids, [inst.tier_costs() for inst in cluster.instances])
         self.decision = RouteDecision(policy, RouteSettings(fast_candidates=fast_k, recent_ttl_s=recent_ttl_s))
         self.followers = followers or {}
@@ -84,7 +88,7 @@ class SimRouter:
         self.admission = None if admission is None or admission.config.slo_ttft_s is None else SimAdmission(
             admission, index=self.index, decision=self.decision, members=self.view.all, block_size=self.block_size,
             hash_seed=self.hash_seed, dispatch=self.on_arrival, record=self._refused,
-            call_at=lambda at, fn: cluster.push(at, CALL, fn))
+            call_at=lambda at, fn: cluster.push(at, CALL, fn), share=share)
 
     # -- arrivals -------------------------------------------------------------------
 
