@@ -23,7 +23,6 @@ printed. Lost: a request with neither an answer nor a 429/503 refusal.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -32,6 +31,7 @@ import subprocess
 import sys
 import urllib.request
 
+from kvroute.benchmarks.results import runs_parser
 from kvroute.loadgen.processes import Processes, kvroute_argv
 from kvroute.loadgen.redis_server import RedisServer
 
@@ -181,15 +181,13 @@ def table(figures: dict[str, dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=pathlib.Path, help="where the runs go (created; existing runs are replaced)")
+    parser = runs_parser(__doc__)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds each tenant sends (default 20)")
     parser.add_argument("--rate", type=float, default=12.0,
                         help="each flooding tenant's requests/s, over all replicas (default 12)")
     parser.add_argument("--time-scale", type=float, default=4.0,
                         help="the sim engines' --time-scale: 4 (the default) makes 2 of them take about 7 req/s")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
-    parser.add_argument("--table-only", action="store_true", help="print the table of the runs already in OUT")
     args = parser.parse_args(argv)
     names = [n for n in args.runs.split(",") if n]
     if unknown := [n for n in names if n not in RUNS]:
@@ -197,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not (args.duration > 0 and args.rate > 0 and args.time_scale > 0):
         print("fleet_admission: --duration, --rate and --time-scale must be positive", file=sys.stderr)
+        return 2
+    if args.table_only and not args.out.is_dir():
+        print(f"fleet_admission: {args.out} is not a directory", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
