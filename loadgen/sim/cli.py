@@ -8,6 +8,8 @@
     kvroute sim --suite [--policy a,b,...] [--requests N] [--suite-trace FILE] [--out suite.json]
     kvroute sim --instances 64 --admission-slo 0.5 --tenant name=A,workload=shared-prefix,rate=64,duration=30 \
         --tenant name=B,workload=random,rate=960,duration=25,seed=7       # a row per tenant too
+    kvroute sim --instances 8 --admission-slo 0.5 --routers 2 [--admission-sync 0.05] \
+        --tenant name=A,workload=random,rate=60,duration=30,weight=4,router=0 --tenant name=B,...,weight=1
     kvroute sim --instances 64 --workload session-storm --host-blocks 16000 --kv-store redis://s \
         --kv-host-link pcie4 --kv-store-link infiniband [--policy-arg tier_credit=fixed] ...
 
@@ -44,7 +46,7 @@ from kvroute.loadgen.sim.report import format_suite, format_table, relative_to_o
 from kvroute.loadgen.sim.runner import SimConfig, arrivals, policy_names
 from kvroute.loadgen.sim.suite import DEFAULT_TRACE, SUITE_CONFIG, SUITE_POLICIES, run_suite
 from kvroute.loadgen.sim.tenant_mix import format_tenants, mixed_specs, per_tenant
-from kvroute.loadgen.tenants import parse_tenant
+from kvroute.loadgen.tenants import TenantLoad, parse_tenant
 from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 from kvroute.router.contract.cli_help import HelpFormatter
 from kvroute.router.planner.decide import PlannerConfig
@@ -80,7 +82,9 @@ _CONFIG_FLAGS = {  # flag dest -> SimConfig field; a flag not given keeps the ba
     "kv_store_write": "kv_store_write", "kv_load_budget_bytes": "kv_load_budget_bytes", "kv_host_link": "kv_host_link",
     "kv_store_link": "kv_store_link", "admission_slo": "admission_slo_s", "admission_margin": "admission_margin",
     "max_loras": "max_loras",
+    "routers": "routers", "admission_sync": "admission_sync_s",
 }
+SIM_TENANT_KEYS = ("weight", "router")  # --tenant keys of the simulator alone (the router's tenant file, the replica)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,9 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admission-slo", type=float,
                    help="admission by predicted TTFT at this SLO, as the router's --slo-ttft-s (docs/admission.md)")
     p.add_argument("--admission-margin", type=float, help="as the router's --admission-margin (default -0.4)")
+    p.add_argument("--routers", type=int, help="router replicas over the cluster, each its own policy, view and "
+                                               "admission queue, sharing one index (default 1; replicas.py)")
+    p.add_argument("--admission-sync", type=float,
+                   help=f"--routers: shared admission synced this often, s; 0: each replica admits alone "
+                        f"(default {d['admission_sync_s']})")
     p.add_argument("--tenant", action="append", default=[], metavar="SPEC",
                    help="a tenant's load, as kvroute loadgen --tenant (name=A,workload=...,rate=...,duration=...,"
-                        "priority=...,start=...,seed=...); repeatable, instead of --workload; prints a row per tenant")
+                        "priority=...,start=...,seed=...), and its weight=W (as in a tenant file) and router=K "
+                        "(the replica of --routers it sends to); repeatable, instead of --workload; a row per tenant")
     p.add_argument("--suite", action="store_true",
                    help="every workload and a KV pressure sweep, each policy against the oracle (see suite.py)")
     p.add_argument("--suite-trace", default=str(DEFAULT_TRACE), help="--suite: the Mooncake trace file")
@@ -232,6 +242,8 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
                              "workload knobs or --pd-sweep")
     elif not args.workload:
         raise ValueError(f"give --workload ({workload_names()}), --tenant or --suite")
+    if config.routers > 1 and (args.pd_sweep or args.planner or args.suite):
+        raise ValueError("--routers > 1 takes no --pd-sweep, --planner or --suite")
     if args.pd_sweep and (len(policies) != 1 or config.instances < 2 or args.records):
         raise ValueError("--pd-sweep takes one --policy, at least 2 --instances and no --records")
     if args.jobs < 1:
@@ -245,6 +257,25 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         if path is not None and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
             raise ValueError(f"--{flag} {path}: not a file in an existing directory")
     return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
+
+
+def sim_tenant(text: str) -> tuple[TenantLoad, float, int | None]:
+    """A --tenant SPEC: loadgen's (loadgen/tenants.py), with the simulator's weight= and router= taken out."""
+    own, rest = {}, []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key.strip() in SIM_TENANT_KEYS:
+            own[key.strip()] = value.strip()
+        else:
+            rest.append(part)
+    load = parse_tenant(",".join(rest))
+    try:
+        weight, router = float(own.get("weight", 1.0)), int(own["router"]) if "router" in own else None
+    except ValueError:
+        raise ValueError(f"--tenant {load.name}: weight must be a number and router an integer") from None
+    if not weight > 0:
+        raise ValueError(f"--tenant {load.name}: weight must be positive, got {weight}")
+    return load, weight, router
 
 
 def planner_config(args: argparse.Namespace, config: SimConfig) -> PlannerConfig | None:
@@ -271,11 +302,13 @@ def run(args: argparse.Namespace) -> dict:
     planner = planner_config(args, config)
     started = time.perf_counter()
     if args.tenant:
-        loads = [parse_tenant(t) for t in args.tenant]
+        parsed = [sim_tenant(t) for t in args.tenant]
+        loads = [load for load, _, _ in parsed]
         if len({load.name for load in loads}) != len(loads):
             raise ValueError("--tenant names a tenant twice")
-        config = dataclasses.replace(config, admission_tenants=tuple((load.name, load.priority or 0, 1.0)
-                                                                     for load in loads))
+        config = dataclasses.replace(
+            config, admission_tenants=tuple((load.name, load.priority or 0, weight) for load, weight, _ in parsed),
+            tenant_routers=tuple((load.name, router) for load, _, router in parsed if router is not None))
         specs, workload, arrival = mixed_specs(loads), None, ArrivalConfig()
     else:
         workload = _workload(args, config.seed)

@@ -30,6 +30,7 @@ from kvroute.loadgen.sim.disagg import DisaggConfig
 from kvroute.loadgen.sim.oracle import make_oracle
 from kvroute.loadgen.sim.oracle_future import make_future_oracle
 from kvroute.loadgen.sim.planning import SimPlanning
+from kvroute.loadgen.sim.replicas import Replicas, build_replicas
 from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.sim.tiers import tier_stats
 from kvroute.loadgen.summary import summarize
@@ -81,6 +82,11 @@ class SimConfig:
     # LoRA adapters every instance serves (requests name them: loadgen/adapters.py), in max_loras slots each
     adapters: tuple[str, ...] = ()
     max_loras: int = 1
+    # Router replicas (loadgen/sim/replicas.py): several routers over the cluster, each admitting alone or
+    # sharing admission synced every admission_sync_s (0: alone); tenant_routers pins a tenant to one
+    routers: int = 1
+    admission_sync_s: float = 0.05
+    tenant_routers: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.request_overhead_s < 0:
@@ -101,6 +107,13 @@ class SimConfig:
             raise ValueError("--pd-min-uncached cannot be negative")
         self.engine_config()
         self.admission()
+        if not 1 <= self.routers <= 64 or self.admission_sync_s < 0:
+            raise ValueError("--routers must be between 1 and 64 and --admission-sync >= 0")
+        if self.routers > 1 and self.prefill_instances:
+            raise ValueError("--routers > 1 runs colocated instances only (no --prefill-instances)")
+        if any(not 0 <= k < self.routers for _, k in self.tenant_routers):
+            raise ValueError(f"a tenant's router= must name one of the {self.routers} --routers "
+                             f"(0 to {self.routers - 1})")
 
     def admission(self) -> AdmissionSetup:
         return AdmissionSetup(config=AdmissionConfig(slo_ttft_s=self.admission_slo_s, margin=self.admission_margin),
@@ -216,7 +229,7 @@ class SimSetup:
     """A simulation ready to run: `cluster.run(router, iter(starts))`."""
 
     cluster: Cluster
-    router: SimRouter
+    router: SimRouter | Replicas  # several: kvroute sim --routers N
     planning: SimPlanning | None
     starts: list[tuple[float, RequestSpec]]
 
@@ -238,8 +251,19 @@ def build(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival
     disagg = DisaggConfig(num_prefill=config.prefill_instances, min_uncached=config.pd_min_uncached,
                           seed=config.seed) \
         if config.prefill_instances or planner is not None else None
-    router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
-                       window=planner is not None, admission=config.admission())
+    router: SimRouter | Replicas
+    if config.routers > 1 and planner is None:
+        def make_router(policy_, **kw) -> SimRouter:
+            return SimRouter(cluster, policy_, followers, config.fast_candidates, config.recent_ttl_s,
+                             admission=config.admission(), **kw)
+        router = build_replicas(
+            cluster, config.routers, lambda i: policy if i == 0 else build_policy(
+                policy_name, cluster, config.seed + i, specs, starts, config.policy_args),
+            make_router, config.admission().config, config.admission_sync_s, dict(config.tenant_routers),
+            starts[-1][0] if starts else 0.0)
+    else:
+        router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
+                           window=planner is not None, admission=config.admission())
     planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
     return SimSetup(cluster=cluster, router=router, planning=planning, starts=starts)
 

@@ -48,7 +48,7 @@ TARGET = {"policy": "kv_aware", "ttft_p90": 1.25, "cached_token_ratio": 0.98}
 PRESSURE_DOCUMENTS = (16, 32, 48, 64, 96)
 DEFAULT_TRACE = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 KEPT = ("requests", "errors", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "cached_token_ratio",
-        "goodput", "preemptions", "decision_us_mean", "sim_wall_s")
+        "goodput", "preemptions", "decision_us_mean", "sim_wall_s", "routing_loss")
 
 
 @dataclasses.dataclass(frozen=True)

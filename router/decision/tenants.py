@@ -119,6 +119,9 @@ class Limits:
             self._buckets[spec.name] = (min(self._size(spec), self._tokens(spec, now) + 1.0), now)
         self.finished(spec.name)
 
+    def refused(self, spec: TenantSpec, now: float) -> None:
+        """A request the limits refused (nothing to count here; leases.py sizes its leases by them)."""
+
     def finished(self, tenant: str) -> None:
         left = self.inflight.get(tenant, 0) - 1
         if left > 0:

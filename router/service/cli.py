@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="admission: requests that may wait in the router's queue (all tenants)")
     p.add_argument("--priority-edges", type=_edges, default=d["priority_edges"].default, metavar="P,P",
                    help="admission: priority bands cut at these priorities (lower is more urgent)")
+    p.add_argument("--admission-sync-s", type=float, default=d["admission_sync_s"].default,
+                   help="with --redis: router replicas and workers share admission (tenants' limits, weighted "
+                        "shares, fair-queue virtual time, instances' router-side load), synced this often in "
+                        "the background; 0: each process admits alone (docs/admission.md)")
     p.add_argument("--admin-key", default=os.environ.get("KVROUTE_ADMIN_KEY"),
                    help="require 'Authorization: Bearer KEY' on /router/* and /workers; also the key the router "
                         "and `kvroute planner` use for engines' /admin/* (default: $KVROUTE_ADMIN_KEY)")

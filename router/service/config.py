@@ -99,6 +99,9 @@ class RouterConfig:
     admission_margin: float = -0.4
     admission_queue: int = 1024
     priority_edges: tuple[int, ...] = (0, 1)
+    # With --redis: every router replica and worker admits by the fleet's shared state, synced this
+    # often in the background (router/service/fleet_admission.py); 0 = each process admits alone
+    admission_sync_s: float = 0.05
     # lean: the proxy path on router/service/lean_server.py (aiohttp serves all without httptools); a 413
     # sent before the body closes the connection there (aiohttp reads the body first)
     http_server: str = "lean"
@@ -138,6 +141,8 @@ class RouterConfig:
             raise ValueError(f"--workers must be between 1 and 64, got {self.workers}")
         if self.index_breaker_failures < 1:
             raise ValueError("--index-breaker-failures must be >= 1")
+        if not 0 <= self.admission_sync_s <= 10:
+            raise ValueError(f"--admission-sync-s must be between 0 (off) and 10 seconds, got {self.admission_sync_s}")
         if self.ejection_s < 0:
             raise ValueError("--ejection-s must be >= 0")
         if self.eject_after < 1 or self.readmit_after < 1:
@@ -169,6 +174,11 @@ class RouterConfig:
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(slo_ttft_s=self.slo_ttft_s, margin=self.admission_margin,
                                max_queue=self.admission_queue, priority_edges=self.priority_edges)
+
+    @property
+    def shared_admission(self) -> bool:
+        """Admission state shared with the other router replicas and workers through Redis."""
+        return bool(self.redis) and self.admission_sync_s > 0
 
     def connection_limits(self) -> ConnectionLimits:
         limits = ConnectionLimits(header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,

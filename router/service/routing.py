@@ -36,6 +36,7 @@ from kvroute.router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
 from kvroute.router.service import request_keys
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.request_trace import RecentRequests, RequestTrace
+from kvroute.router.service.routing_loss import RoutingLoss
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,10 @@ class Router:
     def __init__(self, cluster: Cluster, policy: Policy, tokenizer: Tokenizer, metrics: RouterMetrics,
                  policy_name: str, pool: TokenizePool | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_progress: Callable[[], None] = lambda: None) -> None:
+                 on_progress: Callable[[], None] = lambda: None, loss: RoutingLoss | None = None) -> None:
         """`on_progress`: called when a dispatched request's prefill is seen done and when it ends
-        (the admission gate's news, router/service/admission_gate.py)."""
+        (the admission gate's news, router/service/admission_gate.py). `loss`: the routing-loss split
+        (router/service/routing_loss.py), fed when a request is on the wire and when it ends."""
         self.cluster = cluster
         self.on_progress = on_progress
         self.policy = policy
@@ -100,6 +102,7 @@ class Router:
         self.pool = pool or TokenizePool()
         self.hashes = PrefixHashes()  # block hashes of cached prompt prefixes, reused
         self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
+        self.loss = loss if loss is not None else RoutingLoss(metrics.registry)
         self.clock = clock  # the recent senders' (the policies have their own)
         cfg = cluster.config
         self.decision = RouteDecision(policy, RouteSettings(fast_candidates=cfg.fast_candidates,
@@ -156,6 +159,7 @@ class Router:
         self.metrics.observe_finished(trace.model, trace.instance or "none", end - trace.started, trace.usage,
                                       trace.first_token, trace.last_byte)
         self.recent.add(trace)
+        self.loss.finished(trace)
 
     async def _tokenize(self, req: CompletionRequest, chars: int, tenant: str, messages: list | None) -> Encoding:
         """Look the prompt's pieces up here; encode what is missing inline or in the pool, by its size."""
@@ -247,6 +251,13 @@ class Router:
         self.metrics.errors.labels("overloaded").inc()
         limit = self.cluster.config.max_inflight
         return Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
+
+    def loss_matches(self, prepared: Prepared, choice: Choice) -> Mapping[str, PrefixMatch] | None:
+        """The index's matches for the routing-loss split: the decision's own, or for a policy that
+        does not read the index a lookup where it needs no await (None: none)."""
+        if self.policy.uses_index or not prepared.route.block_hashes:
+            return choice.matches
+        return self.cluster.index.lookup_now(prepared.route.block_hashes)
 
     def lookup_now(self, prepared: Prepared) -> Mapping[str, PrefixMatch] | None:
         """`lookup` when the index answers without awaiting (memory); None when it must be awaited."""
