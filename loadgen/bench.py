@@ -34,6 +34,7 @@ from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import Run, markdown_table, verdict, write_report, write_run
 from kvroute.loadgen.runner import run_load
 from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.contract.interrupt import interrupted
 
 PROG = "kvroute bench"
 DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"
@@ -260,8 +261,7 @@ def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, s
     try:
         runs = asyncio.run(bench(args, policies, extras))
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; all processes stopped", file=sys.stderr)
-        return 130
+        return interrupted(prog, "interrupted; all processes stopped")
     except (RuntimeError, OSError, TargetError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

@@ -26,6 +26,7 @@ from kvroute.loadgen.summary import format_summary
 from kvroute.loadgen.tenants import parse_tenant, run_tenants, tenant_summary, workload_of
 from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.contract.interrupt import INTERRUPTED, interrupted
 
 PROG = "kvroute loadgen"
 CLOSED_LOOP_CAP = 10_000  # requests generated for --concurrency with --duration and no --num-requests
@@ -267,8 +268,7 @@ def _in_loop(make) -> tuple[object, int | None]:
         print(f"{PROG}: {e}", file=sys.stderr)
         return None, 1
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return None, 130
+        return None, interrupted(PROG)
 
 
 def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) -> int:
@@ -283,7 +283,7 @@ def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) ->
     print(format_summary(summary))
     if result.interrupted:
         print(f"{PROG}: interrupted; wrote the {len(result.records)} requests that finished", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     if result.records and summary["completed"] == 0:
         print(f"{PROG}: all {len(result.records)} requests failed: {next(iter(summary['error_kinds']))}",
               file=sys.stderr)
