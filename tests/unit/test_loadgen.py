@@ -1,7 +1,9 @@
 """kvroute loadgen: workloads, arrivals, client timing, summaries, reports and the CLI (real loopback servers)."""
 
 import asyncio
+import gzip
 import json
+import pathlib
 import socket
 
 import numpy as np
@@ -192,6 +194,18 @@ def test_mooncake_trace_replays_scaled(mooncake_trace):
         shared_blocks += shared
     assert shared_blocks >= 42 * 2
     assert common_prefix(specs[0].prompt_ids, specs[1].prompt_ids) == 0  # different system prompts
+
+
+def test_a_gzipped_trace_replays_as_the_plain_one(mooncake_trace, tmp_path):
+    path, _ = mooncake_trace
+    packed = tmp_path / "mooncake.jsonl.gz"
+    packed.write_bytes(gzip.compress(pathlib.Path(path).read_bytes()))
+    plain = make_workload("trace:" + path, trace_block_tokens=8).requests()
+    assert make_workload(f"trace:{packed}", trace_block_tokens=8).requests() == plain
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match="cannot read trace file"):
+        make_workload(f"trace:{broken}")
 
 
 @pytest.mark.parametrize("name, knobs, message", [
