@@ -30,6 +30,7 @@ from kvroute.loadgen.bench_tiers import (
 from kvroute.loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
 from kvroute.loadgen.client import TargetError, probe_target
 from kvroute.loadgen.local_cluster import ClusterSpec, LocalCluster
+from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import Run, markdown_table, verdict, write_report, write_run
 from kvroute.loadgen.runner import run_load
@@ -81,6 +82,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--tier-runs", default=",".join(TIER_RUNS),
                    help="with --tiers: the setups to run, device first (the reference of the output comparison)")
     p.add_argument("--out", default="kvroute-bench", help="output directory")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     add_load_args(p, workload_required=False)
     return p
 
@@ -228,6 +230,7 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
         raise ValueError(f"--tier-runs must list device first, then any of {', '.join(TIER_RUNS[1:])}")
     extras = parse_targets(args.extra_target)
     check_load_args(args)
+    check_out_dir(args.out, args.force)
     return args, policies, extras
 
 

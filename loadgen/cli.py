@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import dataclasses
 import math
-import pathlib
 import signal
 import sys
 
@@ -19,6 +18,7 @@ import aiohttp
 
 from kvroute.loadgen.arrivals import ArrivalConfig, count_within
 from kvroute.loadgen.client import APIS, PROMPT_FORMATS, TargetError, normalize_target, probe_target
+from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import write_run
 from kvroute.loadgen.runner import LoadConfig, LoadResult, run_load
@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, formatter_class=HelpFormatter, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
     p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--tenant", action="append", default=[], metavar="SPEC",
                    help="run several tenants at once instead of --workload: name=A,workload=W,rate=R,duration=S"
                         "[,priority=P][,key=KEY][,header=VALUE][,start=S][,KNOB=VALUE...] (loadgen/tenants.py)")
@@ -170,8 +171,7 @@ def check_load_args(args: argparse.Namespace, target: str = "") -> tuple[LoadCon
 
 
 def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
-    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
+    check_out_dir(args.out, args.force)
     if args.tenant:
         if args.workload:
             raise ValueError("give --workload or --tenant specs, not both")

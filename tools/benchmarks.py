@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,10 @@ def machine_line() -> str:
 def run_entry(entry: Entry, work: pathlib.Path) -> dict:
     """Run one entry; {ok, seconds, data | error}."""
     out = work / entry.out
+    if out.is_dir():  # an earlier run's: the commands refuse a non-empty --out, and stale files would pass as new
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
     argv = [sys.executable, *(a.replace("{out}", str(out)) for a in entry.args)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()

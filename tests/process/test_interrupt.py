@@ -59,13 +59,25 @@ class Command:
     def interrupt(self) -> tuple[int, list[str]]:
         """Ctrl-C to the process group; the exit status and every stderr line, once it has ended."""
         os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            code = self.proc.wait(60)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        code = self.proc.wait(60)
         self._reader.join(10)
         return code, self.lines
+
+
+@pytest.fixture
+def start():
+    """Start commands; whatever a failed test left running is killed, process group and all."""
+    commands: list[Command] = []
+
+    def start_(argv: list[str], python_flags: tuple[str, ...] = ()) -> Command:
+        commands.append(Command(argv, python_flags))
+        return commands[-1]
+
+    yield start_
+    for command in commands:
+        if command.proc.poll() is None:
+            os.killpg(command.proc.pid, signal.SIGKILL)
+            command.proc.wait(10)
 
 
 def _children(pid: int) -> set[int]:
@@ -105,9 +117,9 @@ def _eventually_gone(pids: set[int], timeout: float = 10.0) -> set[int]:
 
 
 @pytest.mark.parametrize("name", ONE_SHOT)
-def test_ctrl_c_is_one_line_and_exit_130(name, tmp_path):
+def test_ctrl_c_is_one_line_and_exit_130(name, tmp_path, start):
     argv, busy = ONE_SHOT[name]
-    command = Command([a.format(tmp=tmp_path) for a in argv])
+    command = start([a.format(tmp=tmp_path) for a in argv])
     command.wait_for_line(busy)
     started = _children(command.proc.pid)
     code, lines = command.interrupt()
@@ -120,8 +132,8 @@ def test_ctrl_c_is_one_line_and_exit_130(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", SERVERS)
-def test_ctrl_c_stops_a_server_with_exit_130(name):
-    command = Command(SERVERS[name])
+def test_ctrl_c_stops_a_server_with_exit_130(name, start):
+    command = start(SERVERS[name])
     command.wait_for_line("listening on")
     started = _children(command.proc.pid)
     code, lines = command.interrupt()
@@ -132,10 +144,10 @@ def test_ctrl_c_stops_a_server_with_exit_130(name):
     assert not _eventually_gone(started), f"still running after Ctrl-C: {_alive(started)}"
 
 
-def test_ctrl_c_while_starting_is_one_line():
+def test_ctrl_c_while_starting_is_one_line(start):
     """Before the command is at work: the engine still importing what it serves with (-X importtime
     lists each import on stderr as it ends; the signal comes once the command's own have begun)."""
-    command = Command(["engine", "--backend", "sim", "--port", "0"], ("-X", "importtime"))
+    command = start(["engine", "--backend", "sim", "--port", "0"], ("-X", "importtime"))
     command.wait_for_line("kvroute.router.contract.interrupt")
     code, lines = command.interrupt()
     text = "\n".join(lines)

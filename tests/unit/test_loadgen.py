@@ -359,6 +359,22 @@ async def test_cli_against_sim_engine_measures_cache_hits(start_engine, tmp_path
     assert "TTFT" in capsys.readouterr().out
 
 
+async def test_out_refuses_an_earlier_run_unless_forced(stub, tmp_path, capsys):
+    url, _ = await stub(first_delay=0.0, gap=0.0, tokens=1)
+    out = tmp_path / "run1"
+    argv = ["--target", url, "--workload", "random", "--rate", "200", "--num-requests", "4", "--input-tokens", "8",
+            "--output-tokens", "1", "--no-progress", "--out", str(out)]
+    assert await asyncio.to_thread(main, argv) == 0
+    first = (out / "requests.jsonl").read_bytes()
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, [*argv, "--num-requests", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not empty" in err and "--force" in err
+    assert (out / "requests.jsonl").read_bytes() == first
+    assert await asyncio.to_thread(main, [*argv, "--num-requests", "2", "--force"]) == 0
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 2
+
+
 # --- summary and report ------------------------------------------------------------------------
 
 def hand_made_records():
