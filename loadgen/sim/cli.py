@@ -227,11 +227,16 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    _check_files(args)
+    return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    """--out and --records name files that can be written, before any work."""
     for flag in ("out", "records"):
         path = getattr(args, flag)
         if path is not None and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
             raise ValueError(f"--{flag} {path}: not a file in an existing directory")
-    return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
 
 
 def planner_config(args: argparse.Namespace, config: SimConfig) -> PlannerConfig | None:
@@ -306,6 +311,7 @@ def _profile(args: argparse.Namespace) -> dict:
     """--profile: one engine's prefill and decode capacities for the cost model, at --slo-tpot."""
     if args.slo_tpot is None:
         raise ValueError("--profile needs --slo-tpot")
+    _check_files(args)
     config = _config(args)
     return profile(get_cost_model(config.cost_model), args.slo_tpot, args.profile_context,
                    config.max_batched_tokens, config.max_running)
