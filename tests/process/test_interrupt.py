@@ -33,6 +33,13 @@ SERVERS = {
 }
 
 
+def _sigint_default() -> None:
+    """In the child before it runs the command: SIGINT's default action, whatever this process has. A
+    test run started in the background of a non-interactive shell (`pytest &`, nohup, some CI runners)
+    ignores SIGINT, and an ignored signal stays ignored across exec: the command would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Command:
     """`python -m kvroute ARGV` in its own process group, its stderr collected as it comes."""
 
@@ -40,7 +47,7 @@ class Command:
         self.proc = subprocess.Popen([sys.executable, *python_flags, "-m", "kvroute", *argv], cwd=ROOT,
                                      env=dict(os.environ, PYTHONPATH=str(ROOT)), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_sigint_default)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
