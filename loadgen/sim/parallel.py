@@ -96,8 +96,7 @@ def _simulate_one(run: PolicyRun, name: str) -> tuple[dict, list[RequestRecord] 
     collection; refcounting still frees them) -- a command's process, not a library call."""
     started = time.perf_counter()
     if run.progress:
-        print(f"{run.prog}: {name} on {run.config.instances} instances, {len(run.specs)} requests ...",
-              file=sys.stderr, flush=True)
+        _say(f"{run.prog}: {name} on {run.config.instances} instances, {len(run.specs)} requests ...")
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -108,5 +107,11 @@ def _simulate_one(run: PolicyRun, name: str) -> tuple[dict, list[RequestRecord] 
         if was_enabled:
             gc.enable()
     if run.progress:
-        print(f"{run.prog}: {name} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        _say(f"{run.prog}: {name} done in {time.perf_counter() - started:.1f} s")
     return summary, result.records if run.keep_records else None
+
+
+def _say(line: str) -> None:
+    """One progress line on stderr in one write: the policies' children share it, and print's separate
+    write of the newline let their lines run into each other."""
+    print(line + "\n", end="", file=sys.stderr, flush=True)
