@@ -32,10 +32,12 @@ from kvroute.loadgen.bench_tiers import (
 from kvroute.loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
 from kvroute.loadgen.client import TargetError, probe_target
 from kvroute.loadgen.local_cluster import ClusterSpec, LocalCluster
+from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import Run, markdown_table, verdict, write_report, write_run
 from kvroute.loadgen.runner import run_load
 from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.contract.interrupt import interrupted
 
 PROG = "kvroute bench"
 DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"
@@ -84,6 +86,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--max-loras", type=int, default=None,
                    help="with --adapters: each engine's adapter slots (default: all of them)")
     p.add_argument("--out", default="kvroute-bench", help="output directory")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     add_load_args(p, workload_required=False)
     return p
 
@@ -237,6 +240,7 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
         raise ValueError(f"--tier-runs must list device first, then any of {', '.join(TIER_RUNS[1:])}")
     extras = parse_targets(args.extra_target)
     check_load_args(args)
+    check_out_dir(args.out, args.force)
     return args, policies, extras
 
 
@@ -270,8 +274,7 @@ def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, s
     try:
         runs = asyncio.run(bench(args, policies, extras))
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; all processes stopped", file=sys.stderr)
-        return 130
+        return interrupted(prog, "interrupted; all processes stopped")
     except (RuntimeError, OSError, TargetError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import dataclasses
 import math
-import pathlib
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -22,6 +21,7 @@ import aiohttp
 from kvroute.loadgen.adapters import ASSIGNMENTS, parse_adapters, with_adapters
 from kvroute.loadgen.arrivals import ArrivalConfig, count_within
 from kvroute.loadgen.client import APIS, PROMPT_FORMATS, TargetError, normalize_target, probe_target
+from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import write_run
 from kvroute.loadgen.runner import LoadConfig, LoadResult, run_load
@@ -29,6 +29,7 @@ from kvroute.loadgen.summary import format_summary
 from kvroute.loadgen.tenants import parse_tenant, run_tenants, tenant_summary, workload_of
 from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
 from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.router.contract.interrupt import INTERRUPTED, interrupted
 
 PROG = "kvroute loadgen"
 CLOSED_LOOP_CAP = 10_000  # requests generated for --concurrency with --duration and no --num-requests
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
     p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--tenant", action="append", default=[], metavar="SPEC",
                    help="run several tenants at once instead of --workload: name=A,workload=W,rate=R,duration=S"
                         "[,priority=P][,key=KEY][,header=VALUE][,start=S][,KNOB=VALUE...] (loadgen/tenants.py)")
@@ -185,8 +187,7 @@ def check_load_args(args: argparse.Namespace, target: str = "") -> tuple[LoadCon
 
 
 def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
-    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
+    check_out_dir(args.out, args.force)
     if args.tenant:
         if args.workload:
             raise ValueError("give --workload or --tenant specs, not both")
@@ -295,8 +296,7 @@ def _in_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> tuple[T | None, int 
         print(f"{PROG}: {e}", file=sys.stderr)
         return None, 1
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return None, 130
+        return None, interrupted(PROG)
 
 
 def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) -> int:
@@ -311,7 +311,7 @@ def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) ->
     print(format_summary(summary))
     if result.interrupted:
         print(f"{PROG}: interrupted; wrote the {len(result.records)} requests that finished", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     if result.records and summary["completed"] == 0:
         print(f"{PROG}: all {len(result.records)} requests failed: {next(iter(summary['error_kinds']))}",
               file=sys.stderr)

@@ -8,6 +8,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.support.loopback import LoopbackServer  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
+# the test process's memory: what a test leaves for the cyclic collector goes before the next one; the run ends
+# with its peak RSS per process (--rss-top N, --rss-each-test, --rss-limit-mb M)
+pytest_plugins = ("tests.support.process_memory",)
+
 FOLDER_MARKERS = ("unit", "process")  # tests/unit: in-process; tests/process: start processes or redis-server
 
 

@@ -17,12 +17,14 @@ from kvroute.loadgen.chaos.config import ChaosConfig
 from kvroute.loadgen.chaos.rows import markdown
 from kvroute.loadgen.chaos.runner import run_chaos
 from kvroute.loadgen.chaos.scenarios import SCENARIOS, chosen
+from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvroute chaos", description=__doc__.split("\n")[0],
                                 epilog="scenarios: " + "; ".join(f"{n}: {s.summary}" for n, s in SCENARIOS.items()))
     p.add_argument("--out", default=None, help="write results.json, results.md and the processes' logs here")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--quick", action="store_true", help="a fuzz sample and one engine kill on a smaller fleet (~20 s)")
     p.add_argument("--scenarios", type=lambda v: tuple(s.strip() for s in v.split(",") if s.strip()), default=None,
                    help="comma-separated, in the order given (default: all; --quick: fuzz,engine-kill)")
@@ -47,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from(args: argparse.Namespace) -> ChaosConfig:
-    given = {k: v for k, v in vars(args).items() if v is not None}
+    given = {k: v for k, v in vars(args).items() if v is not None and k != "force"}
     for key in ("engine_args", "router_args"):
         if key in given:
             given[key] = tuple(given[key])
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from(args)
+        if config.out:
+            check_out_dir(config.out, args.force)
     except ValueError as e:
         print(f"kvroute chaos: {e}", file=sys.stderr)
         return 2

@@ -252,11 +252,16 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    _check_files(args)
+    return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    """--out and --records name files that can be written, before any work."""
     for flag in ("out", "records"):
         path = getattr(args, flag)
         if path is not None and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
             raise ValueError(f"--{flag} {path}: not a file in an existing directory")
-    return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
 
 
 def sim_tenant(text: str) -> tuple[TenantLoad, float, int | None]:
@@ -350,26 +355,33 @@ def _describe(workload, args: argparse.Namespace) -> dict:
     return workload.info() if hasattr(workload, "info") else {"workload": workload.name}
 
 
+def _profile(args: argparse.Namespace) -> dict:
+    """--profile: one engine's prefill and decode capacities for the cost model, at --slo-tpot."""
+    if args.slo_tpot is None:
+        raise ValueError("--profile needs --slo-tpot")
+    _check_files(args)
+    config = _config(args)
+    return profile(get_cost_model(config.cost_model), args.slo_tpot, args.profile_context,
+                   config.max_batched_tokens, config.max_running)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        if args.profile:
-            if args.slo_tpot is None:
-                raise ValueError("--profile needs --slo-tpot")
-            config = _config(args)
-            print(json.dumps(profile(get_cost_model(config.cost_model), args.slo_tpot, args.profile_context,
-                                     config.max_batched_tokens, config.max_running), indent=2))
-            return 0
-        out = run(args)
+        out = _profile(args) if args.profile else run(args)
     except (UsageError, ValueError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     text = json.dumps(out, indent=2)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    if args.json:
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            print(f"{PROG}: cannot write {args.out}: {e}", file=sys.stderr)
+            return 1
+    if args.json or args.profile:
         print(text)
     else:
         print(format_suite(out) if args.suite else format_sweep(out) if "pd_sweep" in out else format_table(out))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from kvroute.router.contract.connections import GuardedRunner
+from kvroute.router.contract.interrupt import INTERRUPTED
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,12 @@ def run_app(app: web.Application, sock: socket.socket, name: str,
     """Serve `app` on a socket from `bind_socket` until SIGINT, SIGTERM (or what `on_sigterm`
     does instead: a drain, which ends by setting app[SHUTDOWN]) or app[SHUTDOWN] is set.
     `site` makes the listening site from the runner and the socket (None: aiohttp's). Logs "<name> listening on
-    URL" once it is up."""
+    URL" once it is up. The exit status: 0, or 130 when SIGINT (Ctrl-C) stopped it (interrupt.py)."""
     install_uvloop()
     try:
         return asyncio.run(_serve(app, sock, name, on_sigterm, site))
-    except KeyboardInterrupt:
-        return 0
+    except KeyboardInterrupt:  # before the loop took SIGINT over
+        return INTERRUPTED
 
 
 async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigterm: Callable[[], None] | None,
@@ -112,10 +113,18 @@ async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigter
         await runner.cleanup()
         return 1
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
+    interrupted = asyncio.Event()
+
+    def on_sigint() -> None:
+        interrupted.set()
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
     loop.add_signal_handler(signal.SIGTERM, on_sigterm or stop.set)
     log.info("%s listening on %s", name, url)
     settle_gc()
     await stop.wait()
+    if interrupted.is_set():
+        log.info("%s interrupted (SIGINT); stopping", name)
     await runner.cleanup()
-    return 0
+    return INTERRUPTED if interrupted.is_set() else 0

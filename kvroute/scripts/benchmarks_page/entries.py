@@ -46,8 +46,8 @@ ENTRIES = (
           out="sim-pressure-80.json", render=render.sim),
     Entry(name="sim-suite", title="Simulator: every workload against the oracle",
           about="Every policy with its defaults on one cluster (8 x 1,024 blocks, 5 ms request overhead) over the "
-                "shared-prefix, multi-turn, doc-qa, random and hot-prefix workloads, the Mooncake trace (skipped "
-                "when ../shared/traces/ lacks it) and the KV pressure sweep. Cells: TTFT p90 and cached share, "
+                "shared-prefix, multi-turn, doc-qa, random and hot-prefix workloads, the Mooncake trace (the "
+                "package's sample, loadgen/data/) and the KV pressure sweep. Cells: TTFT p90 and cached share, "
                 "each relative to the oracle's. oracle_future adds the price of exactly the victims the "
                 "workload's future asks for again.",
           args=(*CLI, "sim", "--suite", "--out", "{out}"), out="sim-suite.json", render=render.suite),
