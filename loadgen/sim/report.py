@@ -76,10 +76,10 @@ def format_table(out: Mapping[str, Any]) -> str:
         "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
-    lines += loss_lines(results)
     note = oracle_note(results, out["config"]["instances"])
     if note:
         lines.append(note)
+    lines += loss_lines(results)
     for name, s in results.items():
         for message, count in (s.get("error_kinds") or {}).items():
             lines.append(f"{name}: error x{count}: {message}")
