@@ -5,8 +5,8 @@
     python tools/bench_router.py instructions --out instructions.json [--requests 300]
 
 decision: the router's own prepare (limits, tokenize, hash) and decide (index lookup, candidates,
-kv_aware scoring, on_routed, of which on_routed is also shown alone: the proxy runs it once the
-request is on the wire), in process: 8k- and 32k-token chats whose system prompt was seen
+kv_aware scoring, on_routed, all before the request is sent: "after the send" is 0 since the
+decide stage records its choice itself, router/service/request_path.py), in process: 8k- and 32k-token chats whose system prompt was seen
 before, never-seen 8k-token completions, memory and Redis index at 64 instances (alternately tokenized
 in place, as an idle router does, and through the tokenizer pool, as with other requests in flight);
 token-id prompts at 64 and 1,024 instances. For never-seen prompts, the router's own work is prepare + decide less
@@ -142,18 +142,15 @@ async def hold_prefixes(index, ids: list[int], holders: int) -> None:
 
 async def time_decisions(router, bodies, kind: str) -> tuple[list[float], list[float], list[float]]:
     """Per body: (prepare = limits + tokenize + hash, decide = lookup + candidates + score + the policy
-    learning its choice, the last part alone), seconds. The proxy has the policy learn the choice once
-    the request is on the wire (`route_later`): decide less that part is what a request waits for
-    before it is sent."""
+    learning its choice, the part after the send: none since the decide stage records its choice
+    before the request is sent, router/service/request_path.py), seconds."""
     prep, dec, after = [], [], []
     for body in bodies:
         t0 = time.perf_counter()
         prepared = await router.prepare(body, kind)
         t1 = time.perf_counter()
-        choice = await router.decide(prepared, record=True, route_later=True)
-        t2 = time.perf_counter()
-        router.routed(prepared, choice)
-        t3 = time.perf_counter()
+        choice = await router.decide(prepared, record=True)  # recorded before the send: nothing after it
+        t2 = t3 = time.perf_counter()
         dec.append(t3 - t1)
         prep.append(t1 - t0)
         after.append(t3 - t2)

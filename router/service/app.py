@@ -40,12 +40,25 @@ from kvroute.router.kvevents.follower import ZmqFollower
 from kvroute.router.service import admin, lean_server, tenant_admin
 from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.admission_metrics import AdmissionMetrics
-from kvroute.router.service.app_keys import CLUSTER, CONFIG, DISAGG, ENTRY, GATE, METRICS, PROXY, ROUTER, TENANTS, ZMQ
+from kvroute.router.service.app_keys import (
+    CLUSTER,
+    CONFIG,
+    DISAGG,
+    ENTRY,
+    GATE,
+    METRICS,
+    PATH,
+    PROXY,
+    ROUTER,
+    TENANTS,
+    ZMQ,
+)
 from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation
 from kvroute.router.service.entry import Entry
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.proxy import Proxy
+from kvroute.router.service.request_path import RequestPath
 from kvroute.router.service.routing import Router
 from kvroute.router.service.tenant_book import TENANT_KEY, TenantBook
 
@@ -107,9 +120,10 @@ async def _router_ctx(app: web.Application):
                         idle_inline_chars=config.tokenize_idle_inline_chars)
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke)
     app[CLUSTER], app[ROUTER] = cluster, router
-    app[PROXY] = proxy = Proxy(router, cluster, session)
+    app[PATH] = path = RequestPath(router, cluster, gate)
+    app[PROXY] = proxy = Proxy(path, session)
     app[DISAGG] = disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
-    app[ENTRY] = Entry(router, cluster, proxy, disagg, gate)
+    app[ENTRY] = Entry(path, cluster, proxy, disagg)
     on_sighup = tenant_admin.reload_on_signal(app[TENANTS])
     zmq_sources = config.foreign_engines()[1]
     app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
@@ -218,7 +232,7 @@ async def handle_explain(request: web.Request) -> web.Response:
     roles = request.app[CLUSTER].colocated_roles(prepared.model)
     choice = await router.decide(prepared, record=False, roles=roles)
     out = router.explain(prepared, choice)
-    ticket = request.app[ENTRY].ticket(request, body)
+    ticket = request.app[PATH].ticket(body, request.headers, request.get(TENANT_KEY))
     out["admission"] = request.app[GATE].explain(ticket, await router.predict(prepared, roles))
     return json_response(out)
 

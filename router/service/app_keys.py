@@ -12,6 +12,7 @@ from kvroute.router.service.disagg import Disaggregation
 from kvroute.router.service.entry import Entry
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.proxy import Proxy
+from kvroute.router.service.request_path import RequestPath
 from kvroute.router.service.routing import Router
 from kvroute.router.service.tenant_book import TenantBook
 
@@ -21,6 +22,7 @@ ROUTER = web.AppKey("router", Router)
 PROXY = web.AppKey("proxy", Proxy)
 DISAGG = web.AppKey("disagg", Disaggregation)
 ENTRY = web.AppKey("entry", Entry)
+PATH = web.AppKey("path", RequestPath)
 METRICS = web.AppKey("metrics", RouterMetrics)
 ZMQ = web.AppKey("zmq", ZmqFollower)
 GATE = web.AppKey("gate", AdmissionGate)
