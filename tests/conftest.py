@@ -89,3 +89,14 @@ async def start_router():
     yield start
     for server in servers:
         await server.close()
+
+
+@pytest.fixture
+async def picker(start_router):
+    """Routers with their endpoint picker on (tests/support/picker_fleet.py): `await picker(engines, **kw)`
+    gives (router URL, server, gRPC channel)."""
+    from tests.support.picker_fleet import PickerFleets  # grpc: only for the tests that use it
+
+    fleets = PickerFleets(start_router)
+    yield fleets.start
+    await fleets.close()

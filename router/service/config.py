@@ -102,6 +102,12 @@ class RouterConfig:
     # lean: the proxy path on router/service/lean_server.py (aiohttp serves all without httptools); a 413
     # sent before the body closes the connection there (aiohttp reads the body first)
     http_server: str = "lean"
+    # The endpoint picker (router/service/ext_proc/): Envoy's ext_proc gRPC service on this port, beside the
+    # HTTP proxy (None: off; 0: any free port)
+    ext_proc_port: int | None = None
+    # fallbacks after the choice in x-gateway-destination-endpoint (the GIE protocol's list, tried in order by
+    # gateways that implement it); 0: the choice alone, which plain Envoy's ORIGINAL_DST cluster needs
+    ext_proc_fallbacks: int = 0
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:
@@ -144,6 +150,10 @@ class RouterConfig:
             raise ValueError("--eject-after and --readmit-after must be >= 1")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.ext_proc_port is not None and not 0 <= self.ext_proc_port <= 65535:
+            raise ValueError(f"--ext-proc-port must be between 0 and 65535, got {self.ext_proc_port}")
+        if not 0 <= self.ext_proc_fallbacks <= 16:
+            raise ValueError(f"--ext-proc-fallbacks must be between 0 and 16, got {self.ext_proc_fallbacks}")
         self.connection_limits()  # validates the connection flags
         self.admission()  # validates the admission flags
         self.foreign_engines()  # validates --engine-kind and --kv-event-*

@@ -30,6 +30,7 @@ from kvroute.router.service.admission_gate import AdmissionGate, Ticket, no_pred
 from kvroute.router.service.charges import Charges, Dispatch
 from kvroute.router.service.request_class import priority_of, slo_of
 from kvroute.router.service.routing import Choice, Forecast, Prepared, Router
+from kvroute.router.service.usage import Usage
 
 
 class Flight:
@@ -38,9 +39,8 @@ class Flight:
 
     __slots__ = ("router", "ticket", "charges", "prepared", "forecast", "dispatch", "finished")
 
-    def __init__(self, router: Router, ticket: Ticket, charges: Charges) -> None:
-        self.router, self.ticket, self.charges = router, ticket, charges
-        self.prepared: Prepared | None = None
+    def __init__(self, router: Router, ticket: Ticket, charges: Charges, prepared: Prepared) -> None:
+        self.router, self.ticket, self.charges, self.prepared = router, ticket, charges, prepared
         self.forecast: Forecast | None = None  # admission's decision, taken by the next `decide`
         self.dispatch: Dispatch | None = None  # the attempt charged last
         self.finished = False
@@ -50,17 +50,32 @@ class Flight:
         arrival includes its decode)."""
         if self.dispatch is not None:
             self.dispatch.first_byte(is_ttft)
-        if self.prepared is not None and is_ttft:
+        if is_ttft:
             self.prepared.trace.first(instance)
+
+    def relayed(self, chunk: bytes) -> None:
+        """A chunk of a streamed answer went to the client (its SSE events and usage are read)."""
+        self.prepared.trace.relayed(chunk)
+
+    def answered(self, instance: str, whole: bytes | None, usage: Usage | None = None) -> None:
+        """The answer came from `instance`; `whole`: a whole (non-streamed) answer's bytes, if seen;
+        `usage`: the engine's, as a data plane reported it."""
+        trace = self.prepared.trace
+        if whole is not None:
+            trace.body(whole, instance)
+        elif not trace.instance:
+            trace.instance = instance
+        if usage is not None:
+            trace.usage = usage
 
     def finish(self, status: str) -> None:
         if self.finished:
             return
         self.finished = True
-        trace = self.prepared.trace if self.prepared is not None else None
-        self.charges.close(status, trace.first_token if trace is not None else None)
-        if trace is not None:  # metrics and the recent window once the answer is on its way (next loop step)
-            asyncio.get_running_loop().call_soon(self.router.finish, trace, status)
+        trace = self.prepared.trace
+        self.charges.close(status, trace.first_token)
+        # metrics and the recent window once the answer is on its way (next loop step)
+        asyncio.get_running_loop().call_soon(self.router.finish, trace, status)
 
 
 class Kept:
@@ -91,17 +106,17 @@ class RequestPath:
     async def prepare(self, body: dict, kind: str, headers: Mapping[str, str],
                       key_tenant: str | None = None) -> Flight:
         """The tenant's slot (Overloaded when its limits refuse), then parse, limits, tokenize, hash.
-        A failure here finishes the flight (its slot given back) before it propagates."""
+        A failure here gives the slot back before it propagates (no flight was made)."""
         ticket = self.ticket(body, headers, key_tenant)
-        flight = Flight(self.router, ticket, Charges(self.gate, ticket))
+        charges = Charges(self.gate, ticket)
         try:
-            flight.charges.reserve()
-            flight.prepared = await self.router.prepare(body, kind, tenant=ticket.spec.name)
+            charges.reserve()
+            prepared = await self.router.prepare(body, kind, tenant=ticket.spec.name)
         except BaseException as e:
-            flight.finish(status_label(e))
+            charges.close(status_label(e))
             raise
-        self.router.recent.arrived(flight.prepared.trace)
-        return flight
+        self.router.recent.arrived(prepared.trace)
+        return Flight(self.router, ticket, charges, prepared)
 
     async def admit(self, flight: Flight, roles: Sequence[str] | None, predicts: bool = True) -> None:
         """Return once admitted (Overloaded when refused). `predicts=False`: the limits alone
