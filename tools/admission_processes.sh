@@ -1,6 +1,6 @@
 #!/bin/bash
 # The real-process overload runs of docs/admission.md: 4 sim engines, a kv_aware router, `kvroute loadgen
-# --tenant`. Usage: [ROUTER_FLAGS="--http-server lean --workers 2"] tools/admission_processes.sh OUT_DIR
+# --tenant`. Usage: [ROUTER_FLAGS="--workers 2"] tools/admission_processes.sh OUT_DIR
 # (run from the repository root; ports 8100-8104; ROUTER_FLAGS go to every router started)
 set -u
 out=${1:?usage: tools/admission_processes.sh OUT_DIR}

@@ -15,7 +15,7 @@ the ids included), and,
 as a cross-check, less the same text encoded alone right before (noisier: two separate timings).
 latency: 4 sim engines (near-zero model time); 1 KB non-streamed completions from a lean
 closed-loop client (tools/http_load.py, its own process); per router (kvroute kv_aware,
-round_robin, --workers 2, --http-server aiohttp; sglang-router and vllm-router from their own venvs when
+round_robin, --workers 2; sglang-router and vllm-router from their own venvs when
 installed): c=1 latency against one engine direct, measured right before in the same
 run (added = difference of the p50s and of the p99s), and requests/s at --concurrency.
 instructions: one sim engine; each kvroute router variant, the no-routing floor (a raw asyncio
@@ -286,7 +286,6 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
     out["kvroute kv_aware"] = ([*kv], {})
     out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
     out["kvroute kv_aware --workers 2"] = ([*kv, "--workers", "2"], {})
-    out["kvroute kv_aware --http-server aiohttp"] = ([*kv, "--http-server", "aiohttp"], {})
     for server in ("aiohttp", "raw"):  # no routing at all: what the HTTP server and upstream client cost
         out[f"floor: {server} server + upstream.py"] = (
             [sys.executable, "tools/proxy_floor.py", "--server", server, "--port", str(port), "--engine", engines[0]], {})
@@ -360,8 +359,7 @@ async def latency(args) -> dict:
             "duration_s": args.duration, "prompt_bytes": len(PROMPT)}
 
 
-INSTRUCTION_VARIANTS = {"kv_aware": (), "round_robin": ("--policy", "round_robin"),
-                        "kv_aware --http-server aiohttp": ("--http-server", "aiohttp")}
+INSTRUCTION_VARIANTS = {"kv_aware": (), "round_robin": ("--policy", "round_robin")}
 
 
 def callgrind_totals(pattern: str) -> int:

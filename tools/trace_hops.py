@@ -1,6 +1,6 @@
 """Count what one chat completion crosses in the router before the engine sees a byte.
 
-    python tools/trace_hops.py [--stream] [--http-server lean|aiohttp] [--out hops.json]
+    python tools/trace_hops.py [--stream] [--out hops.json]
 
 One router (in this process, kv_aware, its load and health polls slowed so none runs during the
 trace) over one stub engine (also in this process); after three warm-up requests, a profiler
@@ -139,27 +139,27 @@ def stub_engine(trace: dict) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, site=None) -> tuple[web.AppRunner, str]:
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
     from kvroute.router.contract.connections import GuardedRunner
     from kvroute.router.contract.serve import bind_socket
 
     runner = GuardedRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     sock = bind_socket("127.0.0.1", 0)
-    await (site or web.SockSite)(runner, sock=sock).start()
+    await web.SockSite(runner, sock=sock).start()
     return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def run(args) -> dict:
-    from kvroute.router.service.app import CLUSTER, create_app, site_for
+    from kvroute.router.service.app import CLUSTER, create_app
     from kvroute.router.service.config import RouterConfig
 
     trace: dict = {}
     engine, engine_url = await serve(stub_engine(trace))
-    config = RouterConfig(engines=(engine_url,), port=0, policy="kv_aware", http_server=args.http_server,
+    config = RouterConfig(engines=(engine_url,), port=0, policy="kv_aware",
                           load_interval_s=30.0, health_interval_s=30.0, seed=0)
     app = create_app(config)
-    router, url = await serve(app, site_for(config))
+    router, url = await serve(app)
     body = {"model": "kvroute-tiny", "messages": PROMPT, "max_tokens": 4, "stream": args.stream}
     try:
         for _ in range(100):
@@ -181,13 +181,12 @@ async def run(args) -> dict:
         await engine.cleanup()
     if status != 200:
         raise SystemExit(f"the traced request failed: HTTP {status}")
-    return {"stream": args.stream, "http_server": args.http_server, **tracer.summary()}
+    return {"stream": args.stream, **tracer.summary()}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--stream", action="store_true", help="trace a streamed chat completion (default: whole)")
-    p.add_argument("--http-server", choices=("lean", "aiohttp"), default="aiohttp")
     p.add_argument("--out", default=None, help="write the result as JSON")
     p.add_argument("--edges", action="store_true", help="print every edge and bounce")
     args = p.parse_args()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import logging
 import os
 import random
 import time
-from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -37,7 +35,7 @@ from kvroute.router.index.instrumented import InstrumentedIndex
 from kvroute.router.index.split import SplitIndex
 from kvroute.router.kvevents.engine_feed import EventSync, PollFollower, RedisFollower
 from kvroute.router.kvevents.follower import ZmqFollower
-from kvroute.router.service import admin, lean_server, route_api, tenant_admin
+from kvroute.router.service import admin, route_api, tenant_admin
 from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.admission_metrics import AdmissionMetrics
 from kvroute.router.service.app_keys import (
@@ -257,14 +255,6 @@ async def handle_explain(request: web.Request) -> web.Response:
 
 
 PROXY_ROUTES = {"/v1/completions": handle_completions, "/v1/chat/completions": handle_chat}
-
-
-def site_for(config: RouterConfig) -> Callable[..., web.BaseSite] | None:
-    """How the app is served (run_app's `site`): the proxy path on the lean front with
-    --http-server lean and httptools, else None (aiohttp alone)."""
-    if config.http_server == "lean" and lean_server.available():
-        return functools.partial(lean_server.LeanSite, handlers=PROXY_ROUTES)
-    return None
 
 
 def create_app(config: RouterConfig) -> web.Application:

@@ -8,7 +8,7 @@ import sys
 
 from kvroute.router.contract.cli_help import HelpFormatter
 from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging
-from kvroute.router.service.config import EVENT_SOURCES, HTTP_SERVERS, RouterConfig
+from kvroute.router.service.config import EVENT_SOURCES, RouterConfig
 from kvroute.router.service.tenant_book import TenantBook, split_keys
 
 
@@ -148,10 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=d["workers"].default,
                    help="router processes on one port (SO_REUSEPORT), for more than one core; each keeps its own "
                         "index (or shares --index redis) fed by the same events")
-    p.add_argument("--http-server", choices=HTTP_SERVERS, default=d["http_server"].default,
-                   help="lean (the default): POST /v1/completions and /v1/chat/completions on a lean httptools "
-                        "protocol, the rest on aiohttp (same port; aiohttp for all when httptools is missing); "
-                        "aiohttp: all")
     p.add_argument("--ext-proc-port", type=int, default=None, metavar="PORT",
                    help="also serve Envoy's ext_proc gRPC service on PORT: kvroute as the endpoint picker of a "
                         "gateway (the Gateway API Inference Extension; docs/gateway.md); needs kvroute[gateway]")
@@ -204,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 1
-    from kvroute.router.service.app import create_app, site_for
+    from kvroute.router.service.app import create_app
 
-    return run_app(create_app(config), sock, "router", site=site_for(config))
+    return run_app(create_app(config), sock, "router")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from kvroute.router.decision.admission import AdmissionConfig
 from kvroute.router.decision.tenants import DEFAULT_TENANT
 
 EVENT_SOURCES = ("poll", "redis")
-HTTP_SERVERS = ("lean", "aiohttp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +98,6 @@ class RouterConfig:
     admission_margin: float = -0.4
     admission_queue: int = 1024
     priority_edges: tuple[int, ...] = (0, 1)
-    # lean: the proxy path on router/service/lean_server.py (aiohttp serves all without httptools); a 413
-    # sent before the body closes the connection there (aiohttp reads the body first)
-    http_server: str = "lean"
     # The endpoint picker (router/service/ext_proc/): Envoy's ext_proc gRPC service on this port, beside the
     # HTTP proxy (None: off; 0: any free port)
     ext_proc_port: int | None = None
@@ -138,8 +134,6 @@ class RouterConfig:
             raise ValueError(f"--tokenize-idle-inline-chars must be >= 0, got {self.tokenize_idle_inline_chars}")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
-        if self.http_server not in HTTP_SERVERS:
-            raise ValueError(f"--http-server must be one of {', '.join(HTTP_SERVERS)}, got {self.http_server!r}")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"--workers must be between 1 and 64, got {self.workers}")
         if self.index_breaker_failures < 1:

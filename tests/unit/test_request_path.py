@@ -12,7 +12,7 @@ from tools.trace_hops import run
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_the_http_client_calls_nothing_of_routing(stream):
-    result = await run(argparse.Namespace(stream=stream, http_server="aiohttp"))
+    result = await run(argparse.Namespace(stream=stream))
     assert result["hops"] > 0 and result["modules"] > 10  # the trace saw the request
     from_upstream = [edge for edge in result["edges"] if edge.startswith("router.service.upstream ->")]
     assert from_upstream == []
