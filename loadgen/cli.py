@@ -97,7 +97,8 @@ def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) ->
                         "shift a few boundary tokens)")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature to send (0 = greedy: outputs comparable across runs); default: the server's")
+                   help="sampling temperature to send (0 = greedy: outputs comparable across runs); "
+                        "default: the server's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     for name, (kind, workloads) in _knob_defaults().items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
@@ -105,7 +106,8 @@ def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, formatter_class=HelpFormatter, description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
+    p = _Parser(prog=PROG, formatter_class=HelpFormatter,
+                description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
     p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
     p.add_argument("--tenant", action="append", default=[], metavar="SPEC",

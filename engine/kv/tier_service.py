@@ -25,16 +25,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo
-from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
-from kvroute.engine.kv.link_estimate import describe_links
+from kvroute.engine.kv.link_estimate import DeviceCosts, describe_links
 from kvroute.engine.kv.load_queue import Load
 from kvroute.engine.kv.store import check_reachable, make_store
 from kvroute.engine.kv.store.base import StoreUnavailable
@@ -45,7 +44,9 @@ from kvroute.engine.kv.store_writes import StoreWrites
 from kvroute.engine.kv.tier_metrics import TierMetrics
 from kvroute.engine.kv.tier_setup import model_name, namespace
 from kvroute.engine.kv.tiers import CacheTiers
-from kvroute.engine.runners.device_costs import DeviceCosts
+
+if TYPE_CHECKING:  # the engine's config sits above its parts: they read its fields, and name it only here
+    from kvroute.engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,15 @@ import json
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.work import SamplingParams, SeqWork
 from kvroute.engine.runners.cost_model import CostModel
+
+if TYPE_CHECKING:  # the engine's config sits above its parts: they read its fields, and name it only here
+    from kvroute.engine.config import EngineConfig
 
 PREFILLS = [(64, 0), (256, 0), (512, 0), (1024, 0), (2048, 0), (256, 1024), (512, 1536), (256, 1792), (1024, 1024)]
 DECODES = [(1, 128), (1, 1024), (4, 256), (8, 256), (16, 512), (32, 256), (32, 1024)]

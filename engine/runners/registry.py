@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.work import ModelRunner, RunnerInfo
 from kvroute.engine.runners.cost_model import get_cost_model
 from kvroute.engine.runners.model.config import ModelConfig
+
+if TYPE_CHECKING:  # the engine's config sits above its parts: they read its fields, and name it only here
+    from kvroute.engine.config import EngineConfig
 
 
 def model_config(config: EngineConfig) -> ModelConfig:

@@ -15,7 +15,7 @@ import logging
 
 from aiohttp import web
 
-from kvroute.engine.core.config import ROLES
+from kvroute.engine.config import ROLES
 from kvroute.engine.service.app_keys import CONFIG, DRAIN, ENGINE, REGISTRATION
 from kvroute.router.contract.errors import BadRequest, Forbidden, Unauthorized
 from kvroute.router.contract.http import json_response, read_json

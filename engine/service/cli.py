@@ -6,10 +6,10 @@ import argparse
 import os
 import sys
 
-from kvroute.engine.core.config import BACKENDS, ROLES, EngineConfig
+from kvroute.engine.config import BACKENDS, ROLES, EngineConfig
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS
-from kvroute.engine.runners.sim import LINKS
 from kvroute.router.contract.cli_help import HelpFormatter
 from kvroute.router.contract.kv_encode import ENCODINGS
 from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging
@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: all interfaces)")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on (checked before the model loads)")
-    p.add_argument("--instance-id", default=d.instance_id, help="id in KV events and metrics (default: <hostname>:<port>)")
+    p.add_argument("--instance-id", default=d.instance_id,
+                   help="id in KV events and metrics (default: <hostname>:<port>)")
     p.add_argument("--cluster-id", default=d.cluster_id, help="KV transfer link id (default: the instance id)")
     p.add_argument("--backend", choices=BACKENDS, default=d.backend,
                    help="torch: real forward; sim: step times from a cost model")

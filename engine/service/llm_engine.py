@@ -18,8 +18,8 @@ import dataclasses
 import logging
 import time
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
-from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.engine_core import NO_FIT, CoreConfig, EngineCore
 from kvroute.engine.core.event_wait import wait_set
 from kvroute.engine.core.kv_events import KVChange, KVEventLog

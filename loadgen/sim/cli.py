@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.cost_model import COST_MODELS, get_cost_model
-from kvroute.engine.runners.sim import LINKS
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.parallel import PolicyRun, default_jobs, run_policies
 from kvroute.loadgen.sim.pd_sweep import format_sweep, pd_sweep
@@ -96,12 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--event-delay", type=float, help="KV event delivery delay, s (default 0)")
     p.add_argument("--request-overhead", type=float,
                    help="fixed HTTP/router latency added to every TTFT and E2E, s (measured ~0.005 on loopback)")
-    p.add_argument("--poll-interval", type=float, help=f"load poll interval, s; 0 = live (default {d['poll_interval_s']})")
+    p.add_argument("--poll-interval", type=float,
+                   help=f"load poll interval, s; 0 = live (default {d['poll_interval_s']})")
     p.add_argument("--fast-candidates", type=int,
                    help="K > 0: index policies see index holders + recent + K least loaded instances only")
     p.add_argument("--recent-ttl", type=float, help="fast path: recent-sender memory, s")
     for name in ("block_size", "num_blocks", "max_batched_tokens", "max_running", "max_waiting"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, help=f"per engine, as kvroute engine (default {d[name]})")
+        p.add_argument("--" + name.replace("_", "-"), type=int,
+                       help=f"per engine, as kvroute engine (default {d[name]})")
     p.add_argument("--prefill-instances", type=int,
                    help="prefill/decode disaggregation: instances 0..P-1 prefill, the rest decode; 0 = colocated")
     p.add_argument("--kv-link", choices=list(LINKS), help="modelled prefill -> decode KV link")
@@ -242,7 +244,8 @@ def planner_config(args: argparse.Namespace, config: SimConfig) -> PlannerConfig
     capacities = profile(get_cost_model(config.cost_model), args.slo_tpot, max_batched_tokens=config.max_batched_tokens,
                          max_running=config.max_running)
     knobs = {name: getattr(args, "planner_" + name) for name in (
-        "interval_s", "window_s", "hold", "cooldown_s", "colocate_below", "prefill_tokens_per_s", "decode_tokens_per_s")}
+        "interval_s", "window_s", "hold", "cooldown_s", "colocate_below", "prefill_tokens_per_s",
+        "decode_tokens_per_s")}
     for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
         if knobs[name] is None:
             knobs[name] = capacities[name]

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.loadgen.sim.instance import QUEUE_FULL, SimInstance

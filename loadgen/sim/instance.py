@@ -36,8 +36,8 @@ import collections
 import time
 from collections.abc import Callable
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
-from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.engine_core import DROPPED, NO_FIT, QUEUE_FULL, CoreConfig, EngineCore
 from kvroute.engine.core.scheduler import Step
 from kvroute.engine.core.sequence import SeqStatus, Sequence

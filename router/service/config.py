@@ -58,7 +58,7 @@ class RouterConfig:
     seed: int | None = None
     # Prefill/decode disaggregation (used when the cluster has prefill- and decode-role engines):
     # prompts with fewer uncached tokens than this go whole to a decode engine. The second hop and
-    # the pull add a near-constant ~2.5 ms to TTFT and ~10 ms to E2E here (tools/bench_disagg.py),
+    # the pull add a near-constant ~2.5 ms to TTFT and ~10 ms to E2E here (kvroute/benchmarks/disagg.py),
     # while a prefill run in place stalls every running decode for its duration: ~15 ms at 256
     # tokens on the built-in model, growing linearly. Below ~256 moving K/V costs more than it saves.
     pd_min_uncached: int = 256

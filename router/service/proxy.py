@@ -35,13 +35,13 @@ from kvroute.router.contract.http import (
     sse_error,
     write_client,
 )
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.attempt_deadlines import Deadlines
 from kvroute.router.service.charges import Dispatch
 from kvroute.router.service.request_path import Flight, RequestPath
 from kvroute.router.service.routing import Choice, Prepared
 from kvroute.router.service.steering import with_token_ids
 from kvroute.router.service.upstream import Upstream
-from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ class Proxy:
     def _tokenizes_like_us(self, inst, prepared: Prepared) -> bool:
         info = inst.info
         return (inst.kind == "kvroute" and info is not None and info.tokenizer == self.cluster.tokenizer_fingerprint
-                and prepared.request.prompt_ids is None and bool(prepared.token_ids))
+                and prepared.request.prompt_ids is None and bool(prepared.token_ids)
+                and not prepared.keys.images and prepared.keys.hashable_tokens < 0)  # image runs: the engine's
 
     def client_timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,

@@ -4,8 +4,8 @@ import ast
 import collections
 import pathlib
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
-from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.engine_core import CoreConfig, EngineCore
 from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams

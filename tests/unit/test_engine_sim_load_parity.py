@@ -13,7 +13,7 @@ import random
 
 from prometheus_client import CollectorRegistry
 
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import SamplingParams
 from kvroute.engine.runners.registry import RUNNERS

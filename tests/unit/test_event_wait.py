@@ -11,7 +11,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvroute.engine.core.config import EngineConfig
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.event_wait import wait_set
 from kvroute.engine.core.kv_events import KVEventLog
 from kvroute.engine.runners.registry import RUNNERS

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from tools.trace_hops import run
+from kvroute.benchmarks.trace_hops import run
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

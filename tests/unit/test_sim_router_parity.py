@@ -71,8 +71,8 @@ class RealSide:
         clock = lambda: sim.now  # noqa: E731
         self.policy = make_policy(policy_name, rng=random.Random(seed), clock=clock)
         self.router = Router(self.cluster, self.policy, None, RouterMetrics(), policy_name, clock=clock)
-        self.disagg = Disaggregation(Proxy(RequestPath(self.router, self.cluster, None), None), min_uncached, random.Random(seed)) \
-            if min_uncached is not None else None
+        proxy = Proxy(RequestPath(self.router, self.cluster, None), None)
+        self.disagg = Disaggregation(proxy, min_uncached, random.Random(seed)) if min_uncached is not None else None
         self.by_id = {inst.id: inst for inst in self.cluster.instances}
         self.pending: dict[str, tuple[str, int]] = {}  # request id -> (instance, queued prefill tokens)
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
-from kvroute.engine.core.config import EngineConfig
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
 from kvroute.engine.kv.host_pool import HostPool

@@ -6,8 +6,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.upstream import Upstream
-from kvroute.router.service.upstream_errors import describe_failure
 from tests.support.loopback import LoopbackServer
 
 
