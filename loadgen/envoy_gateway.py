@@ -63,10 +63,12 @@ class LocalEnvoy:
 
     def _wait(self, timeout_s: float) -> None:
         """Until Envoy is live and its health check found the endpoint picker serving."""
+        proc = self.proc
+        assert proc is not None, "start() first"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited ({self.proc.returncode}): {self.log()[-2000:]}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"envoy exited ({proc.returncode}): {self.log()[-2000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/clusters", timeout=1) as r:
                     if b"kvroute_epp::" in r.read() and self._epp_healthy():

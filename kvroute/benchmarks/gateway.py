@@ -60,9 +60,10 @@ class Target:
 
     async def behind_envoy(self, picker: int) -> None:
         """Envoy in front, its ext_proc on `picker`: the load goes to Envoy."""
-        self.envoy = LocalEnvoy(picker)
-        await asyncio.get_running_loop().run_in_executor(None, self.envoy.start)
-        self.url, self.procs["envoy"] = self.envoy.url, self.envoy.proc
+        envoy = self.envoy = LocalEnvoy(picker)
+        await asyncio.get_running_loop().run_in_executor(None, envoy.start)
+        assert envoy.proc is not None
+        self.url, self.procs["envoy"] = envoy.url, envoy.proc
 
     def stop(self, procs: Processes) -> None:
         if self.envoy is not None:
@@ -89,6 +90,7 @@ async def start_target(procs: Processes, name: str, engines: list[str], events: 
         floor = [sys.executable, "-m", "kvroute.benchmarks.ext_proc_floor", "--port", str(picker),
                  "--endpoint", engines[0].removeprefix("http://")]
         target = Target(name, url, {"floor": procs.start("ext-proc-floor", floor)})
+        await listening(picker)  # before Envoy's first health check: a failed one waits out its no-traffic interval
         await target.behind_envoy(picker)
     elif name.startswith("Envoy"):
         picker = free_port()
@@ -107,6 +109,20 @@ async def start_target(procs: Processes, name: str, engines: list[str], events: 
                                                                env={"VLLM_ROUTER_TOKENIZER": tokenizer_dir()})})
         await procs.wait_ready(url)
     return target
+
+
+async def listening(port: int, timeout_s: float = 60.0) -> None:
+    """Until 127.0.0.1:`port` accepts a connection; RuntimeError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:g} s") from None
+            await asyncio.sleep(0.1)
 
 
 def tokenizer_dir() -> str:

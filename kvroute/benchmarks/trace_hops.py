@@ -49,9 +49,11 @@ class HopTrace:
     """The profiler: router-module calls and the hops between modules, until `stop()`."""
 
     def __init__(self) -> None:
-        self.calls = collections.Counter()  # module -> calls
-        self.edges = collections.Counter()  # (caller module, callee module) -> hops
-        self.bounces = collections.Counter()  # (B, ..., A, B): A calls back into B, below it on the stack
+        self.calls: collections.Counter[str] = collections.Counter()  # module -> calls
+        # (caller module, callee module) -> hops
+        self.edges: collections.Counter[tuple[str, str]] = collections.Counter()
+        # (B, ..., A, B): A calls back into B, below it on the stack
+        self.bounces: collections.Counter[tuple[str, ...]] = collections.Counter()
         self._modules: dict[str, str | None] = {}
 
     def _module(self, code) -> str | None:
@@ -127,11 +129,15 @@ def stub_engine(trace: dict) -> web.Application:
         return web.json_response({"instance": "e0", "epoch": 1, "seq": 0, "resync": False, "events": []})
 
     app = web.Application()
-    app.router.add_get("/kv/info", lambda _: web.json_response(info))
-    app.router.add_get("/health", lambda _: web.json_response({"status": "ok"}))
-    app.router.add_get("/load", lambda _: web.json_response(load))
-    app.router.add_get("/kv/snapshot", lambda _: web.json_response({"instance": "e0", "epoch": 1, "seq": 0,
-                                                                      "tiers": {"device": []}}))
+    def reply(answer: dict):
+        async def handler(_: web.Request) -> web.Response:
+            return web.json_response(answer)
+        return handler
+
+    app.router.add_get("/kv/info", reply(info))
+    app.router.add_get("/health", reply({"status": "ok"}))
+    app.router.add_get("/load", reply(load))
+    app.router.add_get("/kv/snapshot", reply({"instance": "e0", "epoch": 1, "seq": 0, "tiers": {"device": []}}))
     app.router.add_get("/kv/events", events)
     app.router.add_post("/v1/chat/completions", answer)
     return app

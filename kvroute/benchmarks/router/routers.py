@@ -9,8 +9,9 @@ import sys
 
 from kvroute.loadgen.processes import free_port, kvroute_argv
 
-SGLANG_ROUTER = "/work/venv-sglang-router/bin/python"  # a venv with sglang-router 0.3.2
-VLLM_ROUTER = "/work/venv-vllm-router/bin/vllm-router"  # a venv with vllm-router 0.1.17
+# a venv with sglang-router 0.3.2 and one with vllm-router 0.1.17 (elsewhere: these environment variables)
+SGLANG_ROUTER = os.environ.get("KVROUTE_SGLANG_ROUTER", "/work/venv-sglang-router/bin/python")
+VLLM_ROUTER = os.environ.get("KVROUTE_VLLM_ROUTER", "/work/venv-vllm-router/bin/vllm-router")
 PROMPT = ("Summarise what a KV-cache-aware router does for a fleet of LLM engines, in two sentences. " * 11)[:1024]
 
 
