@@ -36,10 +36,10 @@ class Entry:
         flight's, finished here whatever fails."""
         raw = await read_body(request, self.cluster.max_body_bytes)
         body, raw = forwardable(parse_json(raw), raw)
-        flight = await self.path.prepare(body, kind, request.headers, request.get(TENANT_KEY))
+        flight = await self.path.prepare(body, kind, request.headers, request.get(TENANT_KEY), raw)
         status = "error"
         try:
-            resp = await self._serve(request, body, raw, flight)
+            resp = await self._serve(request, flight.body, flight.raw, flight)
             status = str(resp.status)
             return resp
         except (asyncio.CancelledError, ClientGone):

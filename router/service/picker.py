@@ -49,10 +49,11 @@ class Picker:
         self.path, self.cluster, self.endpoints = path, cluster, endpoints
 
     async def pick(self, body: dict, kind: str, headers: Mapping[str, str], key_tenant: str | None = None,
-                   among: Sequence[str] | None = None) -> Picked:
-        """Prepare, admit and decide; the choice charged as sent. A refusal or failure finishes the
-        flight (nothing stays charged) and propagates: Overloaded (429/503), Unavailable, BadRequest."""
-        flight = await self.path.prepare(body, kind, headers, key_tenant)
+                   among: Sequence[str] | None = None, raw: bytes = b"") -> Picked:
+        """Prepare, admit and decide; the choice charged as sent (the body to send, `raw` with its
+        priority within the tenant's, is the flight's). A refusal or failure finishes the flight
+        (nothing stays charged) and propagates: Overloaded (429/503), Unavailable, BadRequest."""
+        flight = await self.path.prepare(body, kind, headers, key_tenant, raw)
         try:
             roles = self.cluster.colocated_roles(flight.prepared.model)
             exclude = self._outside(flight.prepared.model, roles, among)

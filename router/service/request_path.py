@@ -28,7 +28,7 @@ from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.instance import Instance
 from kvroute.router.service.admission_gate import AdmissionGate, Ticket, no_prediction
 from kvroute.router.service.charges import Charges, Dispatch
-from kvroute.router.service.request_class import priority_of, slo_of
+from kvroute.router.service.request_class import priority_of, slo_of, within_priority
 from kvroute.router.service.routing import Choice, Forecast, Prepared, Router
 from kvroute.router.service.usage import Usage
 
@@ -37,10 +37,12 @@ class Flight:
     """One request from prepare to finish. `finish` ends it once: whatever it still charges is
     released (its owner of charges), then its metrics and the recent window are written."""
 
-    __slots__ = ("router", "ticket", "charges", "prepared", "forecast", "dispatch", "finished")
+    __slots__ = ("router", "ticket", "charges", "prepared", "body", "raw", "forecast", "dispatch", "finished")
 
-    def __init__(self, router: Router, ticket: Ticket, charges: Charges, prepared: Prepared) -> None:
+    def __init__(self, router: Router, ticket: Ticket, charges: Charges, prepared: Prepared, body: dict,
+                 raw: bytes) -> None:
         self.router, self.ticket, self.charges, self.prepared = router, ticket, charges, prepared
+        self.body, self.raw = body, raw  # what goes to the engine: the priority within the tenant's (prepare)
         self.forecast: Forecast | None = None  # admission's decision, taken by the next `decide`
         self.dispatch: Dispatch | None = None  # the attempt charged last
         self.finished = False
@@ -104,10 +106,14 @@ class RequestPath:
         return self.gate.ticket(tenant, priority_of(body, headers), slo_of(headers))
 
     async def prepare(self, body: dict, kind: str, headers: Mapping[str, str],
-                      key_tenant: str | None = None) -> Flight:
+                      key_tenant: str | None = None, raw: bytes = b"") -> Flight:
         """The tenant's slot (Overloaded when its limits refuse), then parse, limits, tokenize, hash.
-        A failure here gives the slot back before it propagates (no flight was made)."""
+        A failure here gives the slot back before it propagates (no flight was made). The body (and
+        `raw`, its bytes) has its priority lowered to the tenant's `min_priority` first
+        (router/service/request_class.py `within_priority`): the flight's `body` and `raw` are what
+        the engine gets."""
         ticket = self.ticket(body, headers, key_tenant)
+        body, raw = within_priority(body, raw, ticket.spec.min_priority)
         charges = Charges(self.gate, ticket)
         try:
             charges.reserve()
@@ -116,7 +122,7 @@ class RequestPath:
             charges.close(status_label(e))
             raise
         self.router.recent.arrived(prepared.trace)
-        return Flight(self.router, ticket, charges, prepared)
+        return Flight(self.router, ticket, charges, prepared, body, raw)
 
     async def admit(self, flight: Flight, roles: Sequence[str] | None, predicts: bool = True) -> None:
         """Return once admitted (Overloaded when refused). `predicts=False`: the limits alone

@@ -192,3 +192,23 @@ def test_the_router_without_the_flag_imports_no_grpc():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'grpc_health', 'google', 'envoy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_the_echoed_body_carries_the_priority_the_tenant_is_granted(picker, tmp_path):
+    """A tenant's requests are no more urgent than its min_priority (0 by default), in the body the
+    engine gets through the gateway too: the echoed body and its new content-length say so."""
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"tenants": {"default": {"rate": 100, "burst": 100}}}))
+    url, server, channel = await picker(tenants=str(tenants))
+    urgent = json.dumps({**json.loads(BODY), "priority": -1000}).encode()
+    stream = ExtProcStream(channel)
+    await stream.call.write(request_headers())
+    answers = await stream.send(request_body(urgent, end=True), answers=2)
+    sent, ends = echoed_body(answers)
+    assert json.loads(sent)["priority"] == 0 and ends == [True]
+    lengths = [h.header.raw_value for h in answers[0].request_headers.response.header_mutation.set_headers
+               if h.header.key == "content-length"]
+    assert lengths == [str(len(sent)).encode()]
+    await stream.send(response_headers(200), answers=1)
+    await stream.end()
+    assert await wait_for(lambda: not charged(server)), charged(server)

@@ -146,7 +146,9 @@ class Exchange:
             return self._on_load(phase, trailers)
         original = bytes(self.body)
         body, raw = forwardable(parse_json(original), original)
-        self.picked = picked = await self.picker.pick(body, kind, self.headers, self._tenant_by_key(), self.among)
+        self.picked = picked = await self.picker.pick(body, kind, self.headers, self._tenant_by_key(), self.among,
+                                                      raw)
+        raw = picked.flight.raw  # the priority within the tenant's: the bytes the engine gets
         self.answered = True
         fallbacks = picked.fallbacks[: self.picker.cluster.config.ext_proc_fallbacks]
         endpoints = [self.picker.endpoint(i) for i in (picked.instance, *fallbacks)]
