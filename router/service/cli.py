@@ -8,7 +8,7 @@ import sys
 
 from kvroute.router.contract.cli_help import HelpFormatter
 from kvroute.router.contract.serve import bind_socket, config_values, run_app, setup_logging
-from kvroute.router.service.config import EVENT_SOURCES, HTTP_SERVERS, RouterConfig
+from kvroute.router.service.config import EVENT_SOURCES, RouterConfig
 from kvroute.router.service.tenant_book import TenantBook, split_keys
 
 
@@ -152,13 +152,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=d["workers"].default,
                    help="router processes on one port (SO_REUSEPORT), for more than one core; each keeps its own "
                         "index (or shares --index redis) fed by the same events")
-    p.add_argument("--http-server", choices=HTTP_SERVERS, default=d["http_server"].default,
-                   help="lean (the default): POST /v1/completions and /v1/chat/completions on a lean httptools "
-                        "protocol, the rest on aiohttp (same port; aiohttp for all when httptools is missing); "
-                        "aiohttp: all")
+    p.add_argument("--ext-proc-port", type=int, default=None, metavar="PORT",
+                   help="also serve Envoy's ext_proc gRPC service on PORT: kvroute as the endpoint picker of a "
+                        "gateway (the Gateway API Inference Extension; docs/gateway.md); needs kvroute[gateway]")
+    p.add_argument("--ext-proc-fallbacks", type=int, default=d["ext_proc_fallbacks"].default, metavar="N",
+                   help="next-best endpoints after the choice in x-gateway-destination-endpoint, for gateways that "
+                        "try the list in order (0: the choice alone, as plain Envoy's ORIGINAL_DST cluster needs)")
     p.add_argument("--seed", type=int, default=None, help="seed the policies' random tie-breaks (default: random)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
+
+
+def _check_gateway_extra() -> None:
+    """--ext-proc-port's packages (grpcio, grpcio-health-checking, xds-protos), or a ValueError saying so."""
+    try:
+        import grpc  # noqa: F401
+        from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # noqa: F401
+        from grpc_health.v1 import health  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"--ext-proc-port needs grpcio, grpcio-health-checking and xds-protos ({e}): "
+                         "pip install 'kvroute[gateway]'") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         from kvroute.router.contract.tokenizer import load_tokenizer
 
         load_tokenizer(config.tokenizer)
+        if config.ext_proc_port is not None:
+            _check_gateway_extra()
         TenantBook(config.tenants, config.tenant_keys(), config.tenant_header, config.trust_tenant_header)
     except (ValueError, OSError) as e:
         print(f"kvroute router: {e}", file=sys.stderr)
@@ -189,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 1
-    from kvroute.router.service.app import create_app, site_for
+    from kvroute.router.service.app import create_app
 
-    return run_app(create_app(config), sock, "router", site=site_for(config))
+    return run_app(create_app(config), sock, "router")
 
 
 if __name__ == "__main__":

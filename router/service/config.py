@@ -9,7 +9,6 @@ from kvroute.router.decision.admission import AdmissionConfig
 from kvroute.router.decision.tenants import DEFAULT_TENANT
 
 EVENT_SOURCES = ("poll", "redis")
-HTTP_SERVERS = ("lean", "aiohttp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +101,12 @@ class RouterConfig:
     # With --redis: every router replica and worker admits by the fleet's shared state, synced this
     # often in the background (router/service/fleet_admission.py); 0 = each process admits alone
     admission_sync_s: float = 0.05
-    # lean: the proxy path on router/service/lean_server.py (aiohttp serves all without httptools); a 413
-    # sent before the body closes the connection there (aiohttp reads the body first)
-    http_server: str = "lean"
+    # The endpoint picker (router/service/ext_proc/): Envoy's ext_proc gRPC service on this port, beside the
+    # HTTP proxy (None: off; 0: any free port)
+    ext_proc_port: int | None = None
+    # fallbacks after the choice in x-gateway-destination-endpoint (the GIE protocol's list, tried in order by
+    # gateways that implement it); 0: the choice alone, which plain Envoy's ORIGINAL_DST cluster needs
+    ext_proc_fallbacks: int = 0
 
     def __post_init__(self) -> None:
         if not self.engines and not self.registry and not self.admin_key:
@@ -135,8 +137,6 @@ class RouterConfig:
             raise ValueError(f"--tokenize-idle-inline-chars must be >= 0, got {self.tokenize_idle_inline_chars}")
         if self.tokenize_workers < 1 or self.tokenize_queue < 1:
             raise ValueError("--tokenize-workers and --tokenize-queue must be >= 1")
-        if self.http_server not in HTTP_SERVERS:
-            raise ValueError(f"--http-server must be one of {', '.join(HTTP_SERVERS)}, got {self.http_server!r}")
         if not 1 <= self.workers <= 64:
             raise ValueError(f"--workers must be between 1 and 64, got {self.workers}")
         if self.index_breaker_failures < 1:
@@ -149,6 +149,10 @@ class RouterConfig:
             raise ValueError("--eject-after and --readmit-after must be >= 1")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.ext_proc_port is not None and not 0 <= self.ext_proc_port <= 65535:
+            raise ValueError(f"--ext-proc-port must be between 0 and 65535, got {self.ext_proc_port}")
+        if not 0 <= self.ext_proc_fallbacks <= 16:
+            raise ValueError(f"--ext-proc-fallbacks must be between 0 and 16, got {self.ext_proc_fallbacks}")
         self.connection_limits()  # validates the connection flags
         self.admission()  # validates the admission flags
         self.foreign_engines()  # validates --engine-kind and --kv-event-*

@@ -56,9 +56,9 @@ class Command:
         for line in self.proc.stderr:
             self.lines.append(line.rstrip("\n"))
 
-    def wait_for_line(self, needle: str, timeout: float = 120.0) -> None:
+    def wait_for_line(self, needle: str, timeout: float = 120.0, count: int = 1) -> None:
         deadline = time.monotonic() + timeout
-        while not any(needle in line for line in self.lines):
+        while sum(needle in line for line in self.lines) < count:
             assert self.proc.poll() is None, f"exited {self.proc.returncode} before {needle!r}: {self.lines}"
             assert time.monotonic() < deadline, f"no {needle!r} in {timeout} s: {self.lines}"
             time.sleep(0.05)
@@ -141,7 +141,7 @@ def test_ctrl_c_is_one_line_and_exit_130(name, tmp_path, start):
 @pytest.mark.parametrize("name", SERVERS)
 def test_ctrl_c_stops_a_server_with_exit_130(name, start):
     command = start(SERVERS[name])
-    command.wait_for_line("listening on")
+    command.wait_for_line("listening on", count=2 if "--workers" in SERVERS[name] else 1)  # every worker
     started = _children(command.proc.pid)
     code, lines = command.interrupt()
     text = "\n".join(lines)
