@@ -40,8 +40,9 @@ def redis_url(redis_server):
 @pytest.fixture
 async def start_engine():
     """Start engine apps on loopback; yields a factory returning (base URL, server)."""
-    from kvroute.engine.core.config import EngineConfig
+    from kvroute.engine.service.config import EngineConfig
     from kvroute.engine.service.server import create_app
+    from kvroute.router.contract.settings_values import build
 
     servers = []
 
@@ -49,7 +50,7 @@ async def start_engine():
         overrides.setdefault("instance_id", f"e{len(servers)}")
         overrides.setdefault("backend", "sim")
         overrides.setdefault("num_threads", 1)
-        server = await LoopbackServer(create_app(EngineConfig(port=port, **overrides))).start(port)
+        server = await LoopbackServer(create_app(build(EngineConfig, port=port, **overrides))).start(port)
         servers.append(server)
         return server.url, server
 
@@ -69,6 +70,7 @@ async def http():
 @pytest.fixture
 async def start_router():
     """Start router apps on loopback over given engine URLs; yields (base URL, server)."""
+    from kvroute.router.contract.settings_values import build
     from kvroute.router.service.app import create_app, site_for
     from kvroute.router.service.config import RouterConfig
 
@@ -81,7 +83,7 @@ async def start_router():
         overrides.setdefault("seed", 0)
         if os.environ.get("KVROUTE_TEST_HTTP_SERVER"):  # aiohttp: every router test without the lean front
             overrides.setdefault("http_server", os.environ["KVROUTE_TEST_HTTP_SERVER"])
-        config = RouterConfig(engines=tuple(engines), port=0, **overrides)
+        config = build(RouterConfig, engines=tuple(engines), port=0, **overrides)
         server = await LoopbackServer(create_app(config), site=site_for(config)).start()
         servers.append(server)
         return server.url, server

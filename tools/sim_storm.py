@@ -25,6 +25,7 @@ from kvroute.loadgen.arrivals import ArrivalConfig  # noqa: E402
 from kvroute.loadgen.sim import SimConfig, simulate  # noqa: E402
 from kvroute.loadgen.workloads import make_workload  # noqa: E402
 from kvroute.loadgen.workloads.session_storm import is_return  # noqa: E402
+from kvroute.router.contract.settings_values import build  # noqa: E402
 from tools.procs import write_json  # noqa: E402
 
 STORM = dict(sessions=1024, context_tokens=3072, min_context_tokens=2048, session_rate=150.0, idle_requests=2048,
@@ -65,7 +66,7 @@ def main() -> int:
     specs = make_workload("session-storm", seed=0, **STORM).requests()
     rows = {}
     for name, extra in RUNS.items():
-        config = SimConfig(instances=args.instances, cost_model="a100-llama2-7b", num_blocks=7000, **extra)
+        config = build(SimConfig, instances=args.instances, cost_model="a100-llama2-7b", num_blocks=7000, **extra)
         rows[name] = storm_row(simulate(config, "kv_aware", specs, ArrivalConfig()), args.slo_ttft)
         r = rows[name]
         print(f"{name:40} storm TTFT p50 {r['storm_ttft_p50_s'] * 1e3:6.0f} ms  p90 {r['storm_ttft_p90_s'] * 1e3:6.0f} ms"

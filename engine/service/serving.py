@@ -48,11 +48,11 @@ class CompletionService:
         self.model_name = model_name
         self.max_model_len = engine.runner.info.max_model_len
         self.vocab_size = engine.runner.info.vocab_size
-        self.limits = Limits.derive(self.max_model_len, self.vocab_size, config.max_prompt_chars,
-                                    config.max_body_bytes)
-        self.pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
+        self.limits = Limits.derive(self.max_model_len, self.vocab_size, config.server.max_prompt_chars,
+                                    config.server.max_body_bytes)
+        self.pool = TokenizePool(config.server.tokenize_workers, config.server.tokenize_queue)
         self.pool_tokens = engine.block_manager.num_blocks * engine.block_manager.block_size
-        self.headers = {INSTANCE_HEADER: engine.config.instance}
+        self.headers = {INSTANCE_HEADER: engine.config.server.instance}
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -185,12 +185,12 @@ class CompletionService:
         seq = self.engine.pinned.get(handle.seq.request_id)
         if seq is None:
             return None
-        config, bs = self.engine.config, self.engine.block_manager.block_size
+        server, bs = self.engine.config.server, self.engine.block_manager.block_size
         full = tuple(seq.block_hashes[: seq.num_prompt // bs])
         tail = tail_hash(seq.token_ids[: seq.num_prompt], bs, seq.hash_seed, full[-1] if full else None)
-        transfer = TransferHandle(cluster_id=config.cluster, address=seq.transfer_address, request_id=seq.request_id,
+        transfer = TransferHandle(cluster_id=server.cluster, address=seq.transfer_address, request_id=seq.request_id,
                                   block_hashes=full, num_tokens=seq.num_prompt, first_token=seq.output_ids[0],
-                                  cached_tokens=seq.num_cached, expires=round(time.time() + config.kv_pin_ttl_s, 3),
+                                  cached_tokens=seq.num_cached, expires=round(time.time() + server.kv_pin_ttl_s, 3),
                                   tail_hash=tail)
         seq.transfer_signature = self.engine.auth.sign_handle(transfer.signed_fields())
         transfer = dataclasses.replace(transfer, signature=seq.transfer_signature)

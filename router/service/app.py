@@ -100,7 +100,7 @@ async def _router_ctx(app: web.Application):
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-    app[GATE] = gate = AdmissionGate(config.admission(), app[TENANTS], AdmissionMetrics(metrics.registry),
+    app[GATE] = gate = AdmissionGate(config.admission, app[TENANTS], AdmissionMetrics(metrics.registry),
                                      workers=config.workers)
     cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke)
     pool = TokenizePool(config.tokenize_workers, config.tokenize_queue,
@@ -242,7 +242,7 @@ def create_app(config: RouterConfig) -> web.Application:
                           client_max_size=1 << 40)
     app[CONFIG], app[METRICS] = config, metrics
     app[TENANTS] = TenantBook(config.tenants, config.tenant_keys(), config.tenant_header, config.trust_tenant_header)
-    app[CONNECTION_LIMITS] = config.connection_limits()
+    app[CONNECTION_LIMITS] = config.connections
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
     for path, handler in PROXY_ROUTES.items():

@@ -60,7 +60,7 @@ async def test_an_admitted_request_is_sent_where_its_prediction_chose_without_de
 async def test_named_keys_are_tenants_and_a_rate_limit_answers_429(start_engine, start_router, http, tmp_path):
     tenants = tmp_path / "tenants.toml"
     tenants.write_text('[tenants.A]\nweight = 2\nrate = 0.01\nburst = 1\n\n[tenants.C]\nkeys = ["kc"]\n')
-    url, _, _ = await cluster(start_engine, start_router, n=1, api_keys=(("A", "ka"), ("B", "kb")),
+    url, _, _ = await cluster(start_engine, start_router, n=1, api_key=("A=ka", "B=kb"),
                               tenants=str(tenants))
     body = {"prompt": prompt(3), "max_tokens": 2}
     assert (await post(http, url, body, {"Authorization": "Bearer ka"}))[0] == 200

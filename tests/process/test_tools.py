@@ -1,6 +1,7 @@
 """Every script in tools/ starts: `--help` answers with its usage and exits 0 (an import that a
 refactor broke, or a script that takes `--help` for a path, fails here rather than in a user's hands)."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -13,7 +14,8 @@ TOOLS = sorted(p for p in (pathlib.Path(__file__).parent.parent.parent / "tools"
 
 def test_every_tool_answers_help(tmp_path):
     assert len(TOOLS) >= 10
-    procs = {p.name: subprocess.Popen([sys.executable, str(p.resolve()), "--help"], cwd=p.parent.parent,
+    env = dict(os.environ, PYTHONPATH=str(TOOLS[0].parent.parent))  # this checkout's kvroute, not an install's
+    procs = {p.name: subprocess.Popen([sys.executable, str(p.resolve()), "--help"], cwd=p.parent.parent, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE) for p in TOOLS}
     failed = {}
     for name, proc in procs.items():

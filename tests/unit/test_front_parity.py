@@ -26,7 +26,7 @@ async def _routers(start_engine, start_router, **kw) -> dict[str, tuple[int, obj
     engine_url, _ = await start_engine(time_scale=FAST)
     routers = {}
     for front in FRONTS:
-        url, server = await start_router([engine_url], http_server=front, api_key=KEY, header_timeout_s=1.0,
+        url, server = await start_router([engine_url], http_server=front, api_key=(KEY,), header_timeout_s=1.0,
                                          body_timeout_s=1.0, idle_timeout_s=IDLE_S, max_body_bytes=1 << 20, **kw)
         deadline = time.monotonic() + 5
         while not server.app[CLUSTER].instances[0].routable:

@@ -67,7 +67,7 @@ async def test_proxy_requests_pipelined_then_admin_on_one_connection(start_engin
 
 
 async def test_a_stream_is_relayed_chunked_and_errors_are_openai_shaped(start_engine, start_router):
-    port, server = await _router(start_engine, start_router, api_key="k")
+    port, server = await _router(start_engine, start_router, api_key=("k",))
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(_post())
     status, _, body = await _answer(reader)
@@ -229,7 +229,7 @@ def test_without_httptools_aiohttp_serves_everything(monkeypatch):
 async def test_tenant_keys_and_admission_through_the_lean_front(start_engine, start_router):
     """The auth middleware stores the tenant on the request (`request[key]`) and the entry reads it back:
     the lean front's request keeps that state as aiohttp's does."""
-    port, server = await _router(start_engine, start_router, api_keys=(("team-a", "ka"),), slo_ttft_s=5.0)
+    port, server = await _router(start_engine, start_router, api_key=("team-a=ka",), slo_ttft_s=5.0)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(_post(extra=b"Authorization: Bearer ka\r\n") + _post(extra=b"Authorization: Bearer nope\r\n"))
     (ok, _, _), (refused, _, body) = await _answer(reader), await _answer(reader)

@@ -1,0 +1,44 @@
+"""The model runner's settings (engine/runners), declared once (router/contract/settings.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvroute.engine.runners.cost_model import COST_MODELS
+from kvroute.engine.runners.devices import check_device_syntax
+from kvroute.engine.runners.sim import LINKS
+from kvroute.router.contract.settings import POSITIVE, at_least, check_settings, setting
+
+DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = ("torch", "sim")  # engine/runners/registry.py RUNNERS: one factory each
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunnerConfig:
+    """model runner (engine/runners)"""
+
+    backend: str = setting("torch", "torch: real forward; sim: step times from a cost model", choices=BACKENDS)
+    model: str | None = setting(None, "local Hugging Face Llama-family checkpoint dir",
+                                default_text="the built-in tiny model")
+    dtype: str | None = setting(None, "override the checkpoint's dtype (bf16 is slow on most CPUs)", choices=DTYPES,
+                                default_text="the checkpoint's")
+    device: str = setting("cpu", "torch backend: cpu, cuda, cuda:N or mps")
+    cuda_graphs: bool = setting(True, "torch on CUDA: replay decode steps from CUDA graphs captured at start-up, per "
+                                      "batch and context bucket; --no-cuda-graphs: every step eager")
+    num_threads: int | None = setting(None, "torch intra-op threads", check=at_least(1), default_text="torch's choice")
+    seed: int = setting(0, "random weights and unseeded sampling")
+    cost_model: str = setting("cpu-tiny", "sim backend: the step cost model", choices=tuple(COST_MODELS))
+    time_scale: float = setting(1.0, "sim backend: multiply step times", check=POSITIVE)
+    kv_link: str = setting("loopback", "sim backend: modelled prefill -> decode KV link", choices=tuple(LINKS))
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        check_device_syntax(self.device)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CalibrateConfig:
+    """calibration (engine/runners/calibrate.py)"""
+
+    calibrate: bool = setting(False, "with --backend sim: measure the torch runner here and print fitted cost "
+                                     "coefficients")
+    calibrate_out: str | None = setting(None, "write the calibration JSON here", metavar="FILE", default_text="none")
