@@ -43,7 +43,7 @@ class LoadgenRun:
                                           "rate=R,duration=S[,priority=P][,key=KEY][,header=VALUE][,start=S]"
                                           "[,KNOB=VALUE...] (loadgen/tenants.py)", metavar="SPEC")
     tenant_header: str | None = setting(None, "with --tenant: send each tenant's name (or its header=) in this header",
-                                        metavar="NAME", default_text="none")
+                                        metavar="NAME")
 
 
 COMMAND = Command(prog=PROG, description="Drive an OpenAI-compatible endpoint with a workload and measure it.",

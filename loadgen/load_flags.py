@@ -19,19 +19,17 @@ _LOAD = {f.name: f.default for f in dataclasses.fields(LoadConfig)}
 class LoadFlags:
     """workload and load"""
 
-    workload: str | None = setting(None, f"one of {workload_names()}", default_text="none")
-    rate: float | None = setting(None, "open loop: requests/s (session starts for multi-turn)", check=POSITIVE,
-                                 default_text="none")
+    workload: str | None = setting(None, f"one of {workload_names()}")
+    rate: float | None = setting(None, "open loop: requests/s (session starts for multi-turn)", check=POSITIVE)
     burstiness: float = setting(ArrivalConfig().burstiness, "gamma shape of arrival gaps; 1.0 = Poisson",
                                 check=POSITIVE)
-    concurrency: int | None = setting(None, "closed loop: requests in flight", check=at_least(1), default_text="none")
-    duration: float | None = setting(None, "stop sending after this many seconds", check=POSITIVE,
-                                     default_text="none")
+    concurrency: int | None = setting(None, "closed loop: requests in flight", check=at_least(1))
+    duration: float | None = setting(None, "stop sending after this many seconds", check=POSITIVE)
     num_requests: int | None = setting(None, "requests to generate (trace: the first N lines)", check=at_least(1),
                                        default_text="the workload's")
     seed: int = setting(_LOAD["seed"], "seed of the workload and the arrival process")
-    slo_ttft: float | None = setting(None, "goodput SLO on TTFT, seconds", check=POSITIVE, default_text="none")
-    slo_tpot: float | None = setting(None, "goodput SLO on TPOT, seconds", check=POSITIVE, default_text="none")
+    slo_ttft: float | None = setting(None, "goodput SLO on TTFT, seconds", check=POSITIVE)
+    slo_tpot: float | None = setting(None, "goodput SLO on TPOT, seconds", check=POSITIVE)
     model: str | None = setting(None, "model name to send", default_text="the first one /v1/models lists")
     api: str = setting(_LOAD["api"], "which OpenAI endpoint to call", choices=tuple(APIS))
     prompt_format: str = setting(_LOAD["prompt_format"], "tokens: token-id lists (exact sharing); text: decoded "

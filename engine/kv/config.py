@@ -17,7 +17,7 @@ class TierConfig:
 
     host_blocks: int = setting(0, "KV blocks in a host-memory pool (pinned on CUDA) that keeps blocks evicted from "
                                   "the device (0 = off)", check=NOT_NEGATIVE)
-    kv_store: str | None = setting(None, "shared K/V store: redis://host:port/db or file:///dir", default_text="none")
+    kv_store: str | None = setting(None, "shared K/V store: redis://host:port/db or file:///dir")
     kv_store_id: str = setting("", "engines with the same id share the store's blocks",
                                default_text="the URL without credentials")
     kv_store_write: str = setting("through", "through: a prompt's blocks after its prefill; evict: blocks leaving the "

@@ -41,4 +41,4 @@ class CalibrateConfig:
 
     calibrate: bool = setting(False, "with --backend sim: measure the torch runner here and print fitted cost "
                                      "coefficients")
-    calibrate_out: str | None = setting(None, "write the calibration JSON here", metavar="FILE", default_text="none")
+    calibrate_out: str | None = setting(None, "write the calibration JSON here", metavar="FILE")

@@ -48,16 +48,16 @@ class ServerConfig:
     cluster_id: str = setting("", "KV transfer link id", default_text="the instance id")
     role: str = setting("both", "prefill/decode disaggregation role", choices=ROLES)
     served_model_name: str | None = setting(None, "model id in the API", default_text="the checkpoint's name")
-    redis: str | None = setting(None, "also append KV events to this Redis's stream (redis://...)", default_text="none")
+    redis: str | None = setting(None, "also append KV events to this Redis's stream (redis://...)")
     kv_pin_ttl_s: float = setting(30.0, "prefill role: seconds pinned blocks wait to be pulled", check=POSITIVE)
     kv_admit_timeout_s: float = setting(10.0, "decode role: seconds a remote-prefilled request may wait for free "
                                               "blocks", check=POSITIVE)
     kv_secret: str | None = setting(None, "shared secret for prefill/decode transfer grants and handles",
-                                    env=("KVROUTE_KV_SECRET",), default_text="none")
+                                    env=("KVROUTE_KV_SECRET",))
     kv_peers: tuple[str, ...] = setting((), "comma-separated hosts/IPs trusted for unsigned KV transfers "
                                             "(router/contract/kv_auth.py)", parse=_hosts, metavar="HOST,HOST")
     registry: str | None = setting(None, "register in this Redis fleet registry (redis://...) so routers find this "
-                                         "engine", check=REDIS_URL, default_text="none")
+                                         "engine", check=REDIS_URL)
     advertise_url: str | None = setting(None, "URL routers use to reach this engine", check=HTTP_URL,
                                         default_text="http://<host>:<port>")
     registry_refresh_s: float = setting(1.0, "seconds between registry refreshes (less than --registry-ttl-s)",
@@ -65,7 +65,7 @@ class ServerConfig:
     registry_ttl_s: float = setting(3.0, "an engine that stops refreshing lapses from the registry after this long",
                                     check=POSITIVE)
     admin_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /admin/drain and /admin/role, off "
-                                          "without one", env=("KVROUTE_ADMIN_KEY",), default_text="none")
+                                          "without one", env=("KVROUTE_ADMIN_KEY",))
     drain_timeout_s: float = setting(30.0, "on SIGTERM or /admin/drain: seconds running requests get to finish",
                                      check=NOT_NEGATIVE)
     stall_timeout_s: float = setting(60.0, "/health answers 503 once one model step has run this long (a hung "

@@ -50,9 +50,9 @@ class SimFlags:
     jobs: int = setting(default_jobs(), "policies simulated at once, one process each; same results",
                         check=at_least(1), default_text="one per core")
     json: bool = setting(False, "print the results as JSON instead of a table")
-    out: str | None = setting(None, "also write the results as JSON to this file", metavar="FILE", default_text="none")
+    out: str | None = setting(None, "also write the results as JSON to this file", metavar="FILE")
     records: str | None = setting(None, "write every request's record as JSON lines (with its policy) to this file",
-                                  metavar="FILE", default_text="none")
+                                  metavar="FILE")
 
 
 def _load() -> list[Declared]:

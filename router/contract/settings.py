@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -226,20 +227,31 @@ def _kind(hint: Any) -> tuple[type, bool, bool]:
 def declared(cls: type, prefix: str = "", only: Iterable[str] | None = None) -> list[Declared]:
     """The settings of `cls` and of its sections, in declaration order. With `prefix`, flags and
     names carry it (`declared(PlannerConfig, "planner-")`: --planner-interval-s, planner_interval_s)."""
-    hints = typing.get_type_hints(cls)
+    return list(_declared(cls, prefix, None if only is None else tuple(only)))
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _declared(cls: type, prefix: str, only: tuple[str, ...] | None) -> tuple[Declared, ...]:
+    hints = _hints(cls)
     title = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
     out: list[Declared] = []
     for f in dataclasses.fields(cls):
         if SECTION in f.metadata:
             sec = f.metadata[SECTION]
-            base = sec.default()
-            out += [dataclasses.replace(d, default=getattr(base, d.field)) for d in declared(sec.cls, prefix, sec.only)]
+            base = sec.default()  # its defaults here: the section's own, or those this config gives it
+            out += [dataclasses.replace(d, default=getattr(base, d.field))
+                    for d in _declared(sec.cls, prefix, sec.only)]
             continue
         s = f.metadata.get(SETTING)
         if s is None or not s.cli or (only is not None and f.name not in only):
             continue
         out.append(_declare(f, hints[f.name], cls, prefix, title))
-    return out
+    return tuple(out)
 
 
 def check_settings(config: Any) -> None:
@@ -248,14 +260,11 @@ def check_settings(config: Any) -> None:
         d.check(getattr(config, d.field))
 
 
+@functools.cache
 def declared_fields(cls: type) -> list[Declared]:
     """The fields of `cls` itself that carry a setting (flags or not), without its sections."""
-    cached = _FIELDS.get(cls)
-    if cached is None:
-        hints = typing.get_type_hints(cls)
-        cached = _FIELDS[cls] = [_declare(f, hints[f.name], cls)
-                                 for f in dataclasses.fields(cls) if SETTING in f.metadata]
-    return cached
+    hints = _hints(cls)
+    return [_declare(f, hints[f.name], cls) for f in dataclasses.fields(cls) if SETTING in f.metadata]
 
 
 def _declare(f: dataclasses.Field, hint: Any, owner: type, prefix: str = "", group: str = "") -> Declared:
@@ -267,6 +276,3 @@ def _declare(f: dataclasses.Field, hint: Any, owner: type, prefix: str = "", gro
         repeat = False  # one flag parsed into the whole value
     return Declared(name=prefix.replace("-", "_") + f.name, field=f.name, owner=owner, kind=kind, repeat=repeat,
                     optional=optional, default=f.default, setting=s, group=group, prefix=prefix)
-
-
-_FIELDS: dict[type, list[Declared]] = {}

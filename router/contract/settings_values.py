@@ -4,6 +4,7 @@ config, and a setting's value from its environment variable (the declarations: s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ def _split(cls: type, values: Mapping[str, Any], base: Any) -> tuple[dict[str, A
     for f in dataclasses.fields(cls):
         sec = f.metadata.get(SECTION)
         if sec is not None and f.name not in values:
-            names = {n for n in values if n in _names(sec)}
+            names = _names(sec) & values.keys()
             if names:
                 part = getattr(base, f.name) if base is not None else sec.default()
                 kwargs[f.name] = replace(part, **{n: values[n] for n in names})
@@ -42,8 +43,9 @@ def _split(cls: type, values: Mapping[str, Any], base: Any) -> tuple[dict[str, A
     return kwargs, unused
 
 
-def _names(sec: Section) -> set[str]:
-    return {d.field for d in _all_fields(sec.cls) if sec.only is None or d.field in sec.only}
+@functools.cache
+def _names(sec: Section) -> frozenset[str]:
+    return frozenset(d.field for d in _all_fields(sec.cls) if sec.only is None or d.field in sec.only)
 
 
 def _no_unused(cls: type, unused: set[str]) -> None:

@@ -18,11 +18,11 @@ class PlannerRun:
     """planner service"""
 
     router: str = setting(help="the router's base URL", check=HTTP_URL, metavar="URL")
-    admin_key: str | None = setting(None, "the router's --admin-key (needed to switch roles)", default_text="none")
+    admin_key: str | None = setting(None, "the router's --admin-key (needed to switch roles)")
     profile: str | None = setting(None, "a JSON profile (`kvroute sim --profile` writes one): its "
                                         "prefill_tokens_per_s, decode_tokens_per_s and decode step model "
                                         "(decode_step_s, decode_seq_s, decode_context_s, max_running) override the "
-                                        "flags", metavar="FILE", default_text="none")
+                                        "flags", metavar="FILE")
     host: str = setting("127.0.0.1", "address of the planner's own /planner and /metrics")
     port: int = setting(8100, "port of the planner's own /planner and /metrics", check=Range(0, 65535))
     dry_run: bool = setting(False, "decide and report, switch nothing")

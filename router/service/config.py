@@ -49,9 +49,9 @@ class RouterConfig:
     policy: str = setting("kv_aware", "routing policy", choices=_policies)
     index: str = setting("memory", "where the block -> instance index lives (redis: shared by router replicas)",
                          choices=_indexes)
-    redis: str | None = setting(None, "Redis URL for --index redis and/or --events redis", default_text="none")
+    redis: str | None = setting(None, "Redis URL for --index redis and/or --events redis")
     registry: str | None = setting(None, "follow this Redis fleet registry (redis://...): engines join and leave at "
-                                         "run time", default_text="none")
+                                         "run time")
     events: str = setting("poll", "poll each engine's /kv/events, or read the engines' Redis stream",
                           choices=EVENT_SOURCES)
     tokenizer: str | None = setting(None, "local HF model dir, for --model DIR engines",
@@ -60,17 +60,17 @@ class RouterConfig:
                                            "tenant NAME's (repeat for each key)", metavar="[NAME=]KEY")
     tenants: str | None = setting(None, "tenant file (JSON or TOML: weight, slo_ttft_s, rate, burst, max_concurrency, "
                                         "keys, allow_request_slo); reloaded on SIGHUP and POST /admin/tenants/reload "
-                                        "(docs/admission.md)", metavar="FILE", default_text="none")
+                                        "(docs/admission.md)", metavar="FILE")
     tenant_header: str | None = setting(None, "the request header that names the tenant, among those of --tenants "
                                               "FILE (any other value: the default tenant); refused beside API keys "
-                                              "without --trust-tenant-header", metavar="NAME", default_text="none")
+                                              "without --trust-tenant-header", metavar="NAME")
     trust_tenant_header: bool = setting(False, "with API keys and --tenant-header: a gateway in front sets the header "
                                                "(and drops the clients' own), so it may name the tenant instead of "
                                                "the key")
     admission: AdmissionConfig = section(AdmissionConfig)
     admin_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /router/* and /workers; also the "
                                           "key the router and `kvroute planner` use for engines' /admin/*",
-                                    env=("KVROUTE_ADMIN_KEY",), default_text="none")
+                                    env=("KVROUTE_ADMIN_KEY",))
     max_inflight: int = setting(0, "requests in flight per instance; beyond it requests get 429 (0 = unlimited)",
                                 check=NOT_NEGATIVE)
     # Candidates per decision (router/decision/candidates.py): index holders of the first block, recent
@@ -119,7 +119,7 @@ class RouterConfig:
     pd_min_uncached: int = setting(256, "with prefill and decode engines: prompts with fewer uncached tokens skip the "
                                         "prefill stage", check=NOT_NEGATIVE)
     kv_secret: str | None = setting(None, "shared secret signing prefill/decode transfer grants",
-                                    env=("KVROUTE_KV_SECRET",), default_text="none")
+                                    env=("KVROUTE_KV_SECRET",))
     # Engines we did not write (router/fleet/kinds, router/kvevents), in vllm-router's forms.
     engine_kinds: tuple[str, ...] = setting((), "kvroute, vllm, sglang or auto; KIND alone sets every engine's",
                                             flag="engine-kind", metavar="[URL=]KIND", default_text="auto (detect)")
