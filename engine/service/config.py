@@ -17,6 +17,7 @@ from kvroute.engine.kv.tier_setup import TierSite
 from kvroute.engine.runners.config import RunnerConfig
 from kvroute.router.contract.kv_encode import ENCODINGS
 from kvroute.router.contract.kv_wire import SCHEMES
+from kvroute.router.contract.limits import RequestLimits
 from kvroute.router.contract.protocol import ROLES
 from kvroute.router.contract.settings import (
     HTTP_URL,
@@ -70,13 +71,7 @@ class ServerConfig:
                                      check=NOT_NEGATIVE)
     stall_timeout_s: float = setting(60.0, "/health answers 503 once one model step has run this long (a hung "
                                            "engine)", check=POSITIVE)
-    max_body_bytes: int = setting(0, "largest request body (router/contract/limits.py)", check=NOT_NEGATIVE,
-                                  default_text="0: 32 bytes per token of the model's context, at least 1 MiB")
-    max_prompt_chars: int = setting(0, "longest prompt in characters, checked before tokenizing", check=NOT_NEGATIVE,
-                                    default_text="0: 8 per token of context")
-    tokenize_workers: int = setting(2, "threads that tokenize long prompts off the event loop", check=at_least(1))
-    tokenize_queue: int = setting(64, "long prompts that may wait for a tokenizer thread; beyond it, 503 + "
-                                      "Retry-After", check=at_least(1))
+    limits: RequestLimits = section(RequestLimits)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -41,7 +41,7 @@ from kvroute.router.contract.protocol import hash_seed
 from kvroute.router.contract.redact import redact
 from kvroute.router.contract.registry_record import EngineRecord
 from kvroute.router.contract.serve import SHUTDOWN
-from kvroute.router.contract.settings_values import flat
+from kvroute.router.contract.settings import flat
 from kvroute.router.contract.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)

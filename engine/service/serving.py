@@ -48,9 +48,9 @@ class CompletionService:
         self.model_name = model_name
         self.max_model_len = engine.runner.info.max_model_len
         self.vocab_size = engine.runner.info.vocab_size
-        self.limits = Limits.derive(self.max_model_len, self.vocab_size, config.server.max_prompt_chars,
-                                    config.server.max_body_bytes)
-        self.pool = TokenizePool(config.server.tokenize_workers, config.server.tokenize_queue)
+        limits = config.server.limits
+        self.limits = Limits.derive(self.max_model_len, self.vocab_size, limits.max_prompt_chars, limits.max_body_bytes)
+        self.pool = TokenizePool(limits.tokenize_workers, limits.tokenize_queue)
         self.pool_tokens = engine.block_manager.num_blocks * engine.block_manager.block_size
         self.headers = {INSTANCE_HEADER: engine.config.server.instance}
 

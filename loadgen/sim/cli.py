@@ -46,7 +46,8 @@ from kvroute.loadgen.sim.tenant_mix import format_tenants, mixed_specs, per_tena
 from kvroute.loadgen.tenants import parse_tenant
 from kvroute.loadgen.workloads import knob_flags, knob_names, make_workload, split_name, workload_names
 from kvroute.router.contract.cli_parser import SettingsParser, given
-from kvroute.router.contract.settings_values import flat, pick, replace
+from kvroute.router.contract.settings import flat
+from kvroute.router.contract.settings_values import pick, replace
 from kvroute.router.planner.decide import PlannerConfig
 
 KNOBS = frozenset(d.name for d in knob_flags())

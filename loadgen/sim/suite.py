@@ -40,7 +40,8 @@ from kvroute.loadgen.sim.parallel import PolicyRun, run_policies
 from kvroute.loadgen.sim.report import ORACLE, relative_to_oracle
 from kvroute.loadgen.sim.runner import SimConfig
 from kvroute.loadgen.workloads import make_workload
-from kvroute.router.contract.settings_values import build, flat
+from kvroute.router.contract.settings import flat
+from kvroute.router.contract.settings_values import build
 
 SUITE_CONFIG = build(SimConfig, instances=8, num_blocks=1024, request_overhead_s=0.005)
 STRONGER = "oracle_future"

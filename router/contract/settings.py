@@ -243,15 +243,23 @@ def _declared(cls: type, prefix: str, only: tuple[str, ...] | None) -> tuple[Dec
     for f in dataclasses.fields(cls):
         if SECTION in f.metadata:
             sec = f.metadata[SECTION]
-            base = sec.default()  # its defaults here: the section's own, or those this config gives it
-            out += [dataclasses.replace(d, default=getattr(base, d.field))
-                    for d in _declared(sec.cls, prefix, sec.only)]
+            base = flat(sec.default())  # its defaults here: the section's own, or those this config gives it
+            out += [dataclasses.replace(d, default=base[d.field]) for d in _declared(sec.cls, prefix, sec.only)]
             continue
         s = f.metadata.get(SETTING)
         if s is None or not s.cli or (only is not None and f.name not in only):
             continue
         out.append(_declare(f, hints[f.name], cls, prefix, title))
     return tuple(out)
+
+
+def flat(config: Any) -> dict[str, Any]:
+    """Every field of `config` and of its sections, by name (as `build` takes them; for JSON reports)."""
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out.update(flat(value) if SECTION in f.metadata else {f.name: value})
+    return out
 
 
 def check_settings(config: Any) -> None:

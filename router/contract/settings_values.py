@@ -59,15 +59,6 @@ def pick(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k in names}
 
 
-def flat(config: Any) -> dict[str, Any]:
-    """Every setting of `config` and of its sections by name (as `build` takes them): for JSON reports."""
-    out = {}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        out.update(flat(value) if SECTION in f.metadata else {f.name: value})
-    return out
-
-
 def _all_fields(cls: type) -> list[Declared]:
     out = list(declared_fields(cls))
     for f in dataclasses.fields(cls):

@@ -103,7 +103,7 @@ async def _router_ctx(app: web.Application):
     app[GATE] = gate = AdmissionGate(config.admission, app[TENANTS], AdmissionMetrics(metrics.registry),
                                      workers=config.workers)
     cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke)
-    pool = TokenizePool(config.tokenize_workers, config.tokenize_queue,
+    pool = TokenizePool(config.limits.tokenize_workers, config.limits.tokenize_queue,
                         idle_inline_chars=config.tokenize_idle_inline_chars)
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke)
     app[CLUSTER], app[ROUTER] = cluster, router

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvroute.router.contract.connections import ConnectionLimits
+from kvroute.router.contract.limits import RequestLimits
 from kvroute.router.contract.settings import (
     HTTP_URL,
     NOT_NEGATIVE,
@@ -101,14 +102,7 @@ class RouterConfig:
                                                  "retrying elsewhere")
     read_timeout_s: float = _seconds(30.0, "streams: seconds allowed between two chunks from an engine")
     request_timeout_s: float = _seconds(600.0, "non-streamed requests: seconds to wait for the whole answer")
-    # Limits checked before the work they bound (router/contract/limits.py).
-    max_body_bytes: int = setting(0, "largest request body", check=NOT_NEGATIVE,
-                                  default_text="0: 32 bytes per token of the engines' context, at least 1 MiB")
-    max_prompt_chars: int = setting(0, "longest prompt in characters, checked before tokenizing", check=NOT_NEGATIVE,
-                                    default_text="0: 8 per token of context")
-    tokenize_workers: int = setting(2, "threads that tokenize long prompts off the event loop", check=at_least(1))
-    tokenize_queue: int = setting(64, "long prompts of one tenant that may wait for a tokenizer thread (tenants are "
-                                      "served fairly); beyond it, 503 + Retry-After for that tenant", check=at_least(1))
+    limits: RequestLimits = section(RequestLimits)  # checked before the work they bound
     # ~16k tokens, ~10 ms here (router/contract/tokenize_pool.py)
     tokenize_idle_inline_chars: int = setting(65536, "prompts shorter than this are tokenized on the event loop while "
                                                      "no other request is in flight (no thread hop); 0 = long prompts "
@@ -154,8 +148,8 @@ class RouterConfig:
             raise ValueError("the same --engine URL is given twice")
         if (self.index == "redis" or self.events == "redis") and not self.redis:
             raise ValueError("--index redis and --events redis need --redis URL")
-        if self.max_body_bytes > self.connections.body_buffer_bytes:
-            raise ValueError(f"--max-body-bytes ({self.max_body_bytes}) must not exceed --body-buffer-bytes "
+        if self.limits.max_body_bytes > self.connections.body_buffer_bytes:
+            raise ValueError(f"--max-body-bytes ({self.limits.max_body_bytes}) must not exceed --body-buffer-bytes "
                              f"({self.connections.body_buffer_bytes}): a body that large could never be received")
         self.foreign_engines()  # validates --engine-kind and --kv-event-*
 
