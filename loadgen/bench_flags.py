@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from kvroute.loadgen.bench_tiers import TIER_RUNS
-from kvroute.router.contract.settings import at_least, setting
+from kvroute.router.contract.constraints import at_least
+from kvroute.router.contract.settings import setting
 
 BACKENDS = ("sim", "torch")
 DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"

@@ -10,7 +10,8 @@ from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.client import APIS, PROMPT_FORMATS
 from kvroute.loadgen.runner import LoadConfig
 from kvroute.loadgen.workloads import workload_names
-from kvroute.router.contract.settings import POSITIVE, at_least, setting
+from kvroute.router.contract.constraints import POSITIVE, at_least
+from kvroute.router.contract.settings import setting
 
 _LOAD = {f.name: f.default for f in dataclasses.fields(LoadConfig)}
 

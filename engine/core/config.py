@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvroute.router.contract.settings import NOT_NEGATIVE, Range, at_least, check_settings, setting
+from kvroute.router.contract.constraints import NOT_NEGATIVE, Range, at_least
+from kvroute.router.contract.settings import check_settings, setting
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ import dataclasses
 from kvroute.engine.kv.store import check_url
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
 from kvroute.engine.runners.sim import LINKS
-from kvroute.router.contract.settings import NOT_NEGATIVE, POSITIVE, check_settings, setting
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE
+from kvroute.router.contract.settings import check_settings, setting
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,8 @@ import dataclasses
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.runners.devices import check_device_syntax
 from kvroute.engine.runners.sim import LINKS
-from kvroute.router.contract.settings import POSITIVE, at_least, check_settings, setting
+from kvroute.router.contract.constraints import POSITIVE, at_least
+from kvroute.router.contract.settings import check_settings, setting
 
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("torch", "sim")  # engine/runners/registry.py RUNNERS: one factory each

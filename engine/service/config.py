@@ -15,21 +15,12 @@ from kvroute.engine.core.work import RunnerInfo
 from kvroute.engine.kv.config import TierConfig
 from kvroute.engine.kv.tier_setup import TierSite
 from kvroute.engine.runners.config import RunnerConfig
+from kvroute.router.contract.constraints import HTTP_URL, NOT_NEGATIVE, POSITIVE, Prefix, Range, at_least
 from kvroute.router.contract.kv_encode import ENCODINGS
 from kvroute.router.contract.kv_wire import SCHEMES
 from kvroute.router.contract.limits import RequestLimits
 from kvroute.router.contract.protocol import ROLES
-from kvroute.router.contract.settings import (
-    HTTP_URL,
-    NOT_NEGATIVE,
-    POSITIVE,
-    Prefix,
-    Range,
-    at_least,
-    check_settings,
-    section,
-    setting,
-)
+from kvroute.router.contract.settings import check_settings, section, setting
 
 ZMQ_ENDPOINT = Prefix(SCHEMES, "a ZeroMQ endpoint to bind (tcp://127.0.0.1:5557)")
 REDIS_URL = Prefix(("redis://", "rediss://", "unix://"), "a redis:// URL")

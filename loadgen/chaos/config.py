@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvroute.router.contract.settings import NOT_NEGATIVE, POSITIVE, at_least, check_settings, setting
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, at_least
+from kvroute.router.contract.settings import check_settings, setting
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ from kvroute.engine.kv.config import TierConfig
 from kvroute.engine.runners.config import RunnerConfig
 from kvroute.loadgen.sim.admission import AdmissionSetup
 from kvroute.loadgen.sim.instance import SimEngine
-from kvroute.router.contract.settings import NOT_NEGATIVE, POSITIVE, at_least, check_settings, section, setting
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, at_least
+from kvroute.router.contract.settings import check_settings, section, setting
 from kvroute.router.decision.admission import AdmissionConfig
 
 

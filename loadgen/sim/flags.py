@@ -12,7 +12,8 @@ from kvroute.loadgen.sim.parallel import default_jobs
 from kvroute.loadgen.sim.suite import DEFAULT_TRACE, SUITE_POLICIES
 from kvroute.loadgen.workloads import knob_flags
 from kvroute.router.contract.cli_parser import Command
-from kvroute.router.contract.settings import Declared, at_least, declared, setting
+from kvroute.router.contract.constraints import at_least
+from kvroute.router.contract.settings import Declared, declared, setting
 from kvroute.router.planner.config import PlannerConfig
 
 PROG = "kvroute sim"

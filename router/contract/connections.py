@@ -44,10 +44,11 @@ from typing import Protocol
 from aiohttp import web
 from aiohttp.web_server import Server
 
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, at_least
 from kvroute.router.contract.free_memory import release_free_memory
 from kvroute.router.contract.guarded_handler import GuardedServer
 from kvroute.router.contract.malformed import MalformedLog
-from kvroute.router.contract.settings import NOT_NEGATIVE, POSITIVE, at_least, check_settings, setting
+from kvroute.router.contract.settings import check_settings, setting
 
 FD_HEADROOM = 64  # descriptors kept for everything that is not a client connection
 MAX_HEADERS = 128  # header lines a request head may have (aiohttp's default, passed to it explicitly)

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvroute.router.contract.constraints import NOT_NEGATIVE, at_least
 from kvroute.router.contract.errors import BadRequest, ContextTooLong
 from kvroute.router.contract.openai_request import CompletionRequest
-from kvroute.router.contract.settings import NOT_NEGATIVE, at_least, check_settings, setting
+from kvroute.router.contract.settings import check_settings, setting
 
 CHARS_PER_TOKEN = 8
 # A chat template wraps every message in text of its own (ChatML: 24 characters plus the role),

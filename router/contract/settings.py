@@ -10,8 +10,9 @@ config runs when it is made, and the flags table in the docs (settings_doc.py).
         def __post_init__(self) -> None:
             check_settings(self)  # then the checks that read two fields
 
-A field whose value is a settings dataclass of its own is a section (`section(ConnectionLimits)`):
-its flags join the command's, and the component that needs only it is given only it. `build`
+The constraints (Range, POSITIVE, HTTP_URL, ...) are in constraints.py. A field whose value is a
+settings dataclass of its own is a section (`section(ConnectionLimits)`): its flags join the
+command's, and the component that needs only it is given only it. `build` (settings_values.py)
 makes a config with sections from flat names (`build(RouterConfig, port=0, header_timeout_s=5)`).
 
 Per setting, a flag given wins over its environment variable (KVROUTE_<COMMAND>_<FLAG>, e.g.
@@ -28,71 +29,13 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
+
+from kvroute.router.contract.constraints import Check
 
 SETTING = "kvroute.setting"
 SECTION = "kvroute.section"
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-class Check(Protocol):
-    """A constraint on one value: `problem` says what is wrong ("must be at least 1") or None;
-    `text` is the rule as --help and the docs show it (">= 1")."""
-
-    text: str
-
-    def problem(self, value: Any) -> str | None: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False  # low < value, not low <= value
-
-    @property
-    def text(self) -> str:
-        low = None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}"
-        if self.high is None:
-            return low or ""
-        if low is None or not self.open_low:
-            return f"<= {self.high:g}" if low is None else f"{self.low:g}-{self.high:g}"
-        return f"{low}, <= {self.high:g}"
-
-    def problem(self, value: Any) -> str | None:
-        low_ok = self.low is None or (value > self.low if self.open_low else value >= self.low)
-        if low_ok and (self.high is None or value <= self.high):
-            return None
-        if self.low is not None and self.high is not None:
-            return (f"must be above {self.low:g} and at most {self.high:g}" if self.open_low
-                    else f"must be between {self.low:g} and {self.high:g}")
-        if self.high is not None:
-            return f"must be at most {self.high:g}"
-        if self.open_low:
-            return "must be positive" if self.low == 0 else f"must be above {self.low:g}"
-        return f"must be at least {self.low:g}"
-
-
-POSITIVE = Range(0, open_low=True)
-NOT_NEGATIVE = Range(0)
-
-
-def at_least(low: float) -> Range:
-    return Range(low)
-
-
-@dataclasses.dataclass(frozen=True)
-class Prefix:
-    """A URL (or endpoint) with one of the given schemes."""
-
-    prefixes: tuple[str, ...]
-    text: str  # "an http(s) URL"
-
-    def problem(self, value: Any) -> str | None:
-        return None if str(value).startswith(self.prefixes) else f"must be {self.text}"
-
-
-HTTP_URL = Prefix(("http://", "https://"), "an http(s) URL")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -262,17 +205,23 @@ def flat(config: Any) -> dict[str, Any]:
     return out
 
 
-def check_settings(config: Any) -> None:
+def check_settings(config: object) -> None:
     """Each declared field of `config` against its choices and constraint; ValueError names the flag."""
     for d in declared_fields(type(config)):
         d.check(getattr(config, d.field))
 
 
-@functools.cache
 def declared_fields(cls: type) -> list[Declared]:
     """The fields of `cls` itself that carry a setting (flags or not), without its sections."""
-    hints = _hints(cls)
-    return [_declare(f, hints[f.name], cls) for f in dataclasses.fields(cls) if SETTING in f.metadata]
+    found = _FIELDS.get(cls)
+    if found is None:
+        hints = _hints(cls)
+        found = _FIELDS[cls] = [_declare(f, hints[f.name], cls)
+                                for f in dataclasses.fields(cls) if SETTING in f.metadata]
+    return found
+
+
+_FIELDS: dict[type, list[Declared]] = {}
 
 
 def _declare(f: dataclasses.Field, hint: Any, owner: type, prefix: str = "", group: str = "") -> Declared:

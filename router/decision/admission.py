@@ -38,7 +38,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from kvroute.router.contract.settings import NOT_NEGATIVE, POSITIVE, Range, check_settings, setting
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, Range
+from kvroute.router.contract.settings import check_settings, setting
 from kvroute.router.decision.base import Decision
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry
 

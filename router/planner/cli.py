@@ -7,8 +7,9 @@ import json
 import sys
 
 from kvroute.router.contract.cli_parser import Command, SettingsParser
+from kvroute.router.contract.constraints import HTTP_URL, Range
 from kvroute.router.contract.serve import LogConfig, bind_socket, run_app, setup_logging
-from kvroute.router.contract.settings import HTTP_URL, Range, setting
+from kvroute.router.contract.settings import setting
 from kvroute.router.contract.settings_values import build, pick
 from kvroute.router.planner.config import PlannerConfig
 

@@ -6,17 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from kvroute.router.contract.connections import ConnectionLimits
+from kvroute.router.contract.constraints import HTTP_URL, NOT_NEGATIVE, POSITIVE, Range, at_least
 from kvroute.router.contract.limits import RequestLimits
-from kvroute.router.contract.settings import (
-    HTTP_URL,
-    NOT_NEGATIVE,
-    POSITIVE,
-    Range,
-    at_least,
-    check_settings,
-    section,
-    setting,
-)
+from kvroute.router.contract.settings import check_settings, section, setting
 from kvroute.router.decision.admission import AdmissionConfig
 
 EVENT_SOURCES = ("poll", "redis")

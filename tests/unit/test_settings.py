@@ -11,7 +11,8 @@ from kvroute.engine.service.config import EngineConfig
 from kvroute.flags_doc import ROOT, commands, pages
 from kvroute.loadgen.sim.config import SimConfig
 from kvroute.router.contract.cli_parser import Command, given
-from kvroute.router.contract.settings import POSITIVE, Range, check_settings, declared, flat, section, setting
+from kvroute.router.contract.constraints import POSITIVE, Range
+from kvroute.router.contract.settings import check_settings, declared, flat, section, setting
 from kvroute.router.contract.settings_doc import BEGIN, END, flags_table, with_table
 from kvroute.router.contract.settings_values import build, pick, replace
 from kvroute.router.service.config import RouterConfig
