@@ -17,7 +17,8 @@ SUBCOMMANDS = {
     "demo": ("kvroute.loadgen.demo", "Quick policy comparison on real torch engines."),
     "sim": ("kvroute.loadgen.sim", "Discrete-event simulation of a large cluster."),
     "planner": ("kvroute.router.planner.cli", "Switch engines' prefill/decode roles online to keep goodput high."),
-    "chaos": ("kvroute.loadgen.chaos.cli", "Faults and fuzz against a local fleet under load; one table, invariants checked."),
+    "chaos": ("kvroute.loadgen.chaos.cli",
+              "Faults and fuzz against a local fleet under load; one table, invariants checked."),
 }
 
 

@@ -159,8 +159,9 @@ async def bench_tiers(args, config, workload) -> list[Run]:
             spec = tier_spec(args, name, store_args)
             t0 = time.monotonic()
             async with LocalCluster(spec) as cluster:
-                print(f"{PROG}: {name}: {spec.engines} {args.backend} engines ({' '.join(spec.engine_args) or 'device'})"
-                      f" + router up in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+                print(f"{PROG}: {name}: {spec.engines} {args.backend} engines "
+                      f"({' '.join(spec.engine_args) or 'device'}) + router up in {time.monotonic() - t0:.1f}s",
+                      file=sys.stderr, flush=True)
                 run = await run_one(name, cluster.router_url, args, config, workload, not args.no_progress)
                 tiers = tier_metrics(await engine_metrics(cluster.engine_urls))
         run.summary = {"target": run.summary["target"], **storm_summary(run, runs[0] if runs else None),

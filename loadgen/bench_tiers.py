@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -124,13 +125,17 @@ def storm_summary(run: Run, reference: Run | None) -> dict:
     return out
 
 
+def _ms(summary: dict, key: str) -> str:
+    return "-" if summary.get(key) is None else f"{summary[key] * 1e3:.0f} ms"
+
+
 def tier_table(runs: Sequence[Run]) -> str:
     head = ("| run | storm TTFT p50 | p90 | p99 | errors (all requests) | cached by tier (storm) | "
             "outputs = device | recoveries (runs) | moved (GB/s) | recovery moved / needed |")
     lines = [head, "|---" * 10 + "|"]
     for run in runs:
         s, t = run.summary, run.summary.get("tiers") or {}
-        ms = lambda k: "-" if s.get(k) is None else f"{s[k] * 1e3:.0f} ms"  # noqa: E731
+        ms = functools.partial(_ms, s)
         cached = ", ".join(f"{k} {v}" for k, v in (s.get("cached_tokens_by_tier") or {}).items() if v) or "-"
         runs_ = ", ".join(f"{k} {v:.0f}" for k, v in sorted((t.get("recoveries") or {}).items())) or "-"
         moved = ", ".join(f"{d} {b / 1e6:.0f} MB ({t['gb_per_s'].get(d, 0):.2f})"

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\nAny `kvroute bench` flag may be added to override the demo's settings (" + " ".join(DEMO_ARGS) + "):\n")
+        print("\nAny `kvroute bench` flag may be added to override the demo's settings ("
+              + " ".join(DEMO_ARGS) + "):\n")
         print(bench.build_parser(PROG).format_help())
         return 0
     try:  # every flag is checked before the banner and before anything starts

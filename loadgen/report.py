@@ -105,7 +105,8 @@ def _markdown(runs: Sequence[Run]) -> str:
         share = run.summary.get("instance_share") or {}
         if share:
             parts.append(f"- {run.name}: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items()))
-    infos = [(r.name, orjson.dumps(r.summary["workload_info"]).decode()) for r in runs if r.summary.get("workload_info")]
+    infos = [(r.name, orjson.dumps(r.summary["workload_info"]).decode()) for r in runs
+             if r.summary.get("workload_info")]
     if infos and len({info for _, info in infos}) == 1:
         parts += ["", f"Workload: `{infos[0][1]}`"]
     elif infos:

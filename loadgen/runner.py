@@ -66,8 +66,8 @@ class LoadResult:
 
     def summary(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
         out = summarize(self.records, duration_s=self.duration_s, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
-        out.update(arrival=self.arrival, arrival_mode=self.arrival_mode, interrupted=self.interrupted, unsent=self.unsent,
-                   workload_info=self.workload_info)
+        out.update(arrival=self.arrival, arrival_mode=self.arrival_mode, interrupted=self.interrupted,
+                   unsent=self.unsent, workload_info=self.workload_info)
         return out
 
 

@@ -40,7 +40,7 @@ def redis_url(redis_server):
 @pytest.fixture
 async def start_engine():
     """Start engine apps on loopback; yields a factory returning (base URL, server)."""
-    from kvroute.engine.service.config import EngineConfig
+    from kvroute.engine.config import EngineConfig
     from kvroute.engine.service.server import create_app
     from kvroute.router.contract.settings_values import build
 

@@ -30,11 +30,11 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from kvroute.engine.core.kv_copies import CopyPlan, StoredBlock
 from kvroute.engine.core.kv_events import KVChange, KVChanges
 from kvroute.engine.core.lower_tiers import LowerTiers
 from kvroute.engine.core.prefix_hit import PrefixHit
 from kvroute.engine.core.sequence import Sequence
-from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 from kvroute.router.contract.idle_ages import IdleAges
 from kvroute.router.contract.protocol import block_hashes
 
@@ -279,7 +279,7 @@ class BlockManager:
         return self.tiers is not None and self.tiers.pending_loads() > 0
 
     def take_copy_plan(self) -> CopyPlan:
-        """Copies to run before the next step (engine/kv/kv_copies.py)."""
+        """Copies to run before the next step (engine/core/kv_copies.py)."""
         if self.tiers is None:
             return CopyPlan()
         plan = self.tiers.take_copy_plan()

@@ -1,6 +1,6 @@
 """The engine core's settings: its KV block pool and its batch, declared once
 (router/contract/settings.py). The runners, the tiers and the server have their own sections
-(engine/runners/config.py, engine/kv/config.py, engine/service/config.py)."""
+(engine/runners/config.py, engine/kv/config.py, engine/config.py)."""
 
 from __future__ import annotations
 

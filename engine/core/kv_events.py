@@ -75,8 +75,8 @@ class KVEventLog:
     def append(self, type_: str, blocks: list[int], parent: int | None = None, tier: str = "device",
                store: str | None = None) -> KVEvent:
         self.seq += 1
-        event = KVEvent(instance=self.instance, epoch=self.epoch, seq=self.seq, type=type_, tier=tier, blocks=tuple(blocks),
-                        parent=parent, store=store)
+        event = KVEvent(instance=self.instance, epoch=self.epoch, seq=self.seq, type=type_, tier=tier,
+                        blocks=tuple(blocks), parent=parent, store=store)
         self._buffer.append(event)
         self._changed.set()
         for listener in self.listeners:

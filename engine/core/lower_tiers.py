@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from kvroute.engine.core.kv_copies import CopyPlan, StoredBlock
 from kvroute.engine.core.kv_events import KVChanges
 from kvroute.engine.core.prefix_hit import PrefixHit
 from kvroute.engine.core.sequence import Sequence
-from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 
 
 class LowerTiers(Protocol):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvroute.engine.kv.host_pool import HostEntry
-from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.core.kv_copies import HostEntry, StoredBlock
 
 
 @dataclasses.dataclass(slots=True)

@@ -41,7 +41,8 @@ class Sequence:
         self.status = SeqStatus.WAITING
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the full blocks hashed so far
-        self.hash_chain: list[int] = list(hash_chain) if hash_chain else []  # chained hashes of token_ids' first full blocks (a cache: tokens only grow)
+        # chained hashes of token_ids' first full blocks (a cache: tokens only grow)
+        self.hash_chain: list[int] = list(hash_chain) if hash_chain else []
         self.num_computed = 0
         self.num_cached = 0  # prompt tokens found in the prefix cache (first admission), all tiers
         self.cached_by_tier: dict[str, int] = {}  # of num_cached: {"device", "host", "remote"}

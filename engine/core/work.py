@@ -144,6 +144,6 @@ class ModelRunner(Protocol):
 
     def warm_up(self, measure: bool = False):
         """Once before serving (blocking): prepare the device; with `measure`, return what was measured of
-        it (engine/runners/device_costs.py `DeviceCosts`), else None."""
+        it (engine/kv/link_estimate.py `DeviceCosts`), else None."""
 
     def close(self) -> None: ...

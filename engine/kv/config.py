@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.kv.store import check_url
 from kvroute.engine.kv.tiers import STORE_WRITE_MODES
-from kvroute.engine.runners.sim import LINKS
 from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE
 from kvroute.router.contract.settings import check_settings, setting
 

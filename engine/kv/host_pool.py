@@ -17,15 +17,8 @@ same batch can overwrite it first.
 from __future__ import annotations
 
 import collections
-import dataclasses
 
-
-@dataclasses.dataclass(slots=True)
-class HostEntry:
-    slot: int
-    hash: int
-    token_ids: tuple[int, ...]
-    parent: int | None  # hash of the previous block, or the chain seed for block 0
+from kvroute.engine.core.kv_copies import HostEntry
 
 
 class HostPool:
@@ -50,7 +43,8 @@ class HostPool:
             return None
         return entry
 
-    def insert(self, h: int, token_ids: tuple[int, ...], parent: int | None) -> tuple[HostEntry | None, HostEntry | None]:
+    def insert(self, h: int, token_ids: tuple[int, ...], parent: int | None
+               ) -> tuple[HostEntry | None, HostEntry | None]:
         """(new entry, entry evicted to make room); (None, None) if `h` is here already or no slot is free."""
         if h in self.entries:
             return None, None

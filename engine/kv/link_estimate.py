@@ -14,15 +14,26 @@ engine/runners/device_costs.py, engine/kv/store_probe.py).
 
 `RateEstimate` is the EWMA of prefill tokens per second measured on steps with at
 least `min_tokens` prefill tokens (below that, fixed step overhead dominates).
+
+`DeviceCosts` is what a runner measures on its device at start-up (engine/runners/device_costs.py),
+handed to the tiers (engine/kv/tier_service.py `use_measured`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from kvroute.router.contract.tier_costs import Link
 
 MIB = float(1 << 20)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceCosts:
+    links: dict[str, Link]  # "h2d", "d2h"
+    prefill_tokens_per_s: float
 
 
 class LinkEstimate:

@@ -2,7 +2,7 @@
 
 A request admitted with blocks to load holds fresh device blocks for them and is
 not scheduled until every one has been copied (`Sequence.pending_loads`). Loads of
-all requests wait here in admission order; each copy batch (engine/kv/kv_copies.py)
+all requests wait here in admission order; each copy batch (engine/core/kv_copies.py)
 takes the ready ones -- a host load is always ready, a store load once its bytes
 have arrived -- up to the per-batch budget of blocks, so a storm of returning
 sessions is spread over several steps instead of stalling the running decodes
@@ -21,8 +21,8 @@ import collections
 import dataclasses
 from collections.abc import Callable
 
+from kvroute.engine.core.kv_copies import CopyPlan, StoredBlock
 from kvroute.engine.core.sequence import Sequence
-from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
 
 
 @dataclasses.dataclass(slots=True, eq=False)

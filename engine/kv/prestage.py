@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvroute.engine.kv.host_pool import HostEntry, HostPool
-from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
+from kvroute.engine.core.kv_copies import CopyPlan, HostEntry, StoredBlock
+from kvroute.engine.kv.host_pool import HostPool
 
 
 class Prestager:

@@ -15,7 +15,7 @@ import time
 
 import xxhash
 
-from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.core.kv_copies import StoredBlock
 from kvroute.engine.kv.link_estimate import fit_link
 from kvroute.engine.kv.store import make_store
 from kvroute.engine.kv.store.entry import decode, encode

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.core.kv_copies import StoredBlock
 from kvroute.engine.kv.store.base import StoreUnavailable
 from kvroute.engine.kv.store.entry import encode
 from kvroute.engine.kv.store.guard import GuardedStore

@@ -29,12 +29,12 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo
 from kvroute.engine.kv.config import TierConfig
-from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
-from kvroute.engine.kv.link_estimate import describe_links
+from kvroute.engine.kv.link_estimate import DeviceCosts, describe_links
 from kvroute.engine.kv.load_queue import Load
 from kvroute.engine.kv.store import check_reachable, make_store
 from kvroute.engine.kv.store.base import StoreUnavailable
@@ -45,7 +45,6 @@ from kvroute.engine.kv.store_writes import StoreWrites
 from kvroute.engine.kv.tier_metrics import TierMetrics
 from kvroute.engine.kv.tier_setup import TierSite, namespace
 from kvroute.engine.kv.tiers import CacheTiers
-from kvroute.engine.runners.device_costs import DeviceCosts
 
 log = logging.getLogger(__name__)
 

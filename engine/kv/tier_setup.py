@@ -3,7 +3,7 @@
 Shared by the engine (engine/service/llm_engine.py) and the simulator (loadgen/sim/instance.py),
 so both run the same tiers with the same figures. Prior link figures (what the
 estimators start from, and what the sim runner models) come from
-`engine.runners.sim.LINKS`: `--kv-host-link` / `--kv-store-link`, else by device type and
+`engine/kv/links.py` LINKS: `--kv-host-link` / `--kv-store-link`, else by device type and
 store URL scheme.
 """
 
@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 
 from kvroute.engine.core.work import RunnerInfo
 from kvroute.engine.kv.config import TierConfig
+from kvroute.engine.kv.links import DEFAULT_HOST_LINK, DEFAULT_STORE_LINK, LINKS
 from kvroute.engine.kv.recovery import Recovery
 from kvroute.engine.kv.store.base import default_store_id, layout_namespace, store_key
 from kvroute.engine.kv.tiers import CacheTiers
-from kvroute.engine.runners.sim import DEFAULT_HOST_LINK, DEFAULT_STORE_LINK, LINKS
 from kvroute.router.contract.protocol import hash_seed
 from kvroute.router.contract.tier_costs import Link
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
+from kvroute.engine.core.kv_copies import CopyPlan, HostEntry, StoredBlock
 from kvroute.engine.core.kv_events import KVChange, KVChanges
 from kvroute.engine.core.prefix_hit import PrefixHit
 from kvroute.engine.core.sequence import Sequence
-from kvroute.engine.kv.host_pool import HostEntry, HostPool
-from kvroute.engine.kv.kv_copies import CopyPlan, StoredBlock
+from kvroute.engine.kv.host_pool import HostPool
 from kvroute.engine.kv.load_queue import Load, LoadQueue
 from kvroute.engine.kv.prestage import Prestager
 from kvroute.engine.kv.recovery import Recovery

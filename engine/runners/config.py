@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.runners.devices import check_device_syntax
-from kvroute.engine.runners.sim import LINKS
 from kvroute.router.contract.constraints import POSITIVE, at_least
 from kvroute.router.contract.settings import check_settings, setting
 

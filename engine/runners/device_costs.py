@@ -12,24 +12,18 @@ holds yet (the pool is empty at start-up).
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import statistics
 import time
 
+from kvroute.engine.core.kv_copies import CopyPlan
 from kvroute.engine.core.work import SamplingParams, SeqWork
-from kvroute.engine.kv.kv_copies import CopyPlan
-from kvroute.engine.kv.link_estimate import fit_link
+from kvroute.engine.kv.link_estimate import DeviceCosts, fit_link
 from kvroute.router.contract.tier_costs import Link
 
 SIZES = (1, 8, 32)  # blocks per measured batch
 REPS = 3
 PREFILL_TOKENS = 512
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DeviceCosts:
-    links: dict[str, Link]  # "h2d", "d2h"
-    prefill_tokens_per_s: float
 
 
 def median_seconds(fn, reps: int = REPS) -> float:
@@ -51,8 +45,8 @@ def measure_host_link(runner) -> dict[str, Link]:
         blocks = list(range(n))
         reads = CopyPlan(device_reads=[(b, None) for b in blocks])
         writes = CopyPlan(writes=[(b, bytes(bpb)) for b in blocks])
-        points["d2h"].append((n * bpb, median_seconds(lambda: runner.run_copies_sync(reads))))
-        points["h2d"].append((n * bpb, median_seconds(lambda: runner.run_copies_sync(writes))))
+        points["d2h"].append((n * bpb, median_seconds(functools.partial(runner.run_copies_sync, reads))))
+        points["h2d"].append((n * bpb, median_seconds(functools.partial(runner.run_copies_sync, writes))))
     return {name: fit_link(p) for name, p in points.items()}
 
 

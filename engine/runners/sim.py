@@ -19,39 +19,12 @@ from collections.abc import Sequence
 
 import xxhash
 
+from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.core.work import RunnerInfo, SampledTokens, SeqWork, TokenLogprobs
-from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.runners.cost_model import CostModel
 
 NUM_SPECIAL_TOKENS = 5  # ids below this are the built-in tokenizer's special tokens
-
-# Modelled KV links for prefill -> decode pulls: (bytes/s, seconds of latency per pull).
-# NVLink 4 (H100: 900 GB/s bidirectional, ~450 GB/s one way; we take 300 GB/s achieved),
-# 200 Gb/s InfiniBand NDR per GPU (~25 GB/s achieved), and this machine's loopback as
-# measured by tools/bench_disagg.py with the torch runner (about 1 GB/s, 2 ms per pull).
-#
-# Tier links (the host pool and the shared store, docs/architecture.md#kv-tiers), from published figures:
-# PCIe 4.0 x16 (A100 hosts): 31.5 GB/s per direction theoretical, ~25 GB/s measured with pinned
-# memory (CUDA bandwidthTest); PCIe 5.0 x16 (H100 hosts): 63 GB/s theoretical, ~50 GB/s measured;
-# a PCIe 4.0 NVMe SSD: ~7 GB/s sequential read (Samsung 990 PRO: 7.45 GB/s read, 6.9 GB/s write),
-# ~100 us to the first byte; an RDMA-attached store over 200 Gb/s InfiniBand: "infiniband" above.
-# The cpu-* links are this machine (tiny model, 32 KiB blocks), medians of 3 runs of
-# `python tools/bench_tiers.py links`: torch index_select/index_copy_ between two host tensors, and
-# the engine's own store path (engine/kv/store: a local redis-server, one file per block; reads
-# include checking every entry).
-LINKS: dict[str, tuple[float, float]] = {
-    "nvlink": (300e9, 10e-6),
-    "infiniband": (25e9, 20e-6),
-    "loopback": (1e9, 2e-3),
-    "pcie4": (25e9, 10e-6),
-    "pcie5": (50e9, 10e-6),
-    "nvme": (7e9, 100e-6),
-    "cpu-memcpy": (5.5e9, 5e-6),  # host-to-device 5.8 GB/s, 4.6 us; device-to-host 5.4 GB/s, 7 us
-    "cpu-redis": (0.57e9, 70e-6),  # MGET + entry checks; writes (pipelined SET) 0.66 GB/s, 120 us
-    "cpu-file": (0.81e9, 130e-6),  # reads (page cache, one thread hop) + entry checks; writes 0.10 GB/s
-}
-DEFAULT_HOST_LINK = {"cpu": "cpu-memcpy", "cuda": "pcie4"}  # by device type
-DEFAULT_STORE_LINK = {"redis": "cpu-redis", "rediss": "cpu-redis", "file": "cpu-file"}  # by URL scheme
 
 
 class SimRunner:
@@ -71,7 +44,8 @@ class SimRunner:
         self.busy_s = 0.0
         self.link = LINKS[link]
         dtype_bytes = 2 if info.dtype in ("bfloat16", "float16") else 4
-        per_token = cost_model.kv_bytes_per_token or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes
+        per_token = (cost_model.kv_bytes_per_token
+                     or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes)
         self.kv_bytes_per_block = per_token * block_size
         self._times, self._ahead = CopyTimes([]), None  # the batch between start_copies and finish_copies
 

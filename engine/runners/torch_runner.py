@@ -1,7 +1,7 @@
 """`TorchRunner`: the real `ModelRunner`, a Llama forward over a paged K/V pool.
 
 `execute` runs each step on one dedicated worker thread, so the event loop stays free while
-torch computes; `start_copies` (the batched host/store tier copies of engine/kv/kv_copies.py,
+torch computes; `start_copies` (the batched host/store tier copies of engine/core/kv_copies.py,
 engine/runners/model/tier_copies.py) runs on the same thread, so a batch is queued between
 the steps it was planned between. `execute_sync`, `forward_logits` and `write_blocks` run in
 the caller's thread; all of them take one lock, so they are safe to call from any thread
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
+from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.core.work import RunnerInfo, SampledTokens, SeqWork
-from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.kv.link_estimate import DeviceCosts
 from kvroute.engine.runners import device_costs
-from kvroute.engine.runners.device_costs import DeviceCosts
 from kvroute.engine.runners.model.config import ModelConfig
 from kvroute.engine.runners.model.decode_graphs import DecodeGraphs
 from kvroute.engine.runners.model.kv_pool import DTYPES, GatherSpace, KVPool

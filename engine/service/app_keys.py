@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kvroute.engine.service.config import EngineConfig
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.service.drain import Drain
 from kvroute.engine.service.event_publisher import RedisEventPublisher
 from kvroute.engine.service.llm_engine import LLMEngine

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.runners.config import CalibrateConfig
-from kvroute.engine.service.config import EngineConfig
 from kvroute.router.contract.cli_parser import Command, SettingsParser
 from kvroute.router.contract.serve import LogConfig, bind_socket, run_app, setup_logging
 from kvroute.router.contract.settings_values import build, pick

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import time
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.engine_core import NO_FIT, CoreConfig, EngineCore
 from kvroute.engine.core.event_wait import wait_set
@@ -27,7 +28,6 @@ from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import ModelRunner, SamplingParams, TokenLogprobs
 from kvroute.engine.kv.tier_service import TierWiring, build_service
 from kvroute.engine.kv.tier_setup import build_tiers
-from kvroute.engine.service.config import EngineConfig
 from kvroute.engine.service.metrics import EngineMetrics
 from kvroute.engine.transfer.kv_transfer import PinnedBlocks, TransferHandle
 from kvroute.engine.transfer.remote_prefill import PullWiring, RemotePrefill

@@ -9,6 +9,7 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.service.admin import handle_drain, handle_role
 from kvroute.engine.service.app_keys import (
@@ -22,7 +23,6 @@ from kvroute.engine.service.app_keys import (
     TOKENIZER,
     ZMQ_PUBLISHER,
 )
-from kvroute.engine.service.config import EngineConfig
 from kvroute.engine.service.drain import Drain
 from kvroute.engine.service.event_publisher import RedisEventPublisher
 from kvroute.engine.service.llm_engine import LLMEngine
@@ -30,7 +30,7 @@ from kvroute.engine.service.metrics import EngineMetrics
 from kvroute.engine.service.registration import Registration
 from kvroute.engine.service.serving import CompletionService
 from kvroute.engine.service.zmq_publisher import ZmqEventPublisher
-from kvroute.engine.transfer.transfer_api import handle_transfer
+from kvroute.engine.transfer.transfer_api import transfer_handler
 from kvroute.router.contract.connection_metrics import ConnectionCollector
 from kvroute.router.contract.connections import CONNECTION_GUARD
 from kvroute.router.contract.errors import BadRequest
@@ -297,7 +297,7 @@ def create_app(config: EngineConfig) -> web.Application:
     app.router.add_get("/kv/info", handle_kv_info)
     app.router.add_get("/kv/snapshot", handle_kv_snapshot)
     app.router.add_get("/kv/events", handle_kv_events)
-    add_body_route(app, "/kv/transfer", handle_transfer)
+    add_body_route(app, "/kv/transfer", transfer_handler(lambda a: a[ENGINE]))
     add_body_route(app, "/tokenize", handle_tokenize)
     app.router.add_get("/get_model_info", handle_get_model_info)
     app.router.add_get("/get_server_info", handle_get_server_info)

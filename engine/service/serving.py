@@ -219,9 +219,10 @@ class CompletionService:
     async def _full(self, handle: RequestHandle, fmt: ResponseFormat, processor: OutputProcessor,
                     logprobs: LogprobFormatter | None, first_text: str = "") -> web.Response:
         parts, reason, entries = [first_text], None, []
-        async for delta, reason, lps in self._outputs(handle, processor):
+        async for delta, finish, lps in self._outputs(handle, processor):
             parts.append(delta)
             entries.extend(lps)
+            reason = finish  # the last output's finish reason is the answer's
         body = fmt.full("".join(parts), reason, self._usage(handle, processor),
                         logprobs.format(entries) if logprobs else None)
         transfer = self._transfer_params(handle)

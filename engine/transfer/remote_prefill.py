@@ -15,18 +15,28 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import aiohttp
 
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import ModelRunner
-from kvroute.engine.service.metrics import EngineMetrics
 from kvroute.engine.transfer.kv_transfer import LinkMismatch, Links, TransferError, TransferHandle, read_frames
 from kvroute.router.contract.errors import KVRouteError
 from kvroute.router.contract.protocol import block_hashes
 
 log = logging.getLogger(__name__)
+
+
+class PullMetrics(Protocol):
+    """The pull's series of the engine's metrics (engine/service/metrics.py EngineMetrics has them)."""
+
+    kv_pull_bytes: Any
+    kv_pull_blocks: Any
+    kv_pull_skipped: Any
+    kv_pull_seconds: Any
+    kv_pull_failures: Any
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,7 +45,7 @@ class PullWiring:
 
     block_manager: BlockManager
     runner: ModelRunner
-    metrics: EngineMetrics
+    metrics: PullMetrics
     admit_timeout_s: float
     resume: Callable[[Sequence], None]  # the K/V is in (pulled, or to compute here): run it
     fail: Callable[[Sequence, str, type[KVRouteError]], None]

@@ -19,7 +19,7 @@ import tempfile
 import aiohttp
 
 from kvroute.loadgen.chaos.procs import Proc
-from kvroute.loadgen.local_cluster import free_port
+from kvroute.loadgen.processes import free_port
 from kvroute.loadgen.redis_server import find_redis_server, redis_argv
 from kvroute.router.contract.kv_auth import SECRET_ENV
 from kvroute.router.contract.prometheus_text import metric_sum

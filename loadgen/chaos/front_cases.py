@@ -118,7 +118,8 @@ CASES = (
 FOLLOW = post()  # sent after a case's answers: a kept-alive connection answers it
 
 
-async def observe(host: str, port: int, case: FrontCase, idle_s: float, timeout_s: float = 10.0) -> tuple[tuple[int, ...], str]:
+async def observe(host: str, port: int, case: FrontCase, idle_s: float,
+                  timeout_s: float = 10.0) -> tuple[tuple[int, ...], str]:
     """What a front did with `case`: its statuses, and "open" (a follow-up request was answered 200),
     "closed" (closed with no answer to the follow-up, or before `idle_s` / 2 for an idle case),
     "idle" (closed after `idle_s` / 2), "never closed", or what went wrong."""

@@ -120,7 +120,8 @@ async def exchange(host: str, port: int, data: bytes, answers: int, *, follow: b
             return Exchange(statuses=tuple(statuses), closed_after_s=None,
                             error=f"{answers - len(statuses)} answers missing after {timeout_s:g}s")
         except (asyncio.IncompleteReadError, ConnectionError) as e:
-            return Exchange(statuses=tuple(statuses), closed_after_s=0.0, error=f"closed before {answers} answers: {e!r}")
+            return Exchange(statuses=tuple(statuses), closed_after_s=0.0,
+                            error=f"closed before {answers} answers: {e!r}")
         return await _after(reader, writer, tuple(statuses), follow, wait_s)
     finally:
         writer.transport.abort()

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 
-from kvroute.loadgen.local_cluster import spawn, stop_process
+from kvroute.loadgen.processes import spawn, stop_process
 
 
 class Proc:

@@ -142,6 +142,7 @@ class Disagg:
         self.cluster.kick(inst)
 
     def stats(self) -> dict:
-        return {"prefill_instances": sum(i.role == "prefill" for i in self.cluster.instances), "transfers": self.num_transfers,
-                "kv_blocks_pulled": self.blocks_pulled, "kv_blocks_local": self.blocks_local,
-                "whole_on_decode": self.num_whole, "prefill_decode_tokens": self.prefill_decode_tokens}
+        return {"prefill_instances": sum(i.role == "prefill" for i in self.cluster.instances),
+                "transfers": self.num_transfers, "kv_blocks_pulled": self.blocks_pulled,
+                "kv_blocks_local": self.blocks_local, "whole_on_decode": self.num_whole,
+                "prefill_decode_tokens": self.prefill_decode_tokens}

@@ -103,7 +103,8 @@ class SimInstance:
         self.clock = clock  # the virtual clock: the block manager's idle times are on it
         info, batch = self.runner.info, config.batch
         site = TierSite(model=info.model, block_size=batch.block_size, time_scale=config.runner.time_scale)
-        self.tiers = build_tiers(config.tiers, site, info, self.runner.kv_bytes_per_block, self.runner.prefill_rate_hint)
+        self.tiers = build_tiers(config.tiers, site, info, self.runner.kv_bytes_per_block,
+                                 self.runner.prefill_rate_hint)
         self.block_manager = BlockManager(batch.num_blocks, batch.block_size, self.tiers, clock)
         self.core = EngineCore(CoreConfig(instance=self.id, max_batched_tokens=batch.max_batched_tokens,
                                           max_running=batch.max_running, max_waiting=batch.max_waiting,

@@ -61,7 +61,8 @@ def run_policies(run: PolicyRun, policies: list[str],
         global _RUN
         _RUN = run
         try:
-            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            fork = multiprocessing.get_context("fork")
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=fork) as pool:
                 outcomes = list(pool.map(_simulate_forked, policies))
         finally:
             _RUN = None

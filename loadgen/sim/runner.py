@@ -28,6 +28,7 @@ from kvroute.loadgen.sim.oracle import make_oracle
 from kvroute.loadgen.sim.oracle_future import make_future_oracle
 from kvroute.loadgen.sim.planning import SimPlanning
 from kvroute.loadgen.sim.router import SimRouter
+from kvroute.loadgen.sim.tiers import tier_stats
 from kvroute.loadgen.summary import summarize
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.router.decision.base import Policy
@@ -112,8 +113,11 @@ class SimResult:
         return out
 
 
+DEFAULT_ARRIVAL = ArrivalConfig(rate=10.0)
+
+
 def simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec],
-             arrival: ArrivalConfig = ArrivalConfig(rate=10.0), planner: PlannerConfig | None = None) -> SimResult:
+             arrival: ArrivalConfig = DEFAULT_ARRIVAL, planner: PlannerConfig | None = None) -> SimResult:
     """Run `specs` through a fresh cluster routed by `policy_name`; deterministic for config.seed.
     With `planner`, roles change on the virtual clock as `kvroute planner` would change them.
 
@@ -129,9 +133,19 @@ def simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec],
             gc.enable()
 
 
-def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival: ArrivalConfig,
-              planner: PlannerConfig | None) -> SimResult:
-    started = time.perf_counter()
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimSetup:
+    """A simulation ready to run: `cluster.run(router, iter(starts))`."""
+
+    cluster: Cluster
+    router: SimRouter
+    planning: SimPlanning | None
+    starts: list[tuple[float, RequestSpec]]
+
+
+def build(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival: ArrivalConfig,
+          planner: PlannerConfig | None = None) -> SimSetup:
+    """The cluster, router and arrivals `simulate` runs (tests watch them run)."""
     cluster = Cluster(config.instances, config.engine(), config.event_delay_s, config.poll_interval_s)
     starts = list(arrivals(specs, arrival, config.seed))
     policy = build_policy(policy_name, cluster, config.seed, specs, starts, config.policy_args)
@@ -145,7 +159,15 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
     router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
                        window=planner is not None, admission=config.admission())
     planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
-    cluster.run(router, iter(starts))
+    return SimSetup(cluster=cluster, router=router, planning=planning, starts=starts)
+
+
+def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival: ArrivalConfig,
+              planner: PlannerConfig | None) -> SimResult:
+    started = time.perf_counter()
+    setup = build(config, policy_name, specs, arrival, planner)
+    cluster, router, planning = setup.cluster, setup.router, setup.planning
+    cluster.run(router, iter(setup.starts))
     if router.flights:
         raise RuntimeError(f"simulation ended with {len(router.flights)} requests still in flight")
     records = sorted(router.records, key=lambda r: r.index)
@@ -161,25 +183,6 @@ def _simulate(config: SimConfig, policy_name: str, specs: list[RequestSpec], arr
         preemptions=sum(i.scheduler.num_preemptions for i in cluster.instances), kv_events=cluster.num_events,
         disagg=router.disagg.stats() if router.disagg else None,
         planner=planning.stats() if planning else None,
-        tiers=tier_stats(cluster),
+        tiers=tier_stats([i.io for i in cluster.instances if i.io is not None], cluster.store),
         step_wall_s=sum(i.step_wall_s for i in cluster.instances),
     )
-
-
-def tier_stats(cluster: Cluster) -> dict | None:
-    """Recoveries by choice and bytes moved per direction (GB/s while moving), over all instances."""
-    ios = [inst.io for inst in cluster.instances if inst.io is not None]
-    if not ios:
-        return None
-    runs, blocks = collections.Counter(), collections.Counter()
-    moved = {d: [0.0, 0.0] for d in ios[0].bytes}
-    for io in ios:
-        runs.update(io.tiers.recovery.runs)
-        blocks.update(io.tiers.recovery.blocks)
-        for d in moved:
-            moved[d][0] += io.bytes[d]
-            moved[d][1] += io.seconds[d]
-    return {"recoveries": dict(runs), "recovered_blocks": dict(blocks),
-            "bytes": {d: b for d, (b, _) in moved.items()},
-            "gb_per_s": {d: (b / s / 1e9 if s else None) for d, (b, s) in moved.items()},
-            "store_blocks": len(cluster.store.blocks) if cluster.store is not None else None}

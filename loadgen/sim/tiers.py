@@ -3,7 +3,7 @@
 Each simulated instance runs the real block manager with the real tiers (host
 pool, load queue, cost-based recovery: engine/kv/tier_setup.py builds them from the
 same `EngineConfig`), and this module does for it what engine/kv/tier_service.py does
-for a real engine, with times from the sim runner's links (engine/runners/sim.py LINKS):
+for a real engine, with times from the sim runner's links (engine/kv/links.py LINKS):
 
 - a copy batch (evictions to the host, host hits and store bytes into the device,
   reads for the store) lengthens the step it precedes by its modelled time, as it
@@ -21,11 +21,12 @@ for a real engine, with times from the sim runner's links (engine/runners/sim.py
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 
+from kvroute.engine.core.kv_copies import CopyPlan
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
-from kvroute.engine.kv.kv_copies import CopyPlan
 from kvroute.engine.kv.tiers import CacheTiers
 
 
@@ -94,3 +95,21 @@ class SimTierIO:
         self.bytes[direction] += nbytes
         self.seconds[direction] += seconds
         self.tiers.recovery.observe(direction, nbytes, seconds)
+
+
+def tier_stats(ios: list[SimTierIO], store: SimStore | None) -> dict | None:
+    """Recoveries by choice and bytes moved per direction (GB/s while moving), over the instances' tier I/O."""
+    if not ios:
+        return None
+    runs, blocks = collections.Counter(), collections.Counter()
+    moved = {d: [0.0, 0.0] for d in ios[0].bytes}
+    for io in ios:
+        runs.update(io.tiers.recovery.runs)
+        blocks.update(io.tiers.recovery.blocks)
+        for d in moved:
+            moved[d][0] += io.bytes[d]
+            moved[d][1] += io.seconds[d]
+    return {"recoveries": dict(runs), "recovered_blocks": dict(blocks),
+            "bytes": {d: b for d, (b, _) in moved.items()},
+            "gb_per_s": {d: (b / s / 1e9 if s else None) for d, (b, s) in moved.items()},
+            "store_blocks": len(store.blocks) if store is not None else None}

@@ -36,8 +36,8 @@ class ConnectionCollector:
         p = self.prefix
         open_now = GaugeMetricFamily(f"{p}_connections", "Client connections open now.")
         open_now.add_metric([], guard.open)
-        closed = CounterMetricFamily(f"{p}_connections_closed", "Connections closed by the connection rules, by reason.",
-                                     labels=["reason"])
+        closed = CounterMetricFamily(f"{p}_connections_closed",
+                                     "Connections closed by the connection rules, by reason.", labels=["reason"])
         for reason in CLOSE_REASONS:
             closed.add_metric([reason], guard.closed[reason])
         buffered = GaugeMetricFamily(f"{p}_body_buffer_bytes", "Request body bytes being received now.")

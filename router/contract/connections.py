@@ -147,9 +147,8 @@ class ConnectionGuard:
         self.waiting.pop(conn, None)
 
     def _displace_one(self) -> bool:
-        for conn in self.waiting:
-            break
-        else:
+        conn = next(iter(self.waiting), None)  # the one that has waited longest on its client
+        if conn is None:
             return False
         self.closed["displaced"] += 1
         conn.displace()

@@ -16,7 +16,7 @@ The wire format (vLLM's ZeroMQ publisher; SGLang publishes the same):
 
 Decoding uses msgspec's typed msgpack decoder: one C pass that both parses and validates
 (types, tags, token ids in uint32 range), measured as fast as msgpack's untyped `unpackb`
-alone (`python tools/bench_kvevents.py decode`). A typed batch decoder is kept per
+alone (`python -m kvroute.benchmarks.kvevents decode`). A typed batch decoder is kept per
 encoding combination and the last one that worked is tried first, since a publisher does
 not change encodings. A batch that fails typed decoding is decoded loosely and its events
 converted one by one, so one bad event is skipped without losing its batch.
@@ -24,7 +24,7 @@ converted one by one, so one bad event is skipped without losing its batch.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 import msgspec
 
@@ -33,7 +33,7 @@ SCHEMES = ("tcp://", "ipc://", "inproc://")  # ZeroMQ endpoints a publisher bind
 MAX_MESSAGE_BYTES = 16 << 20  # ZMQ_MAXMSGSIZE of the router's sockets: a larger frame is refused unread
 END_OF_REPLAY = b"\xff" * SEQ_BYTES  # seq -1: the replay socket's end marker
 
-Hash = Union[int, bytes]
+Hash = int | bytes
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 
@@ -85,13 +85,13 @@ class ClearedMap(Cleared, tag="AllBlocksCleared", array_like=False, frozen=True,
     pass
 
 
-Event = Union[Stored, Removed, Cleared]
-_ARRAY_EVENT = Union[Stored, Removed, Cleared]
-_MAP_EVENT = Union[StoredMap, RemovedMap, ClearedMap]
+Event = Stored | Removed | Cleared
+_ARRAY_EVENT = Stored | Removed | Cleared
+_MAP_EVENT = StoredMap | RemovedMap | ClearedMap
 
 
 def _batch_type(array_like: bool, event: Any) -> type:
-    fields = [("ts", float), ("events", list[event]), ("data_parallel_rank", Union[int, None], None)]
+    fields = [("ts", float), ("events", list[event]), ("data_parallel_rank", int | None, None)]
     return msgspec.defstruct("WireBatch", fields, array_like=array_like, frozen=True, gc=False)
 
 

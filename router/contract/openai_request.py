@@ -137,11 +137,25 @@ def _messages(body: dict) -> tuple[dict, ...]:
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param="messages")
         content = m.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise BadRequest(f"messages[{i}].content parts must be text parts", param="messages")
+            if not all(_text_part(p) or _image_part(p) for p in content):
+                raise BadRequest(f"messages[{i}].content parts must be text or image_url parts", param="messages")
         elif not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", param="messages")
     return tuple(messages)
+
+
+def _text_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
+def _image_part(part: Any) -> bool:
+    """An OpenAI image part: {"type": "image_url", "image_url": {"url": ...}} (or the URL alone). The
+    router keys it (router/contract/vision.py); a kvroute engine refuses it (its tokenizer takes text)."""
+    if not isinstance(part, dict) or part.get("type") != "image_url":
+        return False
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    return isinstance(url, str) and bool(url)
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:

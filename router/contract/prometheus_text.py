@@ -49,6 +49,13 @@ def metric_max(text: str, *names: str) -> float | None:
     return _first_present(text, names, max)
 
 
+def latest_labels(text: str, name: str) -> dict[str, str] | None:
+    """The labels of the sample of `name` with the largest value (a gauge set to the time of each
+    update, whose older label sets stay exported: vllm:lora_requests_info)."""
+    best = max(_samples(text, name), key=lambda sample: sample[1], default=None)
+    return dict(_LABEL.findall(best[0])) if best is not None else None
+
+
 def metric_labels(text: str, name: str) -> dict[str, str] | None:
     """The labels of the first sample of `name` (info-style metrics such as vllm:cache_config_info)."""
     for labels, _ in _samples(text, name):

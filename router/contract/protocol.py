@@ -52,12 +52,16 @@ EventType = Literal["stored", "removed", "cleared"]
 _U64 = struct.Struct("<Q")
 
 
-def hash_seed(model: str, salt: str | None = None) -> int:
-    """The chain's seed for a model and optional salt (LoRA name, request `cache_salt`)."""
+def hash_seed(model: str, salt: str | None = None, adapter: str | None = None) -> int:
+    """The chain's seed for a model, an optional salt (a request's `cache_salt`) and an optional
+    LoRA adapter (the name the request's `model` gave)."""
     text = "kvroute-v1\x00" + model
     if salt:
         text += "\x00" + salt
-    return xxhash.xxh3_64_intdigest(text.encode("utf-8"))
+    seed = xxhash.xxh3_64_intdigest(text.encode("utf-8"))
+    if adapter:
+        seed = xxhash.xxh3_64_intdigest(b"kvroute-adapter\x00" + _U64.pack(seed) + adapter.encode("utf-8"))
+    return seed
 
 
 def block_hashes(
@@ -214,6 +218,8 @@ class LoadRecord:
     kv_evictable: tuple[tuple[int, float], ...] = ()  # (blocks, idle s) of evictable blocks, next evicted first
     kv_tiers: dict = dataclasses.field(default_factory=dict)  # measured tier links, router/contract/tier_costs.py
     progress: int = -1  # grows while the engine works (tokens its steps computed); -1: not reported
+    adapters: tuple[str, ...] = ()  # LoRA adapters resident in its slots now (loading another costs time)
+    adapter_slots: int = -1  # how many adapters it holds at once (vLLM's max_loras); -1: not reported
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not asdict: no deep copy
@@ -235,6 +241,10 @@ class LoadRecord:
                     value = _evictable(value)
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"malformed load record: {e}") from None
+            elif f.name == "adapters":
+                if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
+                    raise ValueError(f"malformed load record: adapters must be a list of names, got {value!r}")
+                value = tuple(value)
             elif f.name == "kv_tiers":
                 if not isinstance(value, dict):
                     raise ValueError(f"malformed load record: kv_tiers must be an object, got {value!r}")
@@ -259,7 +269,8 @@ class LoadRecord:
 
 
 _NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
-_UNREPORTED_FIELDS = frozenset({"kv_free_blocks", "progress"})  # integers where -1 means "not reported"
+# integers where -1 means "not reported"
+_UNREPORTED_FIELDS = frozenset({"kv_free_blocks", "progress", "adapter_slots"})
 
 
 def _evictable(value: object) -> tuple[tuple[int, float], ...]:

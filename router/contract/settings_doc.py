@@ -1,6 +1,6 @@
 """The flags table of a command's docs page, written from its declared settings.
 
-The table sits between two markers on the page; `python -m kvroute.flags_doc` rewrites it
+The table sits between two markers on the page; `python -m kvroute.scripts.flags_doc` rewrites it
 and `--check` (and tests/unit/test_settings.py) fails when a page is out of date.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvroute.router.contract.cli_parser import Command
 from kvroute.router.contract.settings import Declared
 
-BEGIN = "<!-- flags: {prog} (written by `python -m kvroute.flags_doc` from the settings; do not edit) -->"
+BEGIN = "<!-- flags: {prog} (written by `python -m kvroute.scripts.flags_doc` from the settings; do not edit) -->"
 END = "<!-- end of flags: {prog} -->"
 
 

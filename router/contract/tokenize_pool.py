@@ -3,7 +3,7 @@
 Short prompts (under `inline_chars`) are tokenized in place: a thread hop costs more
 than they do. So are prompts under `idle_inline_chars` when the caller says nothing
 else is in flight (and no job is in the pool): blocking the loop then holds up nobody
-already here, and the hop's two thread wake-ups are saved. `python tools/bench_router.py
+already here, and the hop's two thread wake-ups are saved. `python -m kvroute.benchmarks.router
 decision` times both, alternating (the never-seen rows, in place and through the pool).
 A request that arrives meanwhile waits at most that one encode (~10 ms at the default
 64k characters).

@@ -1,7 +1,7 @@
 """The tokenizer shared by routers and engines: encode, decode, chat template, fingerprint.
 
 `load_tokenizer(None)` is the built-in 8192-token byte-level BPE (router/contract/data/, made by
-tools/train_tokenizer.py) with a ChatML template; `load_tokenizer(DIR)` reads a local
+kvroute/scripts/train_tokenizer.py) with a ChatML template; `load_tokenizer(DIR)` reads a local
 Hugging Face model directory (tokenizer.json, tokenizer_config.json, chat_template.jinja,
 generation_config.json, config.json). The built-in directory has that same layout.
 
@@ -37,6 +37,7 @@ import xxhash
 
 from kvroute.router.contract.encoding import EncodePlan, FullPlan
 from kvroute.router.contract.segment_cache import SegmentCache
+from kvroute.router.contract.vision import VisionLayout
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
 BUILTIN_NAME = "kvroute-bpe-8k"
@@ -117,6 +118,7 @@ class Tokenizer:
     segments: SegmentCache | None = dataclasses.field(default=None, repr=False)
     # What the post-processor puts before a completion prompt, when that is all it adds (else None).
     post_prefix: tuple[int, ...] | None = None
+    vision: VisionLayout | None = None  # where images' placeholder tokens go (router/contract/vision.py)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a completion prompt; releases the GIL while the Rust encoder runs."""
@@ -205,6 +207,7 @@ def _load_dir(path: pathlib.Path, name: str | None = None) -> Tokenizer:
         backend=backend,
         segments=segments,
         post_prefix=_post_prefix(backend),
+        vision=VisionLayout.load(path, backend.id_to_token),
     )
 
 

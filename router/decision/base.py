@@ -32,7 +32,10 @@ class InstanceState(msgspec.Struct, frozen=True):
     kv_free_blocks: int = -1  # engine-reported blocks holding nothing; -1: not reported
     kv_evictable: tuple[tuple[int, float], ...] = ()  # engine-reported (blocks, idle s), next evicted first
     kv_measured_at: float = 0.0  # when kv_evictable's idle times were measured, on the policy's clock
-    tier_costs: TierCosts | None = None  # advertised tier links and store key (router/contract/tier_costs.py); None: none
+    # advertised tier links and store key (router/contract/tier_costs.py); None: none
+    tier_costs: TierCosts | None = None
+    adapters: frozenset[str] = frozenset()  # LoRA adapters resident there (engine-reported)
+    adapter_slots: int = -1  # adapters it holds at once; -1: not reported (no adapter price)
 
     @classmethod
     def of(cls, id: str, inflight: int, queued_prefill_tokens: int, load: LoadRecord | None,
@@ -43,7 +46,8 @@ class InstanceState(msgspec.Struct, frozen=True):
                        tier_costs=tier_costs)
         return cls(id, inflight=inflight, queued_prefill_tokens=queued_prefill_tokens, running=load.running,
                    waiting=load.waiting, kv_usage=load.kv_usage, cache_ok=cache_ok, kv_free_blocks=load.kv_free_blocks,
-                   kv_evictable=load.kv_evictable, kv_measured_at=measured_at, tier_costs=tier_costs)
+                   kv_evictable=load.kv_evictable, kv_measured_at=measured_at, tier_costs=tier_costs,
+                   adapters=frozenset(load.adapters), adapter_slots=load.adapter_slots)
 
 
 class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +55,7 @@ class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
     block_hashes: tuple[int, ...]
     block_size: int
     request_id: str = ""
+    adapter: str | None = None  # the LoRA adapter it runs under (the cost model prices loading it)
 
 
 COST_TERMS = ("wait_s", "prefill_s", "compute_s", "evict_s")  # the parts of a kv_cost cost (kv_aware.py)

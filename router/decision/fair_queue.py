@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterator, Mapping
 
 
@@ -59,7 +60,7 @@ class FairQueue:
         """Entries a new request of `tenant` in `band` would be served after."""
         higher = sum(len(b) for b in self._bands[:band])
         tag = self._tag(tenant, band, weight)
-        return higher + bisect.bisect_left(self._bands[band], (tag, -1))
+        return higher + bisect.bisect_right(self._bands[band], (tag, math.inf))  # equal tags queued first go first
 
     def head(self) -> QueueEntry | None:
         for entries in self._bands:

@@ -36,6 +36,8 @@ class TenantSpec:
             value = getattr(self, field)
             if value is not None and not value > 0:
                 raise ValueError(f"tenant {self.name}: {field} must be positive, got {value}")
+        if self.burst is not None and self.burst < 1:  # a bucket that never holds a whole token admits nothing
+            raise ValueError(f"tenant {self.name}: burst must be at least 1 (one request), got {self.burst}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"tenant {self.name}: max_concurrency must be at least 1, got {self.max_concurrency}")
         if any(not isinstance(k, str) or not k for k in self.keys):

@@ -7,9 +7,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import aiohttp
-import orjson
 
 from kvroute.router.contract.limits import Limits
 from kvroute.router.contract.protocol import LoadRecord
@@ -19,14 +19,16 @@ from kvroute.router.fleet.groups import Group, Groups
 from kvroute.router.fleet.instance import EngineInfo, Generation, Instance
 from kvroute.router.fleet.kinds import assign_kinds, discover_info, poll_load
 from kvroute.router.fleet.kinds.http import EngineHTTP
+from kvroute.router.fleet.metrics import FleetMetrics
 from kvroute.router.fleet.progress import ProgressWatch
+from kvroute.router.fleet.settings import FleetSettings
+from kvroute.router.fleet.upstream_errors import BadAnswer, describe_failure
 from kvroute.router.index.base import BlockIndex, IndexUnavailable
-from kvroute.router.service.config import RouterConfig
-from kvroute.router.service.metrics import RouterMetrics
-from kvroute.router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 
 log = logging.getLogger(__name__)
 
+Settings = TypeVar("Settings", bound=FleetSettings)
+Metrics = TypeVar("Metrics", bound=FleetMetrics)
 MAX_OUT_SHARE = 0.5  # the most of a model's engines (per role) that slow answers may take out of routing
 
 
@@ -35,12 +37,17 @@ def answered_late(exc: BaseException) -> bool:
     return isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
 
 
-class Cluster:
-    def __init__(self, config: RouterConfig, index: BlockIndex, tokenizer_fingerprint: str,
-                 metrics: RouterMetrics, session: aiohttp.ClientSession | None = None,
+class Cluster(Generic[Settings, Metrics]):
+    """Generic in the settings and metrics it is given: it reads its section of them (FleetSettings,
+    FleetMetrics) and hands them back to whoever holds it as the types they are."""
+
+    def __init__(self, config: Settings, index: BlockIndex, tokenizer_fingerprint: str,
+                 metrics: Metrics, session: aiohttp.ClientSession | None = None,
                  on_load: Callable[[], None] = lambda: None) -> None:
-        """`session`: the engines' HTTP client (None: nothing is probed or polled, as in tests
-        that drive the cluster by hand); `on_load`: called after each load report is applied."""
+        """`config`: the router's settings, of which the fleet reads its section; `session`: the
+        engines' HTTP client (None: nothing is probed or polled, as in tests that drive the cluster
+        by hand; `engine_http` is also what the event feeds read /kv/events and /kv/snapshot with);
+        `on_load`: called after each load report is applied."""
         self.config = config
         self.on_load = on_load
         self.index = index
@@ -51,7 +58,7 @@ class Cluster:
                           for url in config.engines]  # grows, shrinks
         assign_kinds(self.instances, config)
         self.session = session
-        self.engine_http = EngineHTTP(session, config.connect_timeout_s)  # discovery and load polling
+        self.engine_http = EngineHTTP(session, config.connect_timeout_s)  # discovery, load polling, feeds
         self.shape = FleetShape(tokenizer_fingerprint, config.limits.max_prompt_chars, config.limits.max_body_bytes)
         self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
         self.progress = ProgressWatch(config.first_byte_timeout_s, metrics)  # stalled engines out, and back
@@ -226,7 +233,7 @@ class Cluster:
                        slow: bool = False) -> None:
         """A failed probe, or (`request=True`) a failed request: excluded from routing at once
         (unless `exclude=False`), ejected after `eject_after` in a row. `why` is short
-        (router/upstream_errors.describe_failure). Logged when the instance starts failing or the
+        (router/fleet/upstream_errors.py describe_failure). Logged when the instance starts failing or the
         reason changes, not on every retry; kept as `last_error`.
 
         Failed requests and probes that timed out (`slow=True`: the engine took the connection
@@ -311,14 +318,3 @@ class Cluster:
         if inst.draining and not was_draining:
             log.warning("instance %s is draining: no new requests go there", inst.id)
         self.on_load()
-
-    async def _get_json(self, inst: Instance, path: str, **params) -> dict:
-        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s + params.pop("extra_s", 0.0))
-        async with self.session.get(inst.url + path, params=params or None, timeout=timeout) as r:
-            error = NotAnEngine if path == "/kv/info" else BadAnswer
-            if r.status != 200:
-                raise error(f"GET {path} answered HTTP {r.status}")
-            try:
-                return await r.json(content_type=None, loads=orjson.loads)
-            except ValueError:
-                raise error(f"GET {path} did not answer JSON") from None

@@ -26,14 +26,20 @@ class EngineInfo:
     max_model_len: int = 0  # 0: not advertised
     vocab_size: int = 0
     tier_costs: TierCosts | None = None  # advertised at start; /load refreshes the measured figures
+    adapters: tuple[str, ...] = ()  # LoRA adapters it serves, by the names requests give as `model`
+    model_path: str = ""  # the model as the engine loaded it (vLLM's `root`: what its image hashes name)
+    key_rule: str = "seeded"  # how its blocks are keyed (router/contract/block_keys.py), set by its kind
 
     @classmethod
     def from_dict(cls, d: dict) -> EngineInfo:
         try:
+            adapters = d.get("adapters") or []
+            if not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters):
+                raise ValueError("adapters must be a list of names")
             return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
                        str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),
                        int(d.get("max_model_len") or 0), int(d.get("vocab_size") or 0),
-                       TierCosts.from_wire(d.get("kv_tiers")))
+                       TierCosts.from_wire(d.get("kv_tiers")), tuple(adapters))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed /kv/info: {e}") from None
 

@@ -45,7 +45,7 @@ class ProgressWatch:
     """Takes a stalled engine out of routing and brings it back once it moves; run on each load report."""
 
     def __init__(self, patience_s: float, metrics) -> None:
-        """`metrics`: router/service/metrics.py RouterMetrics (its `stalls` counter and routable gauge)."""
+        """`metrics`: its `stalls` counter and routable gauge (router/fleet/metrics.py FleetMetrics)."""
         self.patience_s, self.metrics = patience_s, metrics
 
     def observe(self, inst) -> None:

@@ -55,7 +55,8 @@ class RegistryFollower:
         self._outage = False
         if not secret:
             log.warning("fleet registry %s is unauthenticated: any record written there is believed "
-                        "(give the fleet secret, --kv-secret or KVROUTE_KV_SECRET, to routers and engines)", redact(url))
+                        "(give the fleet secret, --kv-secret or KVROUTE_KV_SECRET, to routers and engines)",
+                        redact(url))
 
     def believed(self, record: EngineRecord, kind: str | None = None) -> bool:
         """Whether this record (announced as `kind`, or None: read from its key) may change the fleet;

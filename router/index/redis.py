@@ -31,8 +31,9 @@ notices first. One replica losing sight of an engine never clears it for the oth
 each current holder's blocks by HMGET on its generation hash, in growing chunks up to its
 first missing block. Block hashes go to Redis packed in one argument, 8 bytes each (no
 per-hash encoding in Python). Scripts build key names from the prefix server-side, so
-this targets a standalone Redis >= 6.2 (HRANDFIELD) or one shard, not Redis Cluster. Any `redis.exceptions.RedisError` is raised as
-`router.index.base.IndexUnavailable`; the client reconnects on the next call.
+this targets a standalone Redis >= 6.2 (HRANDFIELD) or one shard, not Redis Cluster. Any
+`redis.exceptions.RedisError` is raised as `router.index.base.IndexUnavailable`; the client reconnects on the
+next call.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class EventSync:
         self.metrics = cluster.metrics
 
     async def resync(self, inst: Instance) -> None:
-        await self.load_snapshot(inst, await self.cluster._get_json(inst, "/kv/snapshot"))
+        await self.load_snapshot(inst, await self.cluster.engine_http.feed(inst.url, "/kv/snapshot"))
 
     async def load_snapshot(self, inst: Instance, snap: dict) -> None:
         """Replace the instance's entries with a GET /kv/snapshot body (a generation swap:
@@ -142,7 +142,7 @@ class PollFollower:
         params = {"since": inst.seq, "timeout": timeout}
         if inst.epoch is not None:
             params["epoch"] = inst.epoch
-        data = await self.cluster._get_json(inst, "/kv/events", extra_s=timeout, **params)
+        data = await self.cluster.engine_http.feed(inst.url, "/kv/events", params, wait_s=timeout)
         if data.get("load"):
             load = LoadRecord.from_dict(data["load"])
             self.cluster.observe_load(inst, load)

@@ -169,12 +169,12 @@ class InstanceFeed:
         info = self.inst.info
         if info is not None:
             self.keys = (info.model, info.block_size)
-            self.block_map = BlockMap(hash_seed(info.model), info.block_size, self.cap())
+            self.block_map = BlockMap(hash_seed(info.model), info.block_size, self.cap(), key_rule=info.key_rule)
 
     async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
         self.seq += 1
-        result = await self.index.apply(KVEvent(instance=self.inst.id, epoch=self.epoch, seq=self.seq, type=kind, tier=tier,
-                                                   blocks=tuple(hashes)))
+        result = await self.index.apply(KVEvent(instance=self.inst.id, epoch=self.epoch, seq=self.seq, type=kind,
+                                                tier=tier, blocks=tuple(hashes)))
         if result != "applied":
             raise IndexUnavailable(f"the index refused the feed's seq {self.seq} ({result})")
         if kind == "cleared":

@@ -63,7 +63,8 @@ class ZmqMetrics:
         mapped = GaugeMetricFamily("kvroute_router_zmq_engine_blocks", "Engine blocks in the hash map.",
                                    labels=["instance"])
         restarts = CounterMetricFamily("kvroute_router_zmq_feed_restarts",
-                                       "Feeds restarted by their supervisor after dying or stalling.", labels=["instance"])
+                                       "Feeds restarted by their supervisor after dying or stalling.",
+                                       labels=["instance"])
         stale = GaugeMetricFamily("kvroute_router_zmq_feed_stale",
                                   "1 while the instance's feed is down (routed on load alone).", labels=["instance"])
         for feed in self.feeds:

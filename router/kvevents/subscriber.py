@@ -21,11 +21,11 @@ longer than --index-ttl-s for a resync when it is back, which rebuilds the feed.
 
 Every message is untrusted (docs/architecture.md#trust-rules): a frame larger than
 `max_message_bytes` is dropped by ZeroMQ itself (ZMQ_MAXMSGSIZE: libzmq drops the connection
-for good, so the subscriber raises FeedLost and its supervisor starts it afresh); a malformed frame or payload, nesting too deep to decode, or a batch whose events
-cannot be applied is counted, logged at most once per `LOG_EVERY_S` per source, and skipped: it
-never stops the stream. A payload that cannot be decoded still consumes its seq (a replay would
-return the same bytes). `stats.heartbeat` moves every poll, so a supervisor can tell a stalled
-subscriber from an idle one (router/kvevents/follower.py).
+for good, so the subscriber raises FeedLost and its supervisor starts it afresh); a malformed frame
+or payload, nesting too deep to decode, or a batch whose events cannot be applied is counted, logged
+at most once per `LOG_EVERY_S` per source, and skipped: it never stops the stream. A payload that
+cannot be decoded still consumes its seq (a replay would return the same bytes). `stats.heartbeat`
+moves every poll, so a supervisor can tell a stalled subscriber from an idle one (router/kvevents/follower.py).
 """
 
 from __future__ import annotations
@@ -135,7 +135,8 @@ class Subscriber:
                 self.stats.state = "live"
                 self.stats.heartbeat = now = time.monotonic()
                 if now >= next_check:  # the connection's events every POLL_MS, not per message
-                    dropped_at, next_check = await self._connection_events(monitor, dropped_at, now), now + POLL_MS / 1e3
+                    dropped_at = await self._connection_events(monitor, dropped_at, now)
+                    next_check = now + POLL_MS / 1e3
                 if await sock.poll(POLL_MS):
                     await self.handle(await sock.recv_multipart())
         finally:

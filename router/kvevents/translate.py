@@ -21,10 +21,13 @@ a time. A router block is credited when the engine block that completes it is st
 and withdrawn when any engine block overlapping it is removed, so the router never
 credits a block the engine cannot serve.
 
-Blocks the router cannot reproduce are kept as unroutable nodes (so their removals and
-children are recognised) but never credited: a LoRA (`lora_id`/`lora_name`), non-empty
-`extra_keys` (multimodal inputs, cache salt), an unknown parent, or a descendant of any of
-those. `medium` maps onto tiers (`MEDIUM_TIERS`); an unknown medium is counted and its
+Keys beyond tokens (`lora_name`, `extra_keys`: adapter, images, salt) are read by the engine
+kind's key rule (router/kvevents/event_keys.py) and folded into the router's hashes exactly as
+the router hashes a request carrying them (router/contract/block_keys.py). Blocks the router
+cannot reproduce are kept as unroutable nodes (so their removals and children are recognised)
+but never credited: keys the rule cannot reproduce (a `lora_id` without a name, prompt-embedding
+digests, extra keys on engine blocks of another size than the router's), an unknown parent, or
+a descendant of any of those. `medium` maps onto tiers (`MEDIUM_TIERS`); an unknown medium is counted and its
 event ignored, never guessed. Events of KV cache groups other than 0 (hybrid models'
 sliding-window or mamba groups) are counted and ignored: group 0 holds full attention.
 """
@@ -34,8 +37,10 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 
+from kvroute.router.contract.block_keys import keyed_block_hashes
 from kvroute.router.contract.kv_wire import Cleared, Event, Removed, Stored
-from kvroute.router.contract.protocol import TIERS, block_hashes
+from kvroute.router.contract.protocol import TIERS, block_hashes, u32le
+from kvroute.router.kvevents.event_keys import EventKeys, event_keys
 
 MEDIUM_TIERS = {
     "GPU": "device",
@@ -74,10 +79,11 @@ class _Node:
 class BlockMap:
     """One instance's engine-hash -> router-hash map; `apply` returns index operations."""
 
-    def __init__(self, seed: int, block_size: int, max_nodes: int = 1 << 20) -> None:
+    def __init__(self, seed: int, block_size: int, max_nodes: int = 1 << 20, key_rule: str = "seeded") -> None:
         if block_size < 1:
             raise ValueError(f"router block size must be positive, got {block_size}")
         self.seed = seed
+        self.key_rule = key_rule  # router/contract/block_keys.py KEY_RULES: how the engine keys adapters, images, salt
         self.block_size = block_size
         self.max_nodes = max_nodes  # past it the oldest engine blocks go (counted "overflow_evicted")
         self.nodes: dict[int | bytes, _Node] = {}
@@ -145,25 +151,31 @@ class BlockMap:
 
     def _nodes_for(self, ev: Stored) -> Iterator[tuple[int | bytes, _Node]]:
         """(engine hash, a new node for it) for each block of a stored event, in order."""
-        reason = _unroutable_reason(ev, self.nodes)
+        keys = event_keys(ev, self.key_rule, self.block_size)
+        reason = keys if isinstance(keys, str) else _unroutable_reason(ev, self.nodes)
         if reason is None:
-            return self._mapped_nodes(ev)
+            if keys.extras or keys.seed is not None:
+                self.counts["keyed"] += len(ev.block_hashes)
+            return self._mapped_nodes(ev, keys)
         self.counts[f"unroutable_{reason}"] += len(ev.block_hashes)
         return _unroutable_chain(ev.parent_block_hash, ev.block_hashes)
 
-    def _mapped_nodes(self, ev: Stored) -> Iterator[tuple[int | bytes, _Node]]:
+    def _mapped_nodes(self, ev: Stored, keys: EventKeys) -> Iterator[tuple[int | bytes, _Node]]:
         bs, rbs = ev.block_size, self.block_size
         parent_node = self.nodes.get(ev.parent_block_hash) if ev.parent_block_hash is not None else None
-        base = parent_node.base if parent_node else None
+        base = parent_node.base if parent_node else keys.seed
         tail, owners = self._tail(parent_node)
         combined = tail + list(ev.token_ids)
-        hashes = block_hashes(combined, rbs, self.seed, parent=base)
+        if keys.extras:  # engine blocks are router blocks here (event_keys checked the sizes)
+            hashes = keyed_block_hashes(u32le(combined), rbs, self.seed, keys.extras, parent=base)
+        else:
+            hashes = block_hashes(combined, rbs, self.seed, parent=base)
         for owner in owners if hashes else ():  # the parent's tail is part of the first router block
             if hashes[0] not in owner.covers:
                 owner.covers.append(hashes[0])
-        extra, offset, parent = ev.extra_keys or (), len(tail), ev.parent_block_hash
+        offset, parent = len(tail), ev.parent_block_hash
         for i, h in enumerate(ev.block_hashes):
-            if i < len(extra) and extra[i]:  # this block's key has more than its tokens: so do the rest
+            if i == keys.routable:  # keys the rule cannot reproduce from here on: so is the rest
                 self.counts["unroutable_extra_keys"] += len(ev.block_hashes) - i
                 yield from _unroutable_chain(parent, ev.block_hashes[i:])
                 return
@@ -240,8 +252,6 @@ def _unroutable_chain(parent, hashes) -> Iterator[tuple[int | bytes, _Node]]:
 
 
 def _unroutable_reason(ev: Stored, nodes: dict) -> str | None:
-    if ev.lora_id is not None or ev.lora_name:
-        return "lora"
     if ev.parent_block_hash is None:
         return None
     parent = nodes.get(ev.parent_block_hash)

@@ -35,8 +35,9 @@ cannot give: +1 while TTFT misses its SLO and TPOT has room, -1 the other way, b
 Hysteresis: a new target must come out the same `hold` intervals in a row, and at least
 `cooldown_s` after the last change, before engines switch -- unless the split in force
 is overloaded (a role's demand beyond its engines' capacity: a queue is growing), which
-switches at once; then the fewest engines switch, the least loaded first. `desired` is the replica count per role the load asks for
-at `target_utilization` (published for an autoscaler; the planner itself only re-roles).
+switches at once; then the fewest engines switch, the least loaded first. `desired` is the replica
+count per role the load asks for at `target_utilization` (published for an autoscaler; the planner
+itself only re-roles).
 """
 
 from __future__ import annotations

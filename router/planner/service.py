@@ -21,9 +21,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from kvroute.router.contract.http import json_response
 from kvroute.router.contract.protocol import ROLES
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.planner.decide import ORDER, EngineView, Observation, Plan, Planner, PlannerConfig
 from kvroute.router.planner.recent import observation
-from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from kvroute.router.contract.http import add_body_route, json_response, read_jso
 from kvroute.router.contract.protocol import ROLES
 from kvroute.router.fleet.instance import Instance
 from kvroute.router.fleet.kinds import KIND_NAMES
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.kvevents.sources import parse_sources
 from kvroute.router.service.app_keys import CLUSTER, CONFIG, ZMQ
-from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 

@@ -100,7 +100,7 @@ class RouterConfig:
                                                      "no other request is in flight (no thread hop); 0 = long prompts "
                                                      "always go to the tokenizer threads", check=NOT_NEGATIVE)
     # The second hop and the pull add a near-constant ~2.5 ms to TTFT and ~10 ms to E2E here
-    # (tools/bench_disagg.py), while a prefill run in place stalls every running decode for its duration:
+    # (kvroute/benchmarks/disagg.py), while a prefill run in place stalls every running decode for its duration:
     # ~15 ms at 256 tokens on the built-in model, growing linearly. Below ~256 moving K/V costs more than it saves.
     pd_min_uncached: int = setting(256, "with prefill and decode engines: prompts with fewer uncached tokens skip the "
                                         "prefill stage", check=NOT_NEGATIVE)

@@ -42,12 +42,12 @@ from kvroute.router.decision.base import Decision
 from kvroute.router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES, pick_decode_member
 from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.instance import Instance
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.charges import Charges, Dispatch
 from kvroute.router.service.prefilled import first_chunk, parse_prefilled, usage_chunk, valid_handle
 from kvroute.router.service.proxy import INSTANCE_HEADER, RETRYABLE, Proxy
 from kvroute.router.service.routing import Choice, Prepared
 from kvroute.router.service.steering import with_token_ids
-from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Disaggregation:
         """Serve the request in two stages; each stage's charge on its engine is `charges`'
         (router/service/charges.py), released by it whatever fails."""
         tried: list[str] = []
-        for attempt in range(self.cluster.config.max_retries + 1):
+        for _ in range(self.cluster.config.max_retries + 1):
             prefill = await self.plan(prepared, exclude=tuple(tried))
             if prefill is None:
                 break

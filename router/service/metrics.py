@@ -65,12 +65,15 @@ class RouterMetrics:
         self.event_lag = Histogram("kvroute_router_event_lag_seconds",
                                    "Age of an engine's load record when its events arrive.",
                                    buckets=LATENCY_BUCKETS, registry=r)
-        self.events = Counter("kvroute_router_kv_events", "KV events applied to the index, by type (duplicate: another replica had).",
-                              ["type"],
+        self.events = Counter("kvroute_router_kv_events",
+                              "KV events applied to the index, by type (duplicate: another replica had).", ["type"],
                               registry=r)
         self.resyncs = Counter("kvroute_router_resyncs", "Instances reloaded from their snapshot.", registry=r)
         self.retries = PlainCounter("kvroute_router_retries", "Requests retried on another instance.", registry=r)
         self.errors = Counter("kvroute_router_errors", "Errors, by kind.", ["kind"], registry=r)
+        self.request_keys = Counter("kvroute_router_request_keys", "Requests whose block keys carried an adapter, a "
+                                    "salt or images (image: images seen; image_unhashed_REASON: requests routed on "
+                                    "the text before an image without a local hash).", ["key"], registry=r)
         self.ejections = Counter("kvroute_router_ejections", "Instances ejected by health checks.", registry=r)
         self.stalls = Counter("kvroute_router_stalls", "Instances taken out of routing for holding work without "
                               "progress for --first-byte-timeout-s.", registry=r)

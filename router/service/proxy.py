@@ -35,12 +35,12 @@ from kvroute.router.contract.http import (
     write_client,
 )
 from kvroute.router.fleet.cluster import Cluster
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.attempt_deadlines import Deadlines
 from kvroute.router.service.charges import Charges, Dispatch
 from kvroute.router.service.routing import Choice, Forecast, Prepared, Router
 from kvroute.router.service.steering import with_token_ids
 from kvroute.router.service.upstream import Upstream
-from kvroute.router.service.upstream_errors import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,8 @@ class Proxy:
     def _tokenizes_like_us(self, inst, prepared: Prepared) -> bool:
         info = inst.info
         return (inst.kind == "kvroute" and info is not None and info.tokenizer == self.cluster.tokenizer_fingerprint
-                and prepared.request.prompt_ids is None and bool(prepared.token_ids))
+                and prepared.request.prompt_ids is None and bool(prepared.token_ids)
+                and not prepared.keys.images and prepared.keys.hashable_tokens < 0)  # image runs: the engine's
 
     def _observe_choice(self, prepared: Prepared, choice: Choice) -> None:
         cached = choice.cached_tokens

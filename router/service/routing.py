@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from kvroute.router.contract.block_keys import NO_KEYS, RequestKeys
 from kvroute.router.contract.encoding import Encoding
 from kvroute.router.contract.errors import BadRequest, NotFound, Overloaded, Unavailable
 from kvroute.router.contract.limits import check_prompt_chars, check_token_count, check_vocabulary
@@ -27,10 +28,12 @@ from kvroute.router.decision.prefix_hashes import PrefixHashes
 from kvroute.router.decision.route import NoCandidates, Routed, RouteDecision, RouteSettings, uncached_tokens
 from kvroute.router.decision.scoring.tier_credit import with_store
 from kvroute.router.decision.tenants import DEFAULT_TENANT
+from kvroute.router.fleet import model_keys
 from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.groups import Group
 from kvroute.router.fleet.instance import Instance
 from kvroute.router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
+from kvroute.router.service import request_keys
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.request_trace import RecentRequests, RequestTrace
 
@@ -47,6 +50,7 @@ class Prepared(msgspec.Struct, frozen=True, kw_only=True):
     started: float
     trace: RequestTrace
     token_ids: list[int] = msgspec.field(default_factory=list)
+    keys: RequestKeys = NO_KEYS  # adapter, images, salt (router/contract/block_keys.py)
 
 
 class Forecast(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,6 +108,9 @@ class Router:
         models = self.cluster.models()
         if requested is not None:
             if requested not in models:
+                base = model_keys.adapter_base(self.cluster.instances, requested)
+                if base is not None:  # a LoRA adapter of a served model
+                    return base
                 raise NotFound(f"model {requested!r} does not exist; served models: {', '.join(models) or 'none'}",
                                param="model", code="model_not_found")
             return requested
@@ -118,22 +125,27 @@ class Router:
         started = time.perf_counter()
         req = parse_request(body, kind)
         model = self.resolve_model(req.model)
+        adapter = req.model if req.model is not None and req.model != model else None
         limits = self.cluster.limits_for(model)
         chars = check_prompt_chars(req, limits)
-        enc = await self._tokenize(req, chars, tenant)
+        messages, urls = request_keys.chat_messages(req, self.tokenizer) if req.messages is not None else (None, [])
+        enc = await self._tokenize(req, chars, tenant, messages)
+        enc, keys = request_keys.keyed(enc, req, adapter, urls, self.tokenizer, self.cluster.instances, model,
+                                       self.metrics)
         ids = enc.ids
         check_token_count(len(ids), limits)
         if req.prompt_ids is not None:  # ids from this router's tokenizer are in its vocabulary
             check_vocabulary(enc.data, limits)
         block_size = self.cluster.block_size(model)
-        hashes = self.hashes.of(enc, block_size, hash_seed(model, req.cache_salt))
+        hashes = request_keys.block_hashes(self.hashes, enc, block_size, model, keys, self.cluster.instances,
+                                           hash_seed(model))
         route = RouteRequest(num_tokens=len(ids), block_hashes=tuple(hashes), block_size=block_size,
-                             request_id=f"r{next(_request_ids)}")
+                             request_id=f"r{next(_request_ids)}", adapter=keys.adapter)
         asked = req.max_tokens if req.max_tokens is not None else 16 if req.kind == "completion" else -1
         trace = RequestTrace(model=model, stream=req.stream, prompt_tokens=len(ids), started=started,
                              max_tokens=asked)
         return Prepared(request=req, model=model, num_tokens=len(ids), route=route, started=started, trace=trace,
-                        token_ids=ids)
+                        token_ids=ids, keys=keys)
 
     def finish(self, trace: RequestTrace, status: str) -> None:
         """A client request ended (answered, failed or abandoned): metrics and the recent window."""
@@ -143,13 +155,13 @@ class Router:
                                       trace.first_token, trace.last_byte)
         self.recent.add(trace)
 
-    async def _tokenize(self, req: CompletionRequest, chars: int, tenant: str) -> Encoding:
+    async def _tokenize(self, req: CompletionRequest, chars: int, tenant: str, messages: list | None) -> Encoding:
         """Look the prompt's pieces up here; encode what is missing inline or in the pool, by its size."""
         if req.prompt_ids is not None:
             return Encoding.of(req.prompt_ids, req.prompt_ids_le)
         try:
-            if req.messages is not None:
-                plan = self.tokenizer.plan_chat(list(req.messages))
+            if messages is not None:
+                plan = self.tokenizer.plan_chat(messages)
             else:
                 plan = self.tokenizer.plan(req.prompt)
         except ValueError as e:
@@ -273,6 +285,8 @@ class Router:
                 "cached_tokens_by_tier": {t: n * inst.info.block_size for t, n in by_tier.items()},
                 **self.policy.credit_detail(inst.id),
                 "cache_ok": inst.cache_ok,
+                "match": request_keys.match_note(prepared.keys, match.tokens(inst.info.block_size)
+                                                 if inst.cache_ok else 0, inst.info),
                 "cost": choice.decision.costs.get(inst.id),
                 "cost_terms": dict(zip(COST_TERMS, terms[inst.id])) if inst.id in terms else None,
                 "inflight": inst.inflight,
@@ -285,6 +299,9 @@ class Router:
             "prompt_tokens": prepared.num_tokens,
             "blocks": len(prepared.route.block_hashes),
             "block_size": prepared.route.block_size,
+            "keys": request_keys.explain(prepared.keys, model_keys.key_rule(self.cluster.instances, prepared.model),
+                                         len(prepared.route.block_hashes), prepared.num_tokens,
+                                         prepared.route.block_size),
             "choice": choice.instance.id,
             "reason": choice.decision.explained(),
             "predicted_cached_tokens": choice.cached_tokens,

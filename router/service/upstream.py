@@ -19,7 +19,7 @@ a few headers, then the body whole or as it streams. This does exactly that:
   once on a fresh connection (the engine closed an idle connection as the request went
   out: it never read it);
 - errors are aiohttp's types (ClientOSError with the errno, ServerDisconnectedError,
-  ClientPayloadError), so callers and router/service/upstream_errors.py treat both clients alike.
+  ClientPayloadError), so callers and router/fleet/upstream_errors.py treat both clients alike.
 
 Only plain http:// engines use it; https:// goes through aiohttp (router/service/proxy.py).
 """

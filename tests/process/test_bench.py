@@ -1,35 +1,28 @@
 """`kvroute bench` end to end (real processes on loopback), and its argument errors."""
 
+import asyncio
 import json
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 from kvroute.loadgen import bench
-from kvroute.loadgen.local_cluster import free_port
+from kvroute.loadgen.processes import free_port, kvroute_argv, spawn, stop_process, wait_ready
 
 SUMMARY_FIELDS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "cached_token_ratio", "goodput",
                   "requests", "errors")
 
 
 @pytest.fixture
-def direct_engine():
+def direct_engine(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvroute.engine", "--backend", "sim", "--port", str(port),
-                             "--instance-id", "direct", "--time-scale", "0.1", "--log-level", "WARNING"])
+    proc = spawn(kvroute_argv("engine", "--backend", "sim", "--port", str(port), "--instance-id", "direct",
+                              "--time-scale", "0.1", "--log-level", "WARNING"), str(tmp_path / "direct.log"))
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait()
+    try:
+        asyncio.run(wait_ready(url, watch=[proc], logs=str(tmp_path)))
+        yield url
+    finally:
+        stop_process(proc)
 
 
 def test_tiny_bench_writes_all_outputs(tmp_path, direct_engine, capsys):

@@ -62,7 +62,8 @@ def test_judge_accepts_only_4xx_openai_errors():
 
 
 def test_invariants_name_what_broke(tmp_path):
-    lost = Row(scenario="engine-kill", traffic="background load", sent=10, ok=8, lost=1, broken=0, detail={"examples": ["lost (503): x"]})
+    lost = Row(scenario="engine-kill", traffic="background load", sent=10, ok=8, lost=1, broken=0,
+               detail={"examples": ["lost (503): x"]})
     fuzz = Row(scenario="fuzz", traffic="fuzz -> e0", sent=5, ok=5, five_xx=1)
     names = {v.invariant for v in check_rows([lost, fuzz], 200.0)}
     assert names == {"no-loss-before-first-byte", "accounted", "no-5xx-for-bad-input"}

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvroute.engine.service.config import EngineConfig
+from kvroute.engine.config import EngineConfig
 from kvroute.router.contract.settings_values import build
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
@@ -95,7 +95,8 @@ async def test_round_trip_routes_exactly_as_the_kv_events_feed(start_engine, sta
     engines = []
     for i in range(3):
         url, _ = await start_engine(num_blocks=48, kv_events_zmq="tcp://127.0.0.1:0",
-                                    kv_events_replay="tcp://127.0.0.1:0", kv_events_encoding=("map", "array", "map-batch")[i])
+                                    kv_events_replay="tcp://127.0.0.1:0",
+                                    kv_events_encoding=("map", "array", "map-batch")[i])
         engines.append((url, await get(http, url + "/kv/info")))
     urls = [u for u, _ in engines]
     zmq_router, _ = await start_router(
@@ -105,7 +106,7 @@ async def test_round_trip_routes_exactly_as_the_kv_events_feed(start_engine, sta
     poll_router, _ = await start_router(urls)
     prompts = [text(100 + g) + " " + text(200 + q, 8) for g in range(6) for q in range(2)]
     r = random.Random(0)
-    for i, prompt in enumerate(prompts):  # straight to the engines: 48 blocks each, so some get evicted
+    for prompt in prompts:  # straight to the engines: 48 blocks each, so some get evicted
         await post(http, r.choice(urls) + "/v1/completions", {"prompt": prompt, "max_tokens": 2})
 
     async def views():
@@ -127,7 +128,8 @@ async def test_round_trip_routes_exactly_as_the_kv_events_feed(start_engine, sta
         assert (a["choice"], a["predicted_cached_tokens"]) == (b["choice"], b["predicted_cached_tokens"])
     async with http.get(poll_router + "/metrics") as resp:
         metrics = await resp.text()
-    removed = [line for line in metrics.splitlines() if line.startswith('kvroute_router_kv_events_total{type="removed"}')]
+    removed = [line for line in metrics.splitlines()
+               if line.startswith('kvroute_router_kv_events_total{type="removed"}')]
     assert removed and float(removed[0].split()[-1]) > 0  # evictions happened, and both saw them
     feeds = [row["kv_events"] for row in (await get(http, zmq_router + "/router/instances"))["instances"]]
     assert all(f["state"] == "live" and f["rebuilds"] == 0 and f["blocks"].get("unknown_removed", 0) == 0

@@ -1,6 +1,7 @@
 """A fleet that changes (issue 11): registry membership, the admin API, drain and role switches."""
 
 import asyncio
+import functools
 
 import orjson
 import pytest
@@ -57,17 +58,25 @@ async def test_registration_refresh_and_expiry(start_engine, redis_url):
         await client.aclose()
 
 
+def any_routable(router) -> bool:
+    return any(i.routable for i in router.app[CLUSTER].instances)
+
+
+def no_instances(router) -> bool:
+    return not router.app[CLUSTER].instances
+
+
 async def test_two_routers_follow_the_registry(start_engine, start_router, http, redis_url):
     a_url, a = await start_router([], registry=redis_url)
     b_url, b = await start_router([], registry=redis_url)
     e_url, e = await registered_engine(start_engine, redis_url, instance_id="joiner")
     for router in (a, b):
-        assert await wait_for(lambda: any(i.routable for i in router.app[CLUSTER].instances), timeout=5)
+        assert await wait_for(functools.partial(any_routable, router), timeout=5)
     for url in (a_url, b_url):
         assert await served_by(http, url) == (200, "joiner")
     e.app[REGISTRATION].left = True  # it dies without a word: its registration lapses
     for router in (a, b):
-        assert await wait_for(lambda: not router.app[CLUSTER].instances, timeout=5)
+        assert await wait_for(functools.partial(no_instances, router), timeout=5)
 
 
 async def test_admin_api_adds_refuses_and_deletes(start_engine, start_router, http):

@@ -1,7 +1,8 @@
-"""tools/gpu_check.py takes every step on CPU with the tiny shape (--quick): the command a GPU run
-uses, kept working where CI has no GPU."""
+"""The device check (kvroute/benchmarks/gpu_check) takes every step on CPU with the tiny shape (--quick): the
+command a GPU run uses, kept working where CI has no GPU, and run from outside the checkout as a user would."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_device_check_runs_every_step_on_cpu(tmp_path):
-    proc = subprocess.run([sys.executable, "tools/gpu_check.py", "--out", str(tmp_path), "--device", "cpu",
-                           "--shape", "tiny", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    (tmp_path / "cwd").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "kvroute.benchmarks.gpu_check", "--out", str(tmp_path / "out"),
+                           "--device", "cpu", "--shape", "tiny", "--quick"], cwd=tmp_path / "cwd",
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    result = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     steps = result["steps"]
     assert list(steps) == ["memcpy", "prefill", "decode", "serving", "bench", "tiers", "pd_pull"]
     assert steps["memcpy"]["h2d_gb_s"] > 0 and steps["memcpy"]["d2h_gb_s"] > 0
@@ -28,4 +31,5 @@ def test_the_device_check_runs_every_step_on_cpu(tmp_path):
     assert tiers["host+redis"]["outputs_equal_device"] == tiers["host+redis"]["storm_requests"] == 3
     assert tiers["host+redis"]["recovery_moved_over_needed"] <= 1.05
     assert steps["pd_pull"]["pulls"] == 2 and steps["pd_pull"]["gb_per_s"] > 0
-    assert result["checkpoint"]["num_hidden_layers"] == 2 and (tmp_path / "model" / "tokenizer.json").is_file()
+    assert result["checkpoint"]["num_hidden_layers"] == 2 and (tmp_path / "out" / "model" / "tokenizer.json").is_file()
+    assert result["commit"] and not list((tmp_path / "cwd").iterdir())

@@ -244,10 +244,11 @@ async def test_a_deeply_nested_event_is_one_bad_message_and_the_feed_goes_on():
 async def test_a_batch_that_cannot_be_applied_is_skipped_not_fatal(monkeypatch):
     async with Feed(VllmPublisher()) as f:
         real = f.feed.block_map.apply
+        calls = []
 
-        def explode_once(event, _calls=[]):
-            _calls.append(1)
-            if len(_calls) == 1:
+        def explode_once(event):
+            calls.append(1)
+            if len(calls) == 1:
                 raise KeyError("a bug in the translation")
             return real(event)
 

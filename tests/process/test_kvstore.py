@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.core.kv_copies import StoredBlock
 from kvroute.engine.kv.store import StoreUnavailable, check_reachable, default_store_id, layout_namespace, make_store
 from kvroute.engine.kv.store.entry import BadEntry, decode, encode
 from kvroute.engine.kv.store.guard import GuardedStore

@@ -5,13 +5,11 @@ points at itself) costs a collection's walk over it, and once cost the router a 
 
 import asyncio
 import gc
-import subprocess
-import sys
 
 import orjson
 import pytest
 
-from kvroute.loadgen.local_cluster import free_port
+from kvroute.loadgen.processes import free_port, kvroute_argv, spawn, stop_process
 from tests.support.waiting import wait_for
 
 REQUESTS = 120
@@ -20,12 +18,10 @@ REQUESTS = 120
 @pytest.fixture(scope="module")
 def sim_engine():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvroute", "engine", "--backend", "sim", "--host", "127.0.0.1",
-                             "--port", str(port), "--time-scale", "0.001", "--log-level", "WARNING"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(kvroute_argv("engine", "--backend", "sim", "--host", "127.0.0.1", "--port", str(port),
+                              "--time-scale", "0.001", "--log-level", "WARNING"))
     yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
+    stop_process(proc, grace_s=10.0)
 
 
 async def post(reader, writer, path: str, body: dict) -> tuple[int, bytes]:
@@ -51,7 +47,7 @@ async def post(reader, writer, path: str, body: dict) -> tuple[int, bytes]:
 async def cycles_left(url: str) -> tuple[int, list[str]]:
     """Objects in reference cycles left by REQUESTS requests to `url` (after a warm-up), and their types."""
     reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
-    bodies = [("/v1/completions", {"prompt": "a shared prefix and then question %d" % i, "max_tokens": 3,
+    bodies = [("/v1/completions", {"prompt": f"a shared prefix and then question {i}", "max_tokens": 3,
                                    "stream": bool(i % 2)}) for i in range(4)]
     bodies.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
     for path, body in bodies:  # warm: connections, caches, first-use tables

@@ -1,6 +1,7 @@
 """The router end to end over loopback, in front of real sim engines."""
 
 import asyncio
+import functools
 
 import orjson
 import pytest
@@ -9,6 +10,10 @@ from kvroute.router.service.app import CLUSTER, ROUTER
 from tests.support.redis_server import RedisServer
 from tests.support.router_cluster import FAST, cluster, complete, prompt
 from tests.support.waiting import wait_for
+
+
+def all_synced(server) -> bool:
+    return all(i.routable and not i.needs_resync for i in server.app[CLUSTER].instances)
 
 
 def prompt_hashes(text: str) -> tuple[int, ...]:
@@ -206,7 +211,7 @@ async def test_two_routers_share_the_redis_index(start_engine, start_router, htt
     a_url, a = await start_router(urls, index="redis", redis=redis_url)
     b_url, b = await start_router(urls, index="redis", redis=redis_url, events="redis")
     for srv in (a, b):
-        await wait_for(lambda: all(i.routable and not i.needs_resync for i in srv.app[CLUSTER].instances))
+        await wait_for(functools.partial(all_synced, srv))
     _, first, _ = await complete(http, a_url, prompt(11, 0))
     await asyncio.sleep(0.3)  # events reach the shared index
     async with http.post(b_url + "/router/explain", json={"prompt": prompt(11, 1), "max_tokens": 2}) as r:

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kvroute.router.service.upstream_errors import BadAnswer, NotAnEngine, describe_failure
+from kvroute.router.fleet.upstream_errors import BadAnswer, NotAnEngine, describe_failure
 from tests.support.loopback import LoopbackServer
 from tests.support.redis_server import free_port
 

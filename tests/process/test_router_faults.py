@@ -52,7 +52,8 @@ async def test_5xx_before_first_byte_is_retried_elsewhere(start_engine, start_ro
             async with http.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
                 assert r.status == 200 and r.headers["x-kvroute-instance"] == "e0"
         async with http.get(url + "/metrics") as r:
-            retries = [line for line in (await r.text()).splitlines() if line.startswith("kvroute_router_retries_total")]
+            retries = [line for line in (await r.text()).splitlines()
+                       if line.startswith("kvroute_router_retries_total")]
         assert float(retries[0].split()[-1]) >= 2  # round robin sent at least two of them to "bad" first
     finally:
         await bad.close()
@@ -74,9 +75,9 @@ async def test_client_disconnect_cancels_upstream(start_engine, start_router, ht
 
 
 def test_router_never_imports_torch():
-    code = ("import sys, router.service.app, router.service.cli, router.contract.protocol, router.contract.tokenizer, router.index.redis; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
-            "import router.contract.protocol as p; print('ok')")
+    code = ("import sys, kvroute.router.service.app, kvroute.router.service.cli, kvroute.router.contract.protocol, "
+            "kvroute.router.contract.tokenizer, kvroute.router.index.redis; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 

@@ -4,7 +4,7 @@ link figures measured on the device at start-up rather than taken from presets."
 
 import torch
 
-from kvroute.engine.runners.sim import LINKS
+from kvroute.engine.kv.links import LINKS
 from kvroute.engine.service.app_keys import ENGINE
 from kvroute.router.contract.protocol import block_hashes, hash_seed
 from tests.support.tier_requests import BS, SESSION, at_least, complete, evict, metric, remote_written, wait_for

@@ -5,8 +5,8 @@ import os
 
 import torch
 
+from kvroute.engine.core.kv_copies import CopyPlan
 from kvroute.engine.core.work import SeqWork
-from kvroute.engine.kv.kv_copies import CopyPlan
 from kvroute.engine.kv.store_probe import probe_namespace
 from kvroute.engine.runners.torch_runner import TorchRunner
 from tests.support.redis_server import RedisServer, free_port

@@ -77,7 +77,8 @@ def test_builtin_is_cached_and_compact(tok):
 
 
 def test_imports_neither_torch_nor_transformers():
-    code = "import sys, router.contract.tokenizer as t; t.load_tokenizer(); print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = ("import sys, kvroute.router.contract.tokenizer as t; t.load_tokenizer(); "
+            "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 

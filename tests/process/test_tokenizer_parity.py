@@ -47,7 +47,8 @@ def llama_dir(path):
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     transformers.LlamaConfig(vocab_size=8194, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                             bos_token_id=8192, eos_token_id=8193, architectures=["LlamaForCausalLM"]).save_pretrained(str(path))
+                             bos_token_id=8192, eos_token_id=8193,
+                             architectures=["LlamaForCausalLM"]).save_pretrained(str(path))
     return path
 
 
@@ -55,7 +56,8 @@ def builtin_dir(path):
     shutil.copytree(DATA_DIR, path)
     transformers.LlamaConfig(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                             bos_token_id=1, eos_token_id=2, architectures=["LlamaForCausalLM"]).save_pretrained(str(path))
+                             bos_token_id=1, eos_token_id=2,
+                             architectures=["LlamaForCausalLM"]).save_pretrained(str(path))
     return path
 
 

@@ -9,8 +9,7 @@ import sys
 
 import aiohttp
 
-from tests.support.redis_server import free_port
-from tools.procs import wait_ready
+from kvroute.loadgen.processes import free_port, kvroute_argv, spawn, stop_process, wait_ready
 
 
 async def pids_seen(url: str, connections: int) -> tuple[set[int], int]:
@@ -24,20 +23,18 @@ async def pids_seen(url: str, connections: int) -> tuple[set[int], int]:
     return pids, workers
 
 
-async def wait_up(url: str) -> None:
-    async with aiohttp.ClientSession() as s:
-        await wait_ready(s, url)
+def router(port: int, engine: str, log: str):
+    return spawn(kvroute_argv("router", "--host", "127.0.0.1", "--port", str(port), "--engine", engine, "--workers",
+                              "2", "--admin-key", "k", "--log-level", "WARNING"), log)
 
 
-async def test_workers_share_one_port_restart_and_stop_together(start_engine):
+async def test_workers_share_one_port_restart_and_stop_together(start_engine, tmp_path):
     engine, _ = await start_engine(time_scale=0.01)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "kvroute.router", "--host", "127.0.0.1", "--port", str(port),
-                             "--engine", engine, "--workers", "2", "--admin-key", "k", "--log-level", "WARNING"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = router(port, engine, str(tmp_path / "router.log"))
     try:
-        await wait_up(url)
+        await wait_ready(url, watch=[proc], logs=str(tmp_path))
         pids, workers = await pids_seen(url, 40)
         assert workers == 2 and len(pids) == 2 and os.getpid() not in pids
         async with aiohttp.ClientSession() as s:
@@ -62,9 +59,7 @@ async def test_workers_share_one_port_restart_and_stop_together(start_engine):
         for pid in now:  # every worker is gone with it
             assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def test_workers_out_of_range_is_a_one_line_error():
@@ -74,18 +69,17 @@ def test_workers_out_of_range_is_a_one_line_error():
     assert "Traceback" not in out.stderr
 
 
-async def test_workers_die_with_a_killed_supervisor(start_engine):
+async def test_workers_die_with_a_killed_supervisor(start_engine, tmp_path):
     engine, _ = await start_engine(time_scale=0.01)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvroute.router", "--host", "127.0.0.1", "--port", str(port),
-                             "--engine", engine, "--workers", "2", "--admin-key", "k", "--log-level", "WARNING"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = router(port, engine, str(tmp_path / "router.log"))
     try:
-        await wait_up(f"http://127.0.0.1:{port}")
+        await wait_ready(f"http://127.0.0.1:{port}", watch=[proc], logs=str(tmp_path))
         pids, _ = await pids_seen(f"http://127.0.0.1:{port}", 30)
     finally:
-        proc.kill()
+        proc.kill()  # the supervisor alone, not its process group: its workers must notice by themselves
         proc.wait()
+        stop_process(proc)
     for _ in range(100):
         if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
             break

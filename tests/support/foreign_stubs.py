@@ -26,7 +26,7 @@ vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",enable_pref
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.001",model_name="{model}"}} 0.0
 vllm:time_to_first_token_seconds_count{{engine="0",model_name="{model}"}} 0.0
-"""
+"""  # noqa: E501 - the exposition line as vLLM writes it
 VLLM_COUNTERS = """# TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{{engine="0",model_name="{model}"}} {prompt_tokens}
 # TYPE vllm:generation_tokens_total counter
@@ -109,5 +109,5 @@ class StubEngine:
                                    "num_tokens": 100}])
 
     async def server_info(self, request):
-        return web.json_response({"page_size": self.block_size, "max_total_num_tokens": self.num_blocks * self.block_size,
-                                  "model_path": self.model})
+        return web.json_response({"page_size": self.block_size,
+                                  "max_total_num_tokens": self.num_blocks * self.block_size, "model_path": self.model})

@@ -5,11 +5,11 @@ records of evicted blocks."""
 import pytest
 
 from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.kv_copies import StoredBlock
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
 from kvroute.engine.kv.config import TierConfig
-from kvroute.engine.kv.kv_copies import StoredBlock
 from kvroute.engine.kv.tier_setup import TierSite, build_tiers
 from kvroute.router.contract.protocol import block_hashes
 
@@ -202,7 +202,8 @@ def test_a_write_through_store_gets_each_blocks_tokens_and_parent():
     run(bm, s)
     hashes = block_hashes(list(range(10, 18)), BS, SEED)
     reads = [meta for _, meta in bm.take_copy_plan().device_reads]
-    assert reads == [StoredBlock(hashes[0], (10, 11, 12, 13), SEED), StoredBlock(hashes[1], (14, 15, 16, 17), hashes[0])]
+    assert reads == [StoredBlock(hashes[0], (10, 11, 12, 13), SEED),
+                     StoredBlock(hashes[1], (14, 15, 16, 17), hashes[0])]
 
 
 def test_a_block_loaded_from_the_host_is_registered_with_its_content():

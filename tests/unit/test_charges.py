@@ -84,8 +84,8 @@ async def _fleet(start_engine, start_router, tmp_path, disaggregated: bool):
 async def _send(http, url, stream: bool) -> bool:
     """True when the request was served whole: a 200 and, streamed, no error event."""
     try:
-        async with http.post(url + "/v1/completions", json={"prompt": fresh_prompt(), "max_tokens": 3, "stream": stream},
-                             timeout=aiohttp.ClientTimeout(total=20)) as r:
+        body = {"prompt": fresh_prompt(), "max_tokens": 3, "stream": stream}
+        async with http.post(url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=20)) as r:
             return r.status == 200 and b'"error"' not in await r.read()
     except aiohttp.ClientError:
         return False  # a stream cut after its head

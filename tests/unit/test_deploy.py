@@ -24,7 +24,8 @@ def containers(doc: dict) -> list[dict]:
     return spec.get("containers", [])
 
 
-@pytest.mark.parametrize("doc", docs(DEPLOY / "k8s" / "kvroute.yaml"), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+@pytest.mark.parametrize("doc", docs(DEPLOY / "k8s" / "kvroute.yaml"),
+                         ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
 def test_k8s_manifest_is_valid(doc):
     import kubernetes_validate
 
@@ -66,8 +67,8 @@ def kvroute_commands() -> list[list[str]]:
 
 @pytest.mark.parametrize("argv", kvroute_commands(), ids=lambda a: " ".join(a[:2]))
 def test_every_container_command_parses(argv):
+    from kvroute.engine.config import EngineConfig
     from kvroute.engine.service.cli import COMMAND as ENGINE
-    from kvroute.engine.service.config import EngineConfig
     from kvroute.router.contract.settings_values import build, pick
     from kvroute.router.service.cli import COMMAND as ROUTER
     from kvroute.router.service.config import RouterConfig
@@ -96,13 +97,10 @@ def exported_names() -> set[str]:
 
 
 def test_dashboard_is_generated_and_names_real_metrics():
-    import importlib.util
+    from kvroute.scripts import grafana_dashboard
 
-    spec = importlib.util.spec_from_file_location("grafana_dashboard", ROOT / "tools" / "grafana_dashboard.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     path = DEPLOY / "grafana" / "kvroute-dashboard.json"
-    assert path.read_text() == tool.render(), "run python tools/grafana_dashboard.py"
+    assert path.read_text() == grafana_dashboard.render(), "run python -m kvroute.scripts.grafana_dashboard"
     dashboard = json.loads(path.read_text())
     exported = exported_names()
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()

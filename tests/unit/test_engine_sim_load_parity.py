@@ -13,10 +13,10 @@ import random
 
 from prometheus_client import CollectorRegistry
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import SamplingParams
 from kvroute.engine.runners.registry import RUNNERS
-from kvroute.engine.service.config import EngineConfig
 from kvroute.engine.service.llm_engine import LLMEngine
 from kvroute.engine.service.metrics import EngineMetrics
 from kvroute.loadgen.sim.instance import SimEngine, SimInstance

@@ -11,11 +11,11 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.event_wait import wait_set
 from kvroute.engine.core.kv_events import KVEventLog
 from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.service import llm_engine
-from kvroute.engine.service.config import EngineConfig
 from kvroute.engine.service.metrics import EngineMetrics
 from kvroute.router.contract.settings_values import build
 

@@ -1,19 +1,7 @@
 """Routable groups follow their own fleet's changes: each Cluster counts its own Generation."""
 
-from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.instance import EngineInfo
-from kvroute.router.index import MemoryIndex
-from kvroute.router.service.config import RouterConfig
-from kvroute.router.service.metrics import RouterMetrics
-
-
-def fleet(n: int = 2) -> Cluster:
-    cluster = Cluster(RouterConfig(engines=tuple(f"http://127.0.0.1:{9000 + i}" for i in range(n))), MemoryIndex(),
-                      "fp", RouterMetrics())
-    for i, inst in enumerate(cluster.instances):
-        inst.info = EngineInfo(f"e{i}", "m", 16, 0, "fp")
-        inst.healthy = inst.reachable = True
-    return cluster
+from tests.support.fleets import fleet
 
 
 def test_a_change_regroups_its_own_fleet_only():

@@ -152,14 +152,15 @@ def test_router_and_simulator_map_the_load_record_alike():
     from kvroute.router.contract.protocol import LoadRecord
     from kvroute.router.fleet.instance import Instance
 
-    record = LoadRecord(instance="e0", running=1, waiting=2, kv_used_blocks=90, kv_total_blocks=100, queued_prefill_tokens=0, ts=50.0, kv_free_blocks=10, kv_evictable=((60, 3.0), (20, 1.0)))
+    record = LoadRecord(instance="e0", running=1, waiting=2, kv_used_blocks=90, kv_total_blocks=100,
+                        queued_prefill_tokens=0, ts=50.0, kv_free_blocks=10, kv_evictable=((60, 3.0), (20, 1.0)))
     view = LoadView(["e0"])
     view.polled(0, record)
     state = view.all().states([0])[0]  # the simulator: ts is on the virtual clock, the policy's clock
     assert (state.kv_free_blocks, state.kv_evictable, state.kv_measured_at) == (10, record.kv_evictable, 50.0)
     inst = Instance("http://127.0.0.1:1")
-    inst.load = LoadRecord(instance="e0", running=1, waiting=2, kv_used_blocks=90, kv_total_blocks=100, queued_prefill_tokens=0,
-                           ts=time.time() - 1.0, kv_free_blocks=10,
+    inst.load = LoadRecord(instance="e0", running=1, waiting=2, kv_used_blocks=90, kv_total_blocks=100,
+                           queued_prefill_tokens=0, ts=time.time() - 1.0, kv_free_blocks=10,
                            kv_evictable=record.kv_evictable)
     state = inst.state()  # the router: the record's age comes off the policy's monotonic clock
     assert (state.running, state.waiting, state.kv_free_blocks) == (1, 2, 10)

@@ -1,12 +1,17 @@
-"""The repository's layout rules, read from the source with `ast` (nothing is imported).
+"""The repository's layout rules, read from the source with `ast` (nothing is imported; the graph is
+tests/support/import_graph.py's).
 
-- no import cycle among the project's modules (imports inside functions count; those under
-  `if TYPE_CHECKING:` do not: they never run);
+- no import cycle among the project's modules, and none among its packages (a folder under router/, engine/,
+  loadgen/, or kvroute/benchmarks, kvroute/scripts: two packages that import each other through different
+  modules are a cycle too);
+- packages point one way (PACKAGE_RULES): the fleet never imports the router service, the event feeds or the
+  planner; the engine's core, tiers and transfer never import what sits above them; the three programs never
+  import the benchmarks, the scripts or the command;
 - engine/ takes only router.contract from the router; loadgen/ takes router.contract,
   router.decision, router.index and router.planner; router.contract takes nothing else of
   the project;
 - router/ stays a few packages (at most MAX_ROUTER_ENTRIES modules and subpackages at its top);
-- no file cites a file outside the repository.
+- no file cites a file outside the repository; nothing edits sys.path.
 """
 
 from __future__ import annotations
@@ -16,145 +21,38 @@ import os
 import pathlib
 import subprocess
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("router", "engine", "loadgen")  # folders at the top; they import as kvroute.router, ...
-TOP_MODULES = ("kvroute", "kvroute.cli", "kvroute.__main__")  # kvroute/ itself: the package and the command
+from tests.support.import_graph import (
+    GRAPH,
+    PACKAGES,
+    ROOT,
+    cycles,
+    import_nodes,
+    package_graph,
+    package_of,
+    targets,
+)
+
 ENGINE_MAY_USE = ("kvroute.router.contract",)
-LOADGEN_MAY_USE = ("kvroute.router.contract", "kvroute.router.decision", "kvroute.router.index", "kvroute.router.planner")
+LOADGEN_MAY_USE = ("kvroute.router.contract", "kvroute.router.decision", "kvroute.router.index",
+                   "kvroute.router.planner")
+TOOLS = ("kvroute.benchmarks", "kvroute.scripts", "kvroute.cli", "kvroute.__main__")  # on top of everything
+# package -> what it must never import (docs/architecture.md#dependency-rule), beyond "no cycle"
+PACKAGE_RULES = {
+    "kvroute.router.fleet": ("kvroute.router.service", "kvroute.router.kvevents", "kvroute.router.planner"),
+    "kvroute.router.kvevents": ("kvroute.router.service", "kvroute.router.planner"),
+    "kvroute.router.planner": ("kvroute.router.service", "kvroute.router.kvevents"),
+    "kvroute.engine.core": ("kvroute.engine.kv", "kvroute.engine.runners", "kvroute.engine.transfer",
+                            "kvroute.engine.service", "kvroute.engine.config"),
+    "kvroute.engine.kv": ("kvroute.engine.runners", "kvroute.engine.transfer", "kvroute.engine.service",
+                          "kvroute.engine.config"),
+    "kvroute.engine.runners": ("kvroute.engine.transfer", "kvroute.engine.service", "kvroute.engine.config"),
+    "kvroute.engine.transfer": ("kvroute.engine.service", "kvroute.engine.runners"),
+    "kvroute.benchmarks": ("kvroute.scripts",),
+    **{f"kvroute.{p}": TOOLS for p in PACKAGES},
+}
 MAX_ROUTER_ENTRIES = 15
 OUTSIDE_CITATIONS = ("DESIGN" + ".md", "../" + "shared", "/work/" + "shared")
 ALLOWED_OUTSIDE = ("../" + "shared/traces",)  # the Mooncake trace a test reads when it is there
-
-
-def _module_files() -> dict[str, pathlib.Path]:
-    mods = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            mods[".".join(["kvroute", *parts])] = path
-    for name in TOP_MODULES:
-        parts = name.split(".")[1:] or ["__init__"]
-        mods[name] = ROOT.joinpath("kvroute", *parts).with_suffix(".py")
-    return mods
-
-
-MODULES = _module_files()
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _import_nodes(node: ast.AST):
-    """Every import statement under `node`, at any depth, except those under `if TYPE_CHECKING:`."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child.test):
-            for stmt in child.orelse:
-                yield from _import_nodes_of(stmt)
-            continue
-        yield from _import_nodes_of(child)
-
-
-def _import_nodes_of(node: ast.AST):
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        yield node
-    else:
-        yield from _import_nodes(node)
-
-
-def _resolve(name: str) -> str | None:
-    """The project module `name` lands in (its longest prefix that is a module), else None."""
-    while name and name not in MODULES:
-        name = name.rpartition(".")[0]
-    return name or None
-
-
-def _base_of(module: str, node: ast.ImportFrom) -> str | None:
-    if not node.level:
-        return node.module
-    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        package = package.rpartition(".")[0]
-    return f"{package}.{node.module}" if node.module else package
-
-
-def _targets(module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
-    """Project modules that running `node` (in `module`) imports. `from X import n` counts X
-    itself, and X.n too when that is a module."""
-    if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    else:
-        base = _base_of(module, node)
-        names = [base] + [f"{base}.{a.name}" for a in node.names] if base else []
-    found = {_resolve(n) for n in names if n.split(".")[0] == "kvroute"}
-    return {t for t in found if t is not None and t != module}
-
-
-def _graph() -> dict[str, set[str]]:
-    graph = {}
-    for module, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
-        graph[module] = set().union(*(_targets(module, n) for n in _import_nodes(tree)))
-    return graph
-
-
-GRAPH = _graph()
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle (a path that comes back to its start) per strongly connected component of 2+."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components = []
-
-    def visit(v: str) -> None:  # Tarjan; the graph is a few hundred modules, recursion is fine
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                components.append(set(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return [_cycle_in(graph, c) for c in components]
-
-
-def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
-    """The shortest way from the component's first module back to itself (breadth first)."""
-    start = min(component)
-    paths = {start: [start]}
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for v in frontier:
-            for w in sorted(graph[v] & component):
-                if w == start:
-                    return paths[v] + [start]
-                if w not in paths:
-                    paths[w] = paths[v] + [w]
-                    nxt.append(w)
-        frontier = nxt
-    raise AssertionError(f"no cycle through {start}")  # cannot happen in a strongly connected component
 
 
 def _crossings(prefix: str, allowed: tuple[str, ...], into: str = "kvroute.router") -> list[str]:
@@ -164,27 +62,60 @@ def _crossings(prefix: str, allowed: tuple[str, ...], into: str = "kvroute.route
 
 
 def test_the_graph_sees_the_project():
-    assert {"kvroute.router.service.app", "kvroute.engine.service.llm_engine", "kvroute.loadgen.sim.runner", "kvroute.cli"} <= set(GRAPH)
+    assert {"kvroute.router.service.app", "kvroute.engine.service.llm_engine", "kvroute.loadgen.sim.runner",
+            "kvroute.cli", "kvroute.benchmarks.router.latency", "kvroute.scripts.benchmarks_page.page"} <= set(GRAPH)
     assert "kvroute.router.fleet.cluster" in GRAPH["kvroute.router.service.app"]
+    assert "kvroute.loadgen.processes" in GRAPH["kvroute.benchmarks.router.latency"]
+    assert package_of("kvroute.router.fleet.kinds.vllm") == "kvroute.router.fleet"
+    assert package_of("kvroute.engine.config") == "kvroute.engine.config"  # a module at the top: its own node
+    assert package_of("kvroute.benchmarks.gpu_check.check") == "kvroute.benchmarks"
 
 
 def test_cycles_are_found_and_named():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert _cycles(graph) == [["a", "b", "c", "a"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_type_checking_imports_do_not_count_but_function_level_ones_do():
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import kvroute.router.service.app\n"
                      "else:\n    import kvroute.router.fleet.cluster\n"
                      "def f():\n    from kvroute.router.index import base\n")
-    found = set().union(*(_targets("kvroute.router.service.admin", n) for n in _import_nodes(tree)))
+    found = set().union(*(targets("kvroute.router.service.admin", n) for n in import_nodes(tree)))
     assert found == {"kvroute.router.fleet.cluster", "kvroute.router.index", "kvroute.router.index.base"}
 
 
 def test_no_import_cycle():
-    cycles = _cycles(GRAPH)
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    found = cycles(GRAPH)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_a_package_cycle_is_found_where_no_module_cycle_is():
+    graph = {"kvroute.router.fleet.a": {"kvroute.router.service.b"}, "kvroute.router.service.b": set(),
+             "kvroute.router.service.c": {"kvroute.router.fleet.d"}, "kvroute.router.fleet.d": set()}
+    assert cycles(graph) == []
+    packages, why = package_graph(graph)
+    assert cycles(packages) == [["kvroute.router.fleet", "kvroute.router.service", "kvroute.router.fleet"]]
+    edge = ("kvroute.router.service", "kvroute.router.fleet")
+    assert why[edge] == ["kvroute.router.service.c -> kvroute.router.fleet.d"]
+
+
+def test_no_package_cycle():
+    packages, why = package_graph(GRAPH)
+    found = cycles(packages)
+    lines = []
+    for cycle in found:
+        lines.append(" -> ".join(cycle))
+        lines += [f"    {edge}" for a, b in zip(cycle, cycle[1:]) for edge in sorted(why[a, b])[:5]]
+    assert not found, "package cycles (and module imports that make them):\n" + "\n".join(lines)
+
+
+def test_packages_point_one_way():
+    """The fleet never imports the router service (nor the feeds or the planner above it); the engine's parts
+    never import what sits above them; the programs never import the benchmarks, scripts or command."""
+    found = sorted(f"{m} -> {t}" for m, imported in GRAPH.items() for t in imported
+                   if any(t == f or t.startswith(f + ".") for f in PACKAGE_RULES.get(package_of(m), ())))
+    assert not found, "imports against the package order:\n" + "\n".join(found)
 
 
 def test_engine_takes_only_the_contract_from_the_router():
@@ -248,7 +179,7 @@ def test_no_test_file_imports_another():
     for path in sorted((ROOT / "tests").rglob("*.py")):
         if "support" in path.relative_to(ROOT / "tests").parts:
             continue
-        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+        for node in import_nodes(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
                       if n.startswith("tests.") and not n.startswith("tests.support")]
@@ -272,3 +203,32 @@ def test_the_kvroute_package_links_the_top_level_folders():
     for package in PACKAGES:
         link = ROOT / "kvroute" / package
         assert link.is_symlink() and link.resolve() == (ROOT / package).resolve(), link
+
+
+def _edits_sys_path(node: ast.AST) -> bool:
+    """`sys.path.insert/append/extend(...)` or an assignment to `sys.path` (or an item of it)."""
+    def is_sys_path(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name)
+                and n.value.id == "sys")
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in ("insert", "append", "extend") and is_sys_path(node.func.value)
+    if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value)) for t in targets)
+    return False
+
+
+def test_nothing_edits_sys_path():
+    """Every command, benchmark and script imports the project as the package it is (`python -m kvroute...`),
+    from any directory: none finds it by editing the import path."""
+    assert _edits_sys_path(ast.parse("import sys\nsys.path.insert(0, '.')").body[1].value)
+    found = []
+    for path in _repository_files():
+        if path.suffix != ".py" or not path.is_file() or path.relative_to(ROOT).parts[0] == "kvroute" and \
+                path.relative_to(ROOT).parts[1] in PACKAGES:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text(), str(path)))
+                  if _edits_sys_path(n)]
+    assert not found, "sys.path edited at:\n" + "\n".join(found)
+    assert not (ROOT / "tools").exists(), "benchmarks live in kvroute/benchmarks, generators in kvroute/scripts"

@@ -27,7 +27,8 @@ async def test_an_unordered_add_counts_as_seen_and_is_forgotten_once_stale():
 async def test_an_applied_event_counts_as_seen():
     index = MemoryIndex()
     assert await index.replace("a", 1, 5, {"device": [1]})
-    assert await index.apply(KVEvent(instance="a", epoch=1, seq=6, type="stored", tier="device", blocks=(2,))) == "applied"
+    event = KVEvent(instance="a", epoch=1, seq=6, type="stored", tier="device", blocks=(2,))
+    assert await index.apply(event) == "applied"
     await index.maintain([], ttl_s=60.0)
     assert blocks(index, [1, 2]) == {"a": {"device": 2}}
     await index.maintain([], ttl_s=-1.0)

@@ -77,7 +77,8 @@ async def test_harmless_values_of_those_fields_are_accepted(start_engine, http):
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}, "logprobs"),
     ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
     ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
-    ({"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"), ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"999999": 1}}, "logit_bias"), ({"prompt": "hi", "top_k": -2}, "top_k"),
 ])
 async def test_bad_sampling_fields_are_400(start_engine, http, body, param):

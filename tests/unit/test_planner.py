@@ -19,7 +19,9 @@ def test_prompt_heavy_load_gets_more_prefill_engines():
 
 def test_the_shift_to_decode_heavy_flips_the_split():
     planner = Planner(CFG)
-    heavy = lambda now, e=None: obs(now, e or fleet(*["prefill"] * 6, *["decode"] * 2), 4_000, 11_000)
+    def heavy(now, e=None):
+        return obs(now, e or fleet(*["prefill"] * 6, *["decode"] * 2), 4_000, 11_000)
+
     roles, _ = settle(planner, heavy, steps=4)
     assert roles.count("decode") == 7 and roles.count("prefill") == 1
 

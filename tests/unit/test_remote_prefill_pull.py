@@ -135,7 +135,8 @@ async def test_a_pull_writes_every_block_into_the_sequences_blocks_and_resumes_i
         await server.close()
     assert peer.asked == [{"request_id": "r1", "from_block": 0, "signature": "sig"}]
     assert decode.resumed == [seq] and not seq.pulling and seq.num_computed == 40
-    assert decode.runner.writes == [(seq.block_table, bytes([0]) * PAYLOAD + bytes([1]) * PAYLOAD + bytes([2]) * PAYLOAD)]
+    written = bytes([0]) * PAYLOAD + bytes([1]) * PAYLOAD + bytes([2]) * PAYLOAD
+    assert decode.runner.writes == [(seq.block_table, written)]
     assert seq.block_hashes == block_hashes(PROMPT, BS, SEED)  # committed: findable by a later prompt
     assert decode.metric("kvroute_engine_kv_pull_blocks_total") == 3
     assert decode.metric("kvroute_engine_kv_pull_bytes_total") == 3 * PAYLOAD

@@ -213,7 +213,9 @@ def test_rescaled_weights_keep_old_and_new_intervals_in_proportion():
     h.observe([3], 65.0)  # past 64 half-lives: every weight so far is rescaled
     h.observe([4], 66.0)
     h.observe([4], 66.5)  # a 0.5 s gap started at 66
-    w = lambda t: 2.0 ** (t - 65.0)  # any reference time gives the same proportions
+    def w(t):  # any reference time gives the same proportions
+        return 2.0 ** (t - 65.0)
+
     gaps, never = w(64.0) + w(66.0), w(0.0) + w(61.0)
     open_2, open_3 = w(64.5), w(65.0)  # idle 2 s and 1.5 s; 4 is idle 0
     assert h.table(66.5)[20] == pytest.approx(gaps / (gaps + never + open_2 + open_3), rel=1e-9)

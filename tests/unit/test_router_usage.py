@@ -6,7 +6,8 @@ from prometheus_client import generate_latest
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.usage import MAX_LINE_BYTES, StreamUsage, Usage, usage_from_body
 
-USAGE = {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45, "prompt_tokens_details": {"cached_tokens": 32}}
+USAGE = {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45,
+         "prompt_tokens_details": {"cached_tokens": 32}}
 
 
 def sse(*objs) -> bytes:

@@ -82,4 +82,5 @@ def test_sim_cli_runs_tenants_and_reports_each(tmp_path, capsys):
     assert tenants["A"]["goodput"] >= 0.95 and tenants["A"]["refused"] == 0
     assert tenants["B"]["refused"] > 0
     assert "refusal p90 s" in capsys.readouterr().out
-    assert main(["--instances", "2", "--workload", "random", "--tenant", "name=A,workload=random,rate=1,duration=1"]) == 2
+    tenant = "name=A,workload=random,rate=1,duration=1"
+    assert main(["--instances", "2", "--workload", "random", "--tenant", tenant]) == 2

@@ -1,13 +1,14 @@
 """The router's lean HTTP/1.1 client (router/service/upstream.py) against real aiohttp servers on loopback."""
 
 import asyncio
+import functools
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.upstream import Upstream
-from kvroute.router.service.upstream_errors import describe_failure
 from tests.support.loopback import LoopbackServer
 
 
@@ -167,7 +168,7 @@ async def test_on_sent_runs_before_anything_is_awaited_on_fresh_and_pooled_conne
             assert bool(up._idle.get((host, port))) is pooled
             order = []
             asyncio.get_running_loop().call_soon(order.append, "another step")
-            r = await up.post(host, port, "/whole", b"{}", 1.0, 5.0, on_sent=lambda: order.append("sent"))
+            r = await up.post(host, port, "/whole", b"{}", 1.0, 5.0, on_sent=functools.partial(order.append, "sent"))
             assert order == ["sent", "another step"]
             assert await r.read() == b'{"ok": true}'
             r.close()

@@ -24,7 +24,7 @@ import struct
 import numpy as np
 import xxhash
 
-from kvroute.engine.kv.kv_copies import StoredBlock
+from kvroute.engine.core.kv_copies import StoredBlock
 
 MAGIC = b"KVB1"
 HEADER = struct.Struct("<4sQQQQIH")

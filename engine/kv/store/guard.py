@@ -1,8 +1,8 @@
 """`GuardedStore`: a store that can be down or slow without failing a request.
 
 Every call is bounded (reads by the engine's short `--kv-store-timeout-s`, plus
-what the caller expects the bytes to take; writes by a longer limit); any failure or timeout raises `StoreUnavailable`, which the
-engine turns into "recompute" (reads) or "drop" (writes). `trip_after`
+what the caller expects the bytes to take; writes by a longer limit); any failure or timeout raises
+`StoreUnavailable`, which the engine turns into "recompute" (reads) or "drop" (writes). `trip_after`
 consecutive failures make an outage (one slow call on a busy machine is not one):
 it logs one warning, later failures stay quiet, and for `retry_s` after each
 failure calls fail at once instead of waiting out the timeout again, so requests

@@ -10,7 +10,7 @@ preallocated buffers (`kv_pool.GatherSpace`) and attended there, one SDPA call p
   this step's K/V was written, in one masked call (`ChunkMask`), the query heads of a KV head side
   by side as for decodes.
 
-FlexAttention with a paged block mask was measured against this on CPU (tools/bench_attention.py)
+FlexAttention with a paged block mask was measured against this on CPU (`python -m kvroute.benchmarks.attention`)
 and lost: docs/engine.md#attention.
 Shapes: B decode sequences, nh/kvh query/KV heads, r = nh/kvh, hd head dim, n new tokens,
 P cached tokens, L gathered context (whole blocks).

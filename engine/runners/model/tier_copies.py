@@ -5,7 +5,7 @@
     (num_host_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
 
 in host memory (no rows without a host tier: a batch then only reads device blocks for the
-store), pinned when the device is CUDA. Each step's batch (engine/kv/kv_copies.py: the plan,
+store), pinned when the device is CUDA. Each step's batch (engine/core/kv_copies.py: the plan,
 and the ahead copies of engine/kv/prestage.py) is at most one copy per direction, queued on the
 copy lane (engine/runners/model/copy_lane.py) by `start` before the step:
 
@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from kvroute.engine.kv.kv_copies import CopyPlan, CopyTimes
+from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.runners.model.copy_lane import CopyLane
 from kvroute.engine.runners.model.kv_pool import KVPool
 from kvroute.engine.runners.model.staging import Staging, fill_bytes

@@ -134,7 +134,8 @@ class RogueRegistry:
             await client.sadd(IDS, "e-rogue")
             await until_up(ctx, router, routable=1)
             for i in range(30):
-                status, headers, _ = await post_completion(ctx, router.url, {"prompt": f"tenant prompt {i}", "max_tokens": 2})
+                body = {"prompt": f"tenant prompt {i}", "max_tokens": 2}
+                status, headers, _ = await post_completion(ctx, router.url, body)
                 who = headers.get("x-kvroute-instance", str(status))
                 served[who] = served.get(who, 0) + 1
             refused = await metric(ctx.session, router.url, "kvroute_router_registry_refused_total")

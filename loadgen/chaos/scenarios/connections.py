@@ -109,7 +109,8 @@ class StalledBodies:
         spread = [asyncio.ensure_future(_stall(proc.port, f"127.0.{1 + i // 250}.{2 + i % 250}", small, bound + 10))
                   for i in range(STALLED)]
         await asyncio.sleep(1.0)
-        normal = [(await post_completion(ctx, proc.url, {"prompt": f"normal {i}", "max_tokens": 2}))[0] for i in range(5)]
+        normal = [(await post_completion(ctx, proc.url, {"prompt": f"normal {i}", "max_tokens": 2}))[0]
+                  for i in range(5)]
         spread = await asyncio.gather(*spread)
         for kind, results in (("1 MiB bodies", big), ("from 200 addresses", spread)):
             late = [r for r in results if r[1] is None or r[1] > bound]
@@ -152,7 +153,8 @@ class Upgrades:
         proc = _router(ctx, "router-upgrades", "--api-key", KEY, "--idle-timeout-s", str(IDLE_S))
         try:
             await until_up(ctx, proc)  # /health: 200 once an engine is routable (/router/* needs the key)
-            for name in ("h2c-upgrade", "websocket-upgrade", "get-h2c", "connect", "pipelined-h2c", "pipelined-connect"):
+            for name in ("h2c-upgrade", "websocket-upgrade", "get-h2c", "connect", "pipelined-h2c",
+                         "pipelined-connect"):
                 case = _case(name)
                 seen = await asyncio.gather(*(observe("127.0.0.1", proc.port, case, IDLE_S) for _ in range(20)))
                 bad = [s for s in seen if s != (case.statuses, case.after)]

@@ -21,7 +21,7 @@ from kvroute.loadgen.chaos.fleet import instances
 from kvroute.loadgen.chaos.rows import Row
 from kvroute.loadgen.chaos.rss import MB, read_memory
 from kvroute.loadgen.chaos.scenario_base import Context, Outcome
-from kvroute.loadgen.local_cluster import free_port
+from kvroute.loadgen.processes import free_port
 from kvroute.router.contract.kv_encode import BatchEncoder
 from kvroute.router.contract.kv_wire import MAX_MESSAGE_BYTES
 

@@ -123,8 +123,8 @@ class KeyBoundTenant:
             code = None
         with open(refused.log_path, errors="replace") as f:
             said = f.read().strip()
-        out.require(code not in (None, 0) and "--trust-tenant-header" in said and "\n" not in said, "header-beside-keys-refused",
-                    self.name, f"exit {code}: {said[:300]!r}")
+        out.require(code not in (None, 0) and "--trust-tenant-header" in said and "\n" not in said,
+                    "header-beside-keys-refused", self.name, f"exit {code}: {said[:300]!r}")
         keyed = await spawn_router(ctx, "router-keys", ["--tenants", path])
         trusted = await spawn_router(ctx, "router-trusted", ["--tenants", path, "--tenant-header", "x-tenant",
                                                         "--trust-tenant-header"])

@@ -85,6 +85,10 @@ Parameters (keywords; defaults in `KvAwareConfig`):
     tie_tolerance          relative cost difference treated as a tie (0.05)
     share_halflife_s       half-life of the recent-requests count that breaks ties (30 s)
     evict_weight           weight of the evicted blocks' expected recompute (1.0; 0: ignore evictions)
+    adapter_load_s         added to wait_i when the request's LoRA adapter is not resident on i and i
+                           reports its adapters (vLLM's lora_requests_info, a load record's
+                           `adapters`/`adapter_slots`): requests for an adapter go where it is
+                           loaded and cached unless load says otherwise (0.05 s)
     replicate_weight       weight of a copy's expected benefit (1.0; 0: no replication on purpose)
     replicate_halflife_s   half-life of a prefix's demand and wait, and the copy's payback horizon (10 s)
     reuse_sample           the reuse history follows blocks whose hash is divisible by this (8)

@@ -52,6 +52,7 @@ class KvCostConfig:
     reuse_sample: int = 8
     reuse_window_s: float = 600.0
     reuse_halflife_s: float = 300.0
+    adapter_load_s: float = 0.05  # waiting for a LoRA adapter to load where it is not resident
 
     def __post_init__(self) -> None:
         self.rate_config()  # validates the rate fields
@@ -69,6 +70,8 @@ class KvCostConfig:
             raise ValueError(
                 f"hot_factor must be >= 1 and hot_min_inflight >= 1, got {self.hot_factor} and {self.hot_min_inflight}"
             )
+        if self.adapter_load_s < 0:
+            raise ValueError(f"adapter_load_s cannot be negative, got {self.adapter_load_s}")
         if self.replicate_halflife_s <= 0:
             raise ValueError(f"replicate_halflife_s must be positive, got {self.replicate_halflife_s}")
 
@@ -120,7 +123,7 @@ class KvCostPolicy(PolicyBase):
         decode_w, compute_w, evict_w = cfg.decode_weight_s, cfg.compute_weight, cfg.evict_weight
         reuse = self.reuse.curve(now)
         rate_of, fleet_rate = self.rates.get, None if cfg.per_instance_rate else self.rates.get("")
-        credit_of = credits.get
+        credit_of, adapter = credits.get, request.adapter
         costs, terms = {}, {}
         for c in candidates:
             cid = c.id
@@ -132,6 +135,8 @@ class KvCostPolicy(PolicyBase):
             load = c.running + c.waiting
             inflight = c.inflight
             wait = queued / rate + decode_w * (load if load > inflight else inflight)
+            if adapter is not None and c.adapter_slots >= 0 and adapter not in c.adapters:
+                wait += cfg.adapter_load_s  # the adapter must be loaded there first (wait term)
             prefill = uncached / rate
             evict = 0.0
             free = c.kv_free_blocks
@@ -151,7 +156,8 @@ class KvCostPolicy(PolicyBase):
         credits = self.credits(request, candidates, matches)
         costs, terms = self.score(request, candidates, credits, now)
         chosen = self._cheapest(candidates, costs, credits, now)
-        why: Callable[..., str] = lambda c=chosen: f"lowest cost {costs[c.id]:.4f} s ({credits.get(c.id, 0.0):g} cached blocks credited)"  # noqa: E731
+        why: Callable[..., str] = lambda c=chosen: (  # noqa: E731
+            f"lowest cost {costs[c.id]:.4f} s ({credits.get(c.id, 0.0):g} cached blocks credited)")
         copy = None
         if cfg.replicate_weight and credits:
             waits = {i: t[0] for i, t in terms.items()}
@@ -197,7 +203,8 @@ class KvCostPolicy(PolicyBase):
             self.recent.record(instance, request.block_hashes, now)
             self.reuse.observe(request.block_hashes, now)
         last, self._last = self._last, None
-        if last is not None and not (last[0] is request or request.request_id and last[0].request_id == request.request_id):
+        if last is not None and not (last[0] is request
+                                     or request.request_id and last[0].request_id == request.request_id):
             last = None  # the decision was for another request (select without on_routed)
         if last is not None and last[2] is not None:
             self.demand.record(last[2].key, now, last[2].delay_s)

@@ -105,7 +105,8 @@ class ReuseHistory:
         table = self.table(now)
         if self._curve is not None and self._curve[0] is table:  # the same table: the same curve
             return self._curve[1]
-        first, last, log, per_step, head, tail = EDGES[0], len(EDGES) - 1, math.log, 1.0 / _LOG_STEP, table[0], table[-1]
+        first, last, log, per_step = EDGES[0], len(EDGES) - 1, math.log, 1.0 / _LOG_STEP
+        head, tail = table[0], table[-1]
 
         def reuse(idle_s: float) -> float:  # linear between the edges, in log(idle)
             if idle_s <= first:

@@ -12,6 +12,7 @@ kind; a vLLM or SGLang engine without one is routed on load alone.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -21,14 +22,16 @@ from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed
 from kvroute.router.fleet.kinds.kvroute import KvrouteKind
 from kvroute.router.fleet.kinds.sglang import SglangKind
 from kvroute.router.fleet.kinds.vllm import VllmKind
-from kvroute.router.service.upstream_errors import NotAnEngine
+from kvroute.router.fleet.settings import FleetSettings
+from kvroute.router.fleet.upstream_errors import NotAnEngine
 
 
 class EngineKind(Protocol):
     name: str
     has_kv_feed: bool  # serves kvroute's own /kv/events and /kv/snapshot
+    key_rule: str  # how its engine keys adapters, images and salts (router/contract/block_keys.py KEY_RULES)
 
-    async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo: ...
+    async def discover(self, http: EngineHTTP, inst, config: FleetSettings) -> EngineInfo: ...
 
     async def load(self, http: EngineHTTP, inst) -> LoadRecord: ...
 
@@ -73,20 +76,20 @@ async def detect(http: EngineHTTP, url: str) -> str:
                       f"--engine-kind {url}=vllm|sglang|kvroute)")
 
 
-async def discover_info(http: EngineHTTP, inst, config) -> EngineInfo:
+async def discover_info(http: EngineHTTP, inst, config: FleetSettings) -> EngineInfo:
     """What the engine at `inst.url` is (its kind resolved first when it is "auto")."""
     if inst.kind == "auto":
         inst.kind = await detect(http, inst.url)
     kind = ENGINE_KINDS[inst.kind]
     inst.engine_feed = kind.has_kv_feed
-    return await kind.discover(http, inst, config)
+    return dataclasses.replace(await kind.discover(http, inst, config), key_rule=kind.key_rule)
 
 
 async def poll_load(http: EngineHTTP, inst) -> LoadRecord:
     return await ENGINE_KINDS[inst.kind].load(http, inst)
 
 
-def assign_kinds(instances, config) -> None:
+def assign_kinds(instances, config: FleetSettings) -> None:
     kinds = parse_kinds(config.engine_kinds, config.engines)
     for inst in instances:
         inst.kind = kinds.get(inst.url, "auto")

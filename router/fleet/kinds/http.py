@@ -1,10 +1,14 @@
-"""The few HTTP calls discovery and load polling make to an engine, bounded by the connect timeout."""
+"""The few HTTP calls the fleet makes to an engine: discovery and load polling, bounded by the connect
+timeout, and the event feeds' reads of /kv/events and /kv/snapshot (router/kvevents/engine_feed.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import aiohttp
+import orjson
+
+from kvroute.router.fleet.upstream_errors import BadAnswer
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a /metrics page or a /v1/models list; more is not an engine's answer
 
@@ -34,13 +38,24 @@ class EngineHTTP:
         return (await self._read("GET", url)).decode("utf-8", errors="replace")
 
     async def json(self, url: str, body: dict | None = None) -> dict | list:
-        import orjson
-
         raw = await self._read("POST" if body is not None else "GET", url, body)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise ValueError(f"{url} did not answer JSON: {e}") from None
+
+    async def feed(self, url: str, path: str, params: dict | None = None, wait_s: float = 0.0) -> dict:
+        """GET one of a kvroute engine's feed endpoints (/kv/events, a long poll of up to `wait_s`;
+        /kv/snapshot): its JSON, whole (a snapshot is the engine's whole cache, so no size cap here).
+        BadAnswer for an error status or a body that is not JSON."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s + wait_s)
+        async with self.session.get(url + path, params=params or None, timeout=timeout) as r:
+            if r.status != 200:
+                raise BadAnswer(f"GET {path} answered HTTP {r.status}")
+            try:
+                return await r.json(content_type=None, loads=orjson.loads)
+            except ValueError:
+                raise BadAnswer(f"GET {path} did not answer JSON") from None
 
 
 async def optional(awaitable, default):

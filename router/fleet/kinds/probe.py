@@ -3,7 +3,9 @@
 The contract for a vLLM or SGLang engine (no kvroute endpoint needed):
 
 - model: `GET /v1/models`, the first model that is not an adapter of another (`parent`
-  unset), with its `max_model_len` when given.
+  unset), with its `max_model_len` when given; its LoRA adapters are the models whose `parent`
+  is it (vLLM lists `--lora-modules` and adapters loaded at run time so), and its `root` the
+  model as loaded (what vLLM's image hashes name).
 - tokenizer: the router tokenizes with `--tokenizer DIR` (the engine's Hugging Face
   directory) and checks it once against the engine: `POST /tokenize` of a fixed prompt
   and of a fixed chat (vLLM and kvroute serve it) must give the router's ids. A
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import NamedTuple
 
 from kvroute.router.contract.tokenizer import Tokenizer, load_tokenizer
 from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed
@@ -32,7 +35,14 @@ def router_tokenizer(path: str | None) -> Tokenizer:
     return load_tokenizer(path)
 
 
-async def served_model(http: EngineHTTP, url: str) -> tuple[str, int | None]:
+class ServedModel(NamedTuple):
+    model: str
+    max_model_len: int | None
+    adapters: tuple[str, ...]
+    root: str
+
+
+async def served_model(http: EngineHTTP, url: str) -> ServedModel:
     data = await http.json(url + "/v1/models")
     cards = data.get("data") if isinstance(data, dict) else None
     if not isinstance(cards, list) or not cards:
@@ -40,8 +50,11 @@ async def served_model(http: EngineHTTP, url: str) -> tuple[str, int | None]:
     bases = [c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str) and not c.get("parent")]
     if not bases:
         raise ValueError(f"{url}/v1/models lists no base model with an 'id'")
-    length = bases[0].get("max_model_len")
-    return bases[0]["id"], length if isinstance(length, int) else None
+    base, length, root = bases[0]["id"], bases[0].get("max_model_len"), bases[0].get("root")
+    adapters = tuple(c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)
+                     and c.get("parent") == base)
+    return ServedModel(base, length if isinstance(length, int) else None, adapters,
+                       root if isinstance(root, str) and root else base)
 
 
 async def tokenizer_fingerprint(http: EngineHTTP, url: str, model: str, tokenizer: Tokenizer) -> str:

@@ -37,6 +37,10 @@ def _get_load_sum(data, key: str) -> float:
 class SglangKind:
     name = "sglang"
     has_kv_feed = False
+    # SGLang keys adapters and salts by its radix tree's `extra_key`, which its events do not carry, and
+    # images by pad values in the token ids: the router hashes adapter and salt into the seed, which its
+    # plain events never match, and the text before a request's first image
+    key_rule = "seeded"
 
     async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
         info = await discover_foreign(http, inst, config)

@@ -11,10 +11,11 @@ which vLLM counts at every engine step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import urllib.parse
 
-from kvroute.router.contract.prometheus_text import metric_labels, metric_max, metric_sum
+from kvroute.router.contract.prometheus_text import latest_labels, metric_labels, metric_max, metric_sum
 from kvroute.router.contract.protocol import LoadRecord, hash_seed
 from kvroute.router.fleet.instance import EngineInfo
 from kvroute.router.fleet.kinds.http import EngineHTTP, optional
@@ -29,10 +30,12 @@ def instance_id(url: str) -> str:
 
 
 async def discover_foreign(http: EngineHTTP, inst, config) -> EngineInfo:
-    model, max_len = await served_model(http, inst.url)
+    served = await served_model(http, inst.url)
+    model = served.model
     fingerprint = await tokenizer_fingerprint(http, inst.url, model, router_tokenizer(config.tokenizer))
-    inst.kind_state["max_model_len"] = max_len
-    return EngineInfo(instance_id(inst.url), model, config.kv_event_block_size, hash_seed(model), fingerprint)
+    inst.kind_state["max_model_len"] = served.max_model_len
+    return EngineInfo(instance_id(inst.url), model, config.kv_event_block_size, hash_seed(model), fingerprint,
+                      adapters=served.adapters, model_path=served.root)
 
 
 def load_record(inst, running: float, waiting: float, usage: float | None, queued_tokens: int = 0,
@@ -42,6 +45,17 @@ def load_record(inst, running: float, waiting: float, usage: float | None, queue
     return LoadRecord(instance=inst.id, running=int(running), waiting=int(waiting), kv_used_blocks=used,
                       kv_total_blocks=total, queued_prefill_tokens=int(queued_tokens), ts=time.time(),
                       progress=progress)
+
+
+def lora_residency(text: str) -> dict:
+    """The adapters a vLLM engine holds now and its slots (`max_loras`), from its latest
+    `vllm:lora_requests_info{running_lora_adapters, waiting_lora_adapters, max_lora}`; {} without it."""
+    labels = latest_labels(text, "vllm:lora_requests_info")
+    if not labels or not str(labels.get("max_lora", "")).isdigit():
+        return {}
+    names = [n for key in ("running_lora_adapters", "waiting_lora_adapters")
+             for n in labels.get(key, "").split(",") if n]
+    return {"adapters": tuple(dict.fromkeys(names)), "adapter_slots": int(labels["max_lora"])}
 
 
 def progress_of(text: str, names: tuple[str, ...]) -> int:
@@ -54,6 +68,7 @@ def progress_of(text: str, names: tuple[str, ...]) -> int:
 class VllmKind:
     name = "vllm"
     has_kv_feed = False
+    key_rule = "vllm"  # adapter, images and salt as vLLM's extra keys (router/contract/block_keys.py)
 
     async def discover(self, http: EngineHTTP, inst, config) -> EngineInfo:
         info = await discover_foreign(http, inst, config)
@@ -70,4 +85,5 @@ class VllmKind:
             raise ValueError(f"{inst.url}/metrics has no vllm:num_requests_running")
         waiting = metric_sum(text, "vllm:num_requests_waiting") or 0.0
         usage = metric_max(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-        return load_record(inst, running, waiting, usage, progress=progress_of(text, VLLM_PROGRESS))
+        record = load_record(inst, running, waiting, usage, progress=progress_of(text, VLLM_PROGRESS))
+        return dataclasses.replace(record, **lora_residency(text))

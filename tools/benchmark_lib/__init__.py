@@ -1,1 +1,0 @@
-"""The registry and renderers behind tools/benchmarks.py (modules, not scripts)."""
