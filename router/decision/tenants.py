@@ -26,6 +26,7 @@ class TenantSpec:
     max_concurrency: int | None = None  # requests in flight at most, counted from arrival; None: no limit
     keys: tuple[str, ...] = ()  # API keys that name this tenant
     allow_request_slo: bool = False  # a request may tighten its SLO (x-kvroute-slo-ttft-s), never loosen it
+    min_priority: int = 0  # the most urgent priority its requests may ask (lower is more urgent)
 
     def __post_init__(self) -> None:
         if not NAME.match(self.name):
@@ -44,6 +45,14 @@ class TenantSpec:
             raise ValueError(f"tenant {self.name}: keys must be non-empty strings")
         if not isinstance(self.allow_request_slo, bool):
             raise ValueError(f"tenant {self.name}: allow_request_slo must be true or false")
+        if isinstance(self.min_priority, bool) or not isinstance(self.min_priority, int):
+            raise ValueError(f"tenant {self.name}: min_priority must be an integer, got {self.min_priority!r}")
+
+    def priority_for(self, asked: int) -> int:
+        """A request's priority: its own (the body's `priority` or x-kvroute-priority), lowered to no more
+        urgent than the tenant file grants (`min_priority`, 0 by default): bands are strict across
+        tenants, so a client cannot jump other tenants' requests by asking for -1000."""
+        return max(asked, self.min_priority)
 
     def slo_for(self, asked_s: float | None, default_s: float | None) -> float | None:
         """A request's TTFT SLO: the tenant's, else the router's (`default_s`). Its own (`asked_s`, the

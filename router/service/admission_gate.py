@@ -70,7 +70,7 @@ class AdmissionGate:
                     self._shares.clear()
                 shared = self._shares[spec] = spec.share(self.workers)
             spec = shared
-        return Ticket(spec=spec, band=band_of(priority, self.config.priority_edges),
+        return Ticket(spec=spec, band=band_of(spec.priority_for(priority), self.config.priority_edges),
                       slo_s=spec.slo_for(slo_s, self.config.slo_ttft_s), arrived=self.clock())
 
     def gated(self, ticket: Ticket) -> bool:

@@ -15,7 +15,7 @@ from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.service.admission_gate import AdmissionGate, Ticket, no_prediction
 from kvroute.router.service.charges import Charges
 from kvroute.router.service.proxy import Proxy
-from kvroute.router.service.request_class import priority_of, slo_of
+from kvroute.router.service.request_class import priority_of, slo_of, within_priority
 from kvroute.router.service.routing import Forecast, Prepared, Router
 from kvroute.router.service.steering import forwardable
 from kvroute.router.service.tenant_book import TENANT_KEY
@@ -59,6 +59,7 @@ class Entry:
         raw = await read_body(request, self.cluster.max_body_bytes)
         body, raw = forwardable(parse_json(raw), raw)
         ticket = self.ticket(request, body)
+        body, raw = within_priority(body, raw, ticket.spec.min_priority)
         charges = Charges(self.gate, ticket)
         trace, status = None, "error"
         try:

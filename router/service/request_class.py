@@ -1,16 +1,19 @@
 """A request's class for admission: its priority and its own SLO, from the body or headers.
 
 `priority` is vLLM's field (an integer, lower is more urgent, default 0); the body's wins
-over the `x-kvroute-priority` header. The body is forwarded unchanged, so engines that
-schedule by priority (vLLM `--scheduling-policy priority`) see the same value; the header
-is the router's alone. `x-kvroute-slo-ttft-s` asks for a tighter TTFT SLO than the tenant's, where
-the tenant file allows it (router/decision/tenants.py `TenantSpec.slo_for`).
+over the `x-kvroute-priority` header. A tenant's requests are no more urgent than its
+`min_priority` (tenant file, 0 by default): a more urgent priority is lowered to it, in the
+forwarded body too, so engines that schedule by priority (vLLM `--scheduling-policy priority`)
+see the value admission used; the header is the router's alone. `x-kvroute-slo-ttft-s` asks for
+a tighter TTFT SLO than the tenant's, where the tenant file allows it (router/decision/tenants.py `TenantSpec.slo_for`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+
+import orjson
 
 from kvroute.router.contract.errors import BadRequest
 
@@ -34,6 +37,17 @@ def priority_of(body: dict, headers: Mapping[str, str]) -> int:
         raise BadRequest(f"'priority' must be an integer (lower is more urgent), got {str(value)[:40]}",
                          param="priority")
     return value
+
+
+def within_priority(body: dict, raw: bytes, floor: int) -> tuple[dict, bytes]:
+    """The body to forward with its `priority` no more urgent than `floor` (the tenant's `min_priority`),
+    so that engines scheduling by priority see the priority admission used; the original bytes when
+    it already is."""
+    value = body.get("priority")
+    if not isinstance(value, int) or value >= floor:
+        return body, raw
+    clean = {**body, "priority": floor}
+    return clean, orjson.dumps(clean)
 
 
 def slo_of(headers: Mapping[str, str]) -> float | None:

@@ -28,7 +28,7 @@ from kvroute.router.decision.tenants import DEFAULT_TENANT, NAME, TenantSpec
 log = logging.getLogger(__name__)
 
 TENANT_KEY = web.RequestKey("tenant", str)  # the request's tenant by API key, as the auth middleware found it
-FIELDS = {"weight", "slo_ttft_s", "rate", "burst", "max_concurrency", "keys", "allow_request_slo"}
+FIELDS = {"weight", "slo_ttft_s", "rate", "burst", "max_concurrency", "keys", "allow_request_slo", "min_priority"}
 
 
 def split_keys(values: list[str] | tuple[str, ...]) -> tuple[str | None, tuple[tuple[str, str], ...]]:

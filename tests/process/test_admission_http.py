@@ -107,17 +107,25 @@ async def test_admin_reload_and_sighup_reread_the_tenant_file(start_engine, star
     assert await wait_for(lambda: "A" in book.tenants and book.tenants["A"].weight == 7)
 
 
-async def test_priority_is_validated_passed_on_and_explained(start_engine, start_router, http):
-    url, server, _ = await cluster(start_engine, start_router, n=1, slo_ttft_s=5.0)
-    status, _, body = await post(http, url, {"prompt": prompt(5), "max_tokens": 2, "priority": "high"})
+async def test_priority_is_validated_passed_on_and_explained(start_engine, start_router, http, tmp_path):
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.U]\nkeys = ["ku"]\nmin_priority = -1\n')
+    url, server, _ = await cluster(start_engine, start_router, n=1, slo_ttft_s=5.0, api_keys=(("B", "kb"),),
+                                   tenants=str(tenants))
+    b, u = {"Authorization": "Bearer kb"}, {"Authorization": "Bearer ku"}
+    status, _, body = await post(http, url, {"prompt": prompt(5), "max_tokens": 2, "priority": "high"}, b)
     assert status == 400 and orjson.loads(body)["error"]["param"] == "priority"
-    assert (await post(http, url, {"prompt": prompt(5), "max_tokens": 2, "priority": -1}))[0] == 200
+    assert (await post(http, url, {"prompt": prompt(5), "max_tokens": 2, "priority": -1000}, b))[0] == 200
     lines = await metric_lines(http, url, "kvroute_router_admission_requests_total")
-    assert any('band="0"' in line and 'outcome="admitted"' in line for line in lines)
+    assert not any('band="0"' in line for line in lines)  # B may not ask for more than priority 0
+    assert any('tenant="B"' in line and 'band="1"' in line and 'outcome="admitted"' in line for line in lines)
+    assert (await post(http, url, {"prompt": prompt(5), "max_tokens": 2, "priority": -1}, u))[0] == 200
+    lines = await metric_lines(http, url, "kvroute_router_admission_requests_total")
+    assert any('tenant="U"' in line and 'band="0"' in line and 'outcome="admitted"' in line for line in lines)
     forwarded = orjson.loads(with_token_ids({"prompt": "x", "priority": 3}, "completion", [1, 2]))
     assert forwarded["priority"] == 3  # engines that schedule by priority see it
     async with http.post(url + "/router/explain", json={"prompt": prompt(5), "max_tokens": 2},
-                         headers={"x-kvroute-priority": "2"}) as r:
+                         headers={"x-kvroute-priority": "2", **b}) as r:
         explained = (await r.json())["admission"]
     assert explained["band"] == 2 and explained["action"] == "admit" and explained["predicted_ttft_s"] > 0
     assert len(server.app[GATE].queue) == 0
