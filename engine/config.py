@@ -116,6 +116,9 @@ class EngineConfig:
     tiers: TierConfig = section(TierConfig)
     zmq: ZmqEventsConfig = section(ZmqEventsConfig)
 
+    def __post_init__(self) -> None:
+        self.runner.adapters_named(self.server.served_model_name or "")  # no adapter named as the model
+
     def tier_site(self, info: RunnerInfo) -> TierSite:
         """What the tiers need of this engine, once its runner is up (`info`: its model)."""
         return TierSite(model=self.server.served_model_name or info.model, block_size=self.batch.block_size,

@@ -16,6 +16,8 @@ import time
 
 import aiohttp
 
+from kvroute.loadgen.adapters import engine_args as adapter_engine_args
+from kvroute.loadgen.adapters import parse_adapters
 from kvroute.loadgen.bench_flags import BenchFlags
 from kvroute.loadgen.bench_tiers import (
     STORM_DEFAULTS,
@@ -171,9 +173,12 @@ async def bench_tiers(args, config, workload) -> list[Run]:
 
 
 def cluster_specs(args, policies: list[str]) -> list[tuple[str, ClusterSpec]]:
-    """One cluster per policy; with --pd, colocated (all "both") against prefill + decode engines."""
+    """One cluster per policy; with --pd, colocated (all "both") against prefill + decode engines. With
+    --adapters every engine serves them all (loadgen/adapters.py)."""
+    lora = adapter_engine_args(parse_adapters(args.adapters), args.backend, args.out, args.max_loras,
+                               tuple(args.engine_arg))
     base = dict(engines=args.engines, backend=args.backend, num_blocks=args.num_blocks,
-                engine_args=tuple(args.engine_arg), router_args=tuple(args.router_arg))
+                engine_args=tuple(args.engine_arg) + lora, router_args=tuple(args.router_arg))
     if not args.pd:
         return [(p, ClusterSpec(policy=p, **base)) for p in policies]
     k = args.prefill_engines or max(1, args.engines // 2)
@@ -206,6 +211,8 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
     if args.engines < 1:
         raise ValueError(f"--engines must be at least 1, got {args.engines}")
+    if args.max_loras is not None and not args.adapters:
+        raise ValueError("--max-loras needs --adapters")
     if args.tiers and (args.pd or args.extra_target or args.host_blocks < 1):
         raise ValueError("--tiers runs its own four setups: no --pd or --extra-target, and --host-blocks >= 1")
     args.tier_runs = [r.strip() for r in args.tier_runs.split(",") if r.strip()]

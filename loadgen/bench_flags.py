@@ -39,4 +39,6 @@ class BenchFlags:
                                       default_text="4096")
     tier_runs: str = setting(",".join(TIER_RUNS), "with --tiers: the setups to run, device first (the reference of "
                                                   "the output comparison)")
+    max_loras: int | None = setting(None, "with --adapters: each engine's adapter slots", check=at_least(1),
+                                    default_text="all of them")
     out: str = setting("kvroute-bench", "output directory", metavar="DIR")

@@ -14,9 +14,12 @@ import math
 import pathlib
 import signal
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import aiohttp
 
+from kvroute.loadgen.adapters import parse_adapters, with_adapters
 from kvroute.loadgen.arrivals import ArrivalConfig, count_within
 from kvroute.loadgen.client import TargetError, normalize_target, probe_target
 from kvroute.loadgen.load_flags import LoadFlags
@@ -72,7 +75,12 @@ def _count_starts(workload) -> tuple[int, int]:
 
 
 def build_workload(args: argparse.Namespace, arrival: ArrivalConfig):
-    """The workload, sized by --num-requests, or by --duration at --rate (session starts), or a cap."""
+    """The workload, sized by --num-requests, or by --duration at --rate (session starts), or a cap, and
+    spread over --adapters."""
+    return with_adapters(_sized_workload(args, arrival), parse_adapters(args.adapters), args.adapter_assign, args.seed)
+
+
+def _sized_workload(args: argparse.Namespace, arrival: ArrivalConfig):
     knobs = _knobs(args, args.workload)
     if args.num_requests is not None:
         return make_workload(args.workload, seed=args.seed, num_requests=args.num_requests, **knobs)
@@ -80,6 +88,7 @@ def build_workload(args: argparse.Namespace, arrival: ArrivalConfig):
         return make_workload(args.workload, seed=args.seed, **knobs)
     if arrival.mode == "closed":
         return make_workload(args.workload, seed=args.seed, num_requests=CLOSED_LOOP_CAP, **knobs)
+    assert arrival.rate is not None  # neither fixed nor closed: an open loop, which has its rate
     needed = max(1, count_within(arrival.rate, arrival.burstiness, args.duration, args.seed))
     workload = make_workload(args.workload, seed=args.seed, num_requests=needed, **knobs)
     total, starts = _count_starts(workload)
@@ -109,6 +118,8 @@ def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
     if args.tenant:
         if args.workload:
             raise ValueError("give --workload or --tenant specs, not both")
+        if args.adapters:
+            raise ValueError("--adapters spreads a --workload; it does not apply to --tenant specs")
         loads = [parse_tenant(spec) for spec in args.tenant]
         if len({load.name for load in loads}) != len(loads):
             raise ValueError("two --tenant specs have the same name")
@@ -147,6 +158,7 @@ async def _run(config: LoadConfig, workload, header: str, show_progress: bool) -
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
+    assert main_task is not None  # _run is the loop's main coroutine
 
     def on_sigint() -> None:
         if stop.is_set():
@@ -185,14 +197,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.tenant:
         code, failed = _in_loop(lambda: _run_tenants(args, config, workload))
-        return failed if failed is not None else code
+        if failed is not None:
+            return failed
+        assert code is not None  # it ran to the end
+        return code
     limit = f"up to {n} requests in {args.duration:g} s" if args.duration else f"{n} requests"
     header = f"{PROG}: {args.workload}, {limit}, {config.arrival.describe()} -> {config.target}"
     result, failed = _in_loop(lambda: _run(config, workload, header, not args.no_progress))
-    return failed if failed is not None else _finish(args, config, result)
+    if failed is not None:
+        return failed
+    assert result is not None  # it ran to the end
+    return _finish(args, config, result)
 
 
-def _in_loop(make) -> tuple[object, int | None]:
+T = TypeVar("T")
+
+
+def _in_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> tuple[T | None, int | None]:
     """(what `make()`'s coroutine returns, None) on the load generator's loop, or (None, exit code) after
     a one-line message: 1 for a bad target or value, 130 when interrupted."""
     try:

@@ -22,6 +22,8 @@ from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.workload_base import RequestSpec
 
 INSTANCE_HEADER = "x-kvroute-instance"
+BEST_HEADER = "x-kvroute-best-cached-tokens"  # the router's routing-loss figures (router/service/routing_loss.py)
+PREDICTED_HEADER = "x-kvroute-predicted-cached-tokens"
 APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 PROMPT_FORMATS = ("tokens", "text")
 _ERROR_CHARS = 300
@@ -70,8 +72,8 @@ def request_body(spec: RequestSpec, model: str | None, api: str = "completions",
         body["temperature"] = temperature
     if priority is not None:
         body["priority"] = priority
-    if model:
-        body["model"] = model
+    if model or spec.adapter:
+        body["model"] = spec.adapter or model  # an adapter is named as vLLM serves --lora-modules
     if api == "chat":
         body["messages"] = [{"role": "user", "content": tokenizer.decode(spec.prompt_ids)}]
     elif prompt_format == "text":
@@ -144,6 +146,10 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, star
         record.error = "the stream ended without any output"
 
 
+def _count_header(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
 async def send_request(session: aiohttp.ClientSession, url: str, body: bytes, record: RequestRecord, t0: float,
                        timeout_s: float = 300.0, headers: tuple[tuple[str, str], ...] = ()) -> RequestRecord:
     """POST one streaming request and fill `record` (times relative to perf_counter() value t0)."""
@@ -154,6 +160,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes, re
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             record.status = resp.status
             record.instance = resp.headers.get(INSTANCE_HEADER, "")
+            record.best_cached_tokens = _count_header(resp.headers.get(BEST_HEADER))
+            record.predicted_cached_tokens = _count_header(resp.headers.get(PREDICTED_HEADER))
             if resp.status != 200:
                 record.error = _error_text(await resp.text())
             else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvroute.loadgen.adapters import ASSIGNMENTS
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.client import APIS, PROMPT_FORMATS
 from kvroute.loadgen.runner import LoadConfig
@@ -40,3 +41,7 @@ class LoadFlags:
     temperature: float | None = setting(None, "sampling temperature to send (0 = greedy: outputs comparable across "
                                               "runs)", default_text="the server's")
     no_progress: bool = setting(False, "no progress bar on stderr")
+    adapters: str | None = setting(None, "LoRA adapters to spread the requests over: each request's model names one "
+                                         "(loadgen/adapters.py)", metavar="A,B,...")
+    adapter_assign: str = setting("group", "with --adapters: group: one adapter per prefix group (seeded); request: "
+                                           "round-robin", choices=ASSIGNMENTS)

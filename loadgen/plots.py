@@ -57,7 +57,7 @@ def ttft_over_time(runs: Named, path: pathlib.Path) -> None:
     for ax, (name, records) in zip(axes, runs):
         ok = [r for r in records if r.ok and r.ttft_s is not None]
         bad = [r for r in records if not r.ok]
-        ax.scatter([r.send_s for r in ok], [r.ttft_s * 1000 for r in ok], s=6, alpha=0.6)
+        ax.scatter([r.send_s for r in ok], [r.ttft_s * 1000 for r in ok if r.ttft_s is not None], s=6, alpha=0.6)
         if bad:
             ax.scatter([r.send_s for r in bad], [0.0] * len(bad), s=12, marker="x", color="red")
         ax.set_title(name + (f" ({len(bad)} errors, red)" if bad else ""), fontsize=10)
@@ -74,7 +74,7 @@ UNEVEN_NOTE = ("Uneven bars are by design for cache-aware policies (prefix_hash,
 
 
 def requests_per_instance(runs: Named, path: pathlib.Path) -> None:
-    counts = [{} for _ in runs]
+    counts: list[dict[str, int]] = [{} for _ in runs]
     for c, (_, records) in zip(counts, runs):
         for r in records:
             if r.ok:

@@ -26,6 +26,10 @@ class RequestRecord:
     output_digest: str = ""  # xxh3 of the generated text (compare outputs across runs without storing them)
     output_tokens: int = 0  # usage.completion_tokens, else the number of content chunks
     instance: str = ""  # x-kvroute-instance response header
+    # the router's routing-loss figures (x-kvroute-best-cached-tokens, x-kvroute-predicted-cached-tokens; the
+    # simulator's own): the best cached prefix any candidate held and the chosen one's, by the index
+    best_cached_tokens: int | None = None
+    predicted_cached_tokens: int | None = None
     status: int = 0  # HTTP status; 0 = no response
     error: str = ""
 

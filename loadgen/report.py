@@ -134,11 +134,11 @@ def verdict(runs: Sequence[Run], *, subject: str | None = None, baseline: str | 
             f"cached tokens: {cached}")
 
 
-def write_report(out_dir: str | pathlib.Path, runs: Sequence[Run | tuple | Mapping]) -> dict[str, pathlib.Path]:
+def write_report(out_dir: str | pathlib.Path, items: Sequence[Run | tuple | Mapping]) -> dict[str, pathlib.Path]:
     """Write results.json, results.md and the PNG plots under out_dir; return {file name: path}."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs = [_as_run(r) for r in runs]
+    runs = [_as_run(r) for r in items]
     written = {"results.json": out / "results.json", "results.md": out / "results.md"}
     written["results.json"].write_bytes(orjson.dumps([{"name": r.name, **r.summary} for r in runs], option=_JSON))
     written["results.md"].write_text(_markdown(runs), encoding="utf-8")

@@ -79,8 +79,8 @@ class _Run:
         for s in specs:
             if s.after is not None:
                 self.followers[s.after].append(s)
-        closed = config.arrival.mode == "closed"
-        self.slots = asyncio.Semaphore(config.arrival.concurrency) if closed else None
+        concurrency = config.arrival.concurrency  # given: a closed loop
+        self.slots = asyncio.Semaphore(concurrency) if concurrency is not None else None
         self.records: list[RequestRecord] = []
         self.tasks: set[asyncio.Task] = set()
         self.t0 = time.perf_counter()
@@ -108,6 +108,7 @@ class _Run:
                                self.config.request_timeout_s, self.config.headers)
         finally:
             if slot_held:
+                assert self.slots is not None  # a slot is held only in a closed loop
                 self.slots.release()
         self.records.append(record)
         if self.progress is not None:
@@ -122,6 +123,7 @@ class _Run:
     async def dispatch(self) -> None:
         arrival = self.config.arrival
         if arrival.mode == "closed":
+            assert self.slots is not None  # a closed loop has its slots
             for spec in self.starts:
                 await self.slots.acquire()
                 if not self.open():
@@ -130,9 +132,10 @@ class _Run:
                 self.spawn(self.request(spec, None, slot_held=True))
             return
         if arrival.mode == "open":
+            assert arrival.rate is not None  # an open loop has its rate
             times = arrival_times(arrival.rate, arrival.burstiness, len(self.starts), self.config.seed)
         else:
-            times = [s.arrival_s for s in self.starts]
+            times = [s.arrival_s for s in self.starts if s.arrival_s is not None]  # all have one (run_load checked)
         for spec, at in zip(self.starts, times):
             delay = at - self.elapsed()
             if delay > 0:
@@ -180,7 +183,7 @@ async def run_load(config: LoadConfig, workload: Workload, progress=None, stop: 
                    session: aiohttp.ClientSession | None = None) -> LoadResult:
     """Probe the target (TargetError if unreachable), then run the workload; see the module docstring."""
     own_session = session is None
-    if own_session:
+    if session is None:
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     try:
         target = normalize_target(config.target)

@@ -6,7 +6,9 @@ dict; `kvroute bench` and the cluster simulator rely on these names:
     requests, completed, errors, error_kinds, duration_s, throughput_rps, output_tok_s,
     ttft_{mean,p50,p90,p99}_s, tpot_{p50,p90,p99}_s, itl_{p50,p99}_s, e2e_{p50,p90,p99}_s,
     prompt_tokens, cached_tokens, cached_tokens_by_tier, output_tokens, cached_token_ratio,
-    slo_ttft_s, slo_tpot_s, goodput, goodput_rps, instance_requests, instance_share, send_lag_p99_s
+    slo_ttft_s, slo_tpot_s, goodput, goodput_rps, instance_requests, instance_share, send_lag_p99_s,
+    routing_loss (the routing-loss split, router/decision/routing_loss.py, of the ok requests that
+    carry the router's figures and the engine's cached tokens; None without any)
 
 Latencies count ok requests only. Percentiles interpolate linearly (numpy's
 default); None when there is nothing to measure. `cached_token_ratio` is the sum
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kvroute.loadgen.record import RequestRecord, as_record
+from kvroute.router.decision.routing_loss import LossSample, LossSplit
 
 PERCENTILES = (50, 90, 99)
 
@@ -56,7 +59,7 @@ def meets_slo(record: RequestRecord, slo_ttft_s: float | None, slo_tpot_s: float
 def _cache(ok: list[RequestRecord]) -> dict:
     reported = [r for r in ok if r.cached_tokens is not None]
     prompt = sum(r.prompt_tokens for r in reported)
-    cached = sum(r.cached_tokens for r in reported)
+    cached = sum(r.cached_tokens or 0 for r in reported)  # reported: not None
     by_tier: collections.Counter = collections.Counter()
     for r in ok:
         if r.cached_tokens_by_tier:
@@ -67,16 +70,28 @@ def _cache(ok: list[RequestRecord]) -> dict:
             "cached_tokens_by_tier": dict(by_tier) if by_tier else None}
 
 
+def routing_loss(ok: Iterable[RequestRecord]) -> dict | None:
+    """The routing-loss split of the records that carry its figures."""
+    total = LossSplit()
+    for r in ok:
+        if r.cached_tokens is not None and r.best_cached_tokens is not None and r.predicted_cached_tokens is not None:
+            prompt = r.prompt_tokens
+            total.add(LossSample(prompt_tokens=prompt, best=min(r.best_cached_tokens, prompt),
+                                 predicted=min(r.predicted_cached_tokens, prompt),
+                                 served=min(r.cached_tokens, prompt)))
+    return total.shares() if total.requests else None
+
+
 def _instances(ok: list[RequestRecord]) -> dict:
     counts = collections.Counter(r.instance or "unknown" for r in ok)
     ordered = dict(sorted(counts.items()))
     return {"instance_requests": ordered, "instance_share": {k: v / len(ok) for k, v in ordered.items()}}
 
 
-def summarize(records: Iterable[RequestRecord | Mapping[str, Any]], duration_s: float | None = None,
+def summarize(items: Iterable[RequestRecord | Mapping[str, Any]], duration_s: float | None = None,
               slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
     """The summary dict of one run (see the module docstring for its fields)."""
-    records = [as_record(r) for r in records]
+    records = [as_record(r) for r in items]
     ok = [r for r in records if r.ok]
     if duration_s is None:
         duration_s = max((r.end_s for r in records), default=0.0) - min((r.send_s for r in records), default=0.0)
@@ -98,7 +113,7 @@ def summarize(records: Iterable[RequestRecord | Mapping[str, Any]], duration_s: 
         **_cache(ok), "output_tokens": output_tokens,
         "slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s,
         "goodput": good / len(records) if records else None, "goodput_rps": _per_second(good, duration_s),
-        **_instances(ok), "send_lag_p99_s": percentile(lags, 99),
+        **_instances(ok), "send_lag_p99_s": percentile(lags, 99), "routing_loss": routing_loss(ok),
     }
 
 
@@ -117,6 +132,12 @@ def format_summary(s: Mapping[str, Any]) -> str:
     slo = f"TTFT <= {_fmt(s['slo_ttft_s'], 's')}, TPOT <= {_fmt(s['slo_tpot_s'], 's')}"
     lines.append(f"cached tokens {_fmt(s['cached_token_ratio'], '%', 100, 1)}  "
                  f"goodput {_fmt(s['goodput'], '%', 100, 1)} ({_fmt(s['goodput_rps'], ' req/s', digits=2)}; SLO {slo})")
+    loss = s.get("routing_loss")
+    if loss and "cached" in loss:
+        lines.append(f"routing loss (of prompt tokens): cached {loss['cached']:.1%}, lost to the workload "
+                     f"{loss['lost_to_workload']:.1%}, to balancing {loss['lost_to_balancing']:.1%}, to the index "
+                     f"{loss['lost_to_index']:.1%} ({loss['index_unserved']:.1%} predicted, not served; "
+                     f"{loss['index_unpredicted']:.1%} served, not predicted)")
     if s.get("instance_share"):
         lines.append("instances: " + ", ".join(f"{k} {v:.0%}" for k, v in s["instance_share"].items()))
     for message, count in (s.get("error_kinds") or {}).items():

@@ -23,6 +23,7 @@ class RequestSpec:
     arrival_s: float | None = None  # fixed send time from the start (trace replay); None = arrival process
     after: int | None = None  # index of the request this one must follow (multi-turn)
     think_s: float = 0.0  # delay after `after` finished
+    adapter: str = ""  # the LoRA adapter to send as `model` ("": the base model; loadgen/adapters.py)
 
 
 class Workload(Protocol):

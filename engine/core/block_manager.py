@@ -28,15 +28,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import cast
 
-from kvroute.engine.core.kv_copies import CopyPlan, StoredBlock
+from kvroute.engine.core.kv_copies import CopyPlan, HostEntry, StoredBlock
 from kvroute.engine.core.kv_events import KVChange, KVChanges
 from kvroute.engine.core.lower_tiers import LowerTiers
 from kvroute.engine.core.prefix_hit import PrefixHit
 from kvroute.engine.core.sequence import Sequence
 from kvroute.router.contract.idle_ages import IdleAges
-from kvroute.router.contract.protocol import block_hashes
+from kvroute.router.contract.protocol import EventType, Tier, block_hashes
 
 
 @dataclasses.dataclass(slots=True)
@@ -74,6 +75,11 @@ class BlockManager:
         return self._num_blocks
 
     @property
+    def made(self) -> list[Block]:
+        """`blocks`, read only at ids handed out (whose Block `_take_fresh` made)."""
+        return cast(list[Block], self.blocks)
+
+    @property
     def pending_events(self) -> list[KVChange]:
         return self.changes.pending
 
@@ -105,7 +111,7 @@ class BlockManager:
         """(free blocks holding nothing, (blocks, idle seconds) of the evictable ones, next evicted first)."""
         return self.num_free_plain, self.idle.profile(self.clock())
 
-    def emit(self, kind: str, blocks: list[int], parent: int | None, tier: str = "device") -> None:
+    def emit(self, kind: EventType, blocks: list[int], parent: int | None, tier: Tier = "device") -> None:
         self.changes.emit(kind, blocks, parent, tier)
 
     def chain(self, seq: Sequence, num_blocks: int) -> list[int]:
@@ -139,7 +145,7 @@ class BlockManager:
         if len(hashes) > usable:
             hashes = hashes[:usable]
         hit = PrefixHit()
-        device, lookup, blocks = hit.device, self.hash_to_block.get, self.blocks
+        device, lookup, blocks = hit.device, self.hash_to_block.get, self.made
         parent = seq.hash_seed
         start = 0
         as_tuple = None  # the tokens as one tuple, made at the first block found (slices are then tuples)
@@ -160,7 +166,7 @@ class BlockManager:
         return hit
 
     def can_allocate(self, seq: Sequence, hits: PrefixHit) -> bool:
-        blocks = self.blocks
+        blocks = self.made
         reused_free = 0
         for b in hits.device:
             if not blocks[b].ref_count:
@@ -171,7 +177,7 @@ class BlockManager:
     def allocate(self, seq: Sequence, hits: PrefixHit) -> None:
         """Give `seq` its prefix hits, fresh blocks for the loads, and fresh blocks for the rest."""
         assert not seq.block_table, "sequence already holds blocks"
-        blocks, free_cached = self.blocks, self.free_cached
+        blocks, free_cached = self.made, self.free_cached
         taken: dict[float, int] = {}  # free time -> hits taken off the free cached list (freed together)
         for block_id in hits.device:  # a hit nobody held leaves the free cached list
             block = blocks[block_id]
@@ -187,10 +193,12 @@ class BlockManager:
         seq.block_table = list(hits.device)
         seq.block_hashes = seq.hash_chain[:len(hits.device)]  # each hit was found by its chain hash
         if hits.num_loads:
+            assert self.tiers is not None  # loads come from the tiers
             self.tiers.take_host(hits.host)  # out of the host pool before a fresh block can evict into it
             dests = [self._take_fresh() for _ in range(hits.num_loads)]
             seq.block_table.extend(dests)
-            host, remote = iter(hits.host), iter(hits.remote)
+            host: Iterator[HostEntry | StoredBlock] = iter(hits.host)
+            remote = iter(hits.remote)
             seq.block_hashes.extend(next(host if t == "host" else remote).hash for t in hits.order)
         seq.num_computed = len(hits) * self.block_size
         table, fresh = seq.block_table, self._take_fresh
@@ -216,10 +224,11 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         if seq.pending_loads:
+            assert self.tiers is not None  # loads come from the tiers
             self.tiers.cancel(seq)
         # Tail blocks first, so they are evicted before the (more shareable) head.
         now = self.clock()
-        blocks, free_cached = self.blocks, self.free_cached
+        blocks, free_cached = self.made, self.free_cached
         cached = 0
         for block_id in reversed(seq.block_table):
             block = blocks[block_id]
@@ -247,7 +256,7 @@ class BlockManager:
         chain = self.chain(seq, end)
         new = chain[start:end]
         stored: list[tuple[int, Block]] = []
-        blocks, table, known, tokens = self.blocks, seq.block_table, self.hash_to_block, seq.token_ids
+        blocks, table, known, tokens = self.made, seq.block_table, self.hash_to_block, seq.token_ids
         for i in range(start, end):
             h = chain[i]
             block = blocks[table[i]]
@@ -257,14 +266,14 @@ class BlockManager:
         seq.block_hashes.extend(new)
         if stored:
             first = stored[0][0]
-            self.emit("stored", [b.hash for _, b in stored], seq.block_hashes[first - 1] if first else None)
+            self.emit("stored", [chain[i] for i, _ in stored], seq.block_hashes[first - 1] if first else None)
             if self.tiers is not None:  # what the tiers keep of each block
-                self.tiers.on_commit(seq, [(i, b.block_id, StoredBlock(b.hash, b.token_ids, b.parent))
+                self.tiers.on_commit(seq, [(i, b.block_id, StoredBlock(chain[i], b.token_ids, b.parent))
                                            for i, b in stored])
 
     def register(self, block_id: int, meta: StoredBlock) -> None:
         """A load into `block_id` is done (its copy is planned): the block is findable by its hash."""
-        block = self.blocks[block_id]
+        block = self.made[block_id]
         if block.hash is None and meta.hash not in self.hash_to_block:
             self._set_hash(block, meta.hash, meta.token_ids, meta.parent)
             self.emit("stored", [meta.hash], meta.parent)
@@ -293,6 +302,7 @@ class BlockManager:
         return self.tiers.take_ahead_plan(max_fresh, self.num_free_plain, self.free_cached)
 
     def _register_loaded(self) -> None:
+        assert self.tiers is not None  # loads come from the tiers
         for block_id, meta in self.tiers.take_loaded():
             self.register(block_id, meta)
 
@@ -300,7 +310,7 @@ class BlockManager:
         """Forget every cached hash of free blocks (blocks in use keep theirs) and the host pool."""
         while self.free_cached:
             block_id, _ = self.free_cached.popitem(last=False)
-            self._unhash(self.blocks[block_id], emit=False)
+            self._unhash(self.made[block_id], emit=False)
             self.free_plain.append(block_id)
         self.idle.clear()
         if self.tiers is not None:
@@ -324,10 +334,11 @@ class BlockManager:
         elif self.free_cached:
             block_id, freed_at = self.free_cached.popitem(last=False)
             self.idle.remove(freed_at)
-            block = self.blocks[block_id]
+            evicted = self.made[block_id]
+            assert evicted.hash is not None  # free_cached holds hashed blocks only
             if self.tiers is not None:
-                self.tiers.on_evict(block_id, StoredBlock(block.hash, block.token_ids, block.parent))
-            self._unhash(block, emit=True)
+                self.tiers.on_evict(block_id, StoredBlock(evicted.hash, evicted.token_ids, evicted.parent))
+            self._unhash(evicted, emit=True)
         else:
             raise RuntimeError("KV block pool exhausted: the scheduler must check before allocating")
         block = self.blocks[block_id]

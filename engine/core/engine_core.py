@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kvroute.engine.core.adapter_slots import AdapterSlots
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.scheduler import Scheduler, SchedulerConfig, Step
@@ -37,6 +38,7 @@ class CoreConfig:
     max_running: int
     max_waiting: int
     max_model_len: int
+    max_loras: int = 0  # LoRA adapter slots (engine/core/adapter_slots.py); 0: the engine serves no adapter
 
 
 @dataclasses.dataclass(slots=True)
@@ -57,8 +59,9 @@ class EngineCore:
     def __init__(self, config: CoreConfig, block_manager: BlockManager, stop_token_ids: frozenset[int]) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.adapters = AdapterSlots(config.max_loras) if config.max_loras else None
         self.scheduler = Scheduler(SchedulerConfig(config.max_batched_tokens, config.max_running,
-                                                   config.max_model_len), block_manager, stop_token_ids)
+                                                   config.max_model_len), block_manager, stop_token_ids, self.adapters)
         self.max_fresh = -(-config.max_batched_tokens // block_manager.block_size)  # blocks a step may take
         self.progress = 0  # tokens the finished steps computed (prefill and decode): the load record's `progress`
 
@@ -115,11 +118,13 @@ class EngineCore:
         their K/V into (`remote_waiting`) with the scheduler's queue: both are requests this engine accepted
         and has not started, and a router choosing a decode engine must see that backlog (the simulator and
         the engine report it alike). `progress` only grows while steps finish: a router watching a request
-        here tells a hung step loop (a live HTTP server, no progress) from a busy one."""
-        bm, sched = self.block_manager, self.scheduler
+        here tells a hung step loop (a live HTTP server, no progress) from a busy one. `adapters` are the LoRA
+        adapters resident in its `adapter_slots` (0 slots: it serves none, and a router prices that)."""
+        bm, sched, slots = self.block_manager, self.scheduler, self.adapters
         kv_free, kv_evictable = bm.kv_load()
         return LoadRecord(instance=self.config.instance, running=len(sched.running),
                           waiting=len(sched.waiting) + remote_waiting, kv_used_blocks=bm.num_used,
                           kv_total_blocks=bm.num_blocks, queued_prefill_tokens=sched.queued_prefill_tokens, ts=ts,
                           state=state, role=role, kv_free_blocks=kv_free, kv_evictable=kv_evictable,
-                          kv_tiers=kv_tiers if kv_tiers is not None else {}, progress=self.progress)
+                          kv_tiers=kv_tiers if kv_tiers is not None else {}, progress=self.progress,
+                          adapters=slots.resident() if slots else (), adapter_slots=slots.num_slots if slots else 0)

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from kvroute.engine.core.event_wait import wait_set
-from kvroute.router.contract.protocol import KVEvent, new_epoch
+from kvroute.router.contract.protocol import EventType, KVEvent, Tier, new_epoch
 
 
 class KVChange(NamedTuple):
     """One change the block manager queues for the log (`KVEventLog.append` numbers it)."""
 
-    kind: str  # "stored", "removed" or "cleared"
+    kind: EventType
     blocks: list[int]
     parent: int | None
-    tier: str = "device"
+    tier: Tier = "device"
     store: str | None = None  # tier "remote": the store key
 
 
@@ -34,7 +34,7 @@ class KVChanges:
     def __init__(self) -> None:
         self.pending: list[KVChange] = []
 
-    def emit(self, kind: str, blocks: list[int], parent: int | None, tier: str = "device") -> None:
+    def emit(self, kind: EventType, blocks: list[int], parent: int | None, tier: Tier = "device") -> None:
         self.pending.append(KVChange(kind, blocks, parent, tier))
 
     def drain(self) -> list[KVChange]:
@@ -72,7 +72,7 @@ class KVEventLog:
         self._changed = asyncio.Event()
         self.listeners: list[Callable[[KVEvent], None]] = []
 
-    def append(self, type_: str, blocks: list[int], parent: int | None = None, tier: str = "device",
+    def append(self, type_: EventType, blocks: list[int], parent: int | None = None, tier: Tier = "device",
                store: str | None = None) -> KVEvent:
         self.seq += 1
         event = KVEvent(instance=self.instance, epoch=self.epoch, seq=self.seq, type=type_, tier=tier,

@@ -6,6 +6,11 @@ arrival order while the budget, `max_running` and free blocks allow. A sequence
 whose next tokens need a block when none is free preempts the most recently
 admitted running sequence: its blocks are freed (they stay in the prefix cache)
 and it goes back to the front of the waiting queue to be recomputed.
+
+With LoRA adapters (`adapters`, engine/core/adapter_slots.py) a sequence holds its
+adapter's slot while it runs; a waiting one whose adapter cannot get a slot (every
+slot in use by other adapters) is passed over, in place, for those behind it, as
+vLLM's scheduler does. `Step.adapter_loads` counts the slots the step (re)filled.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+from kvroute.engine.core.adapter_slots import AdapterSlots
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import SeqWork
@@ -35,6 +41,7 @@ class SchedulerConfig:
 class Step:
     seqs: list[Sequence]
     num_tokens: list[int]
+    adapter_loads: int = 0  # adapters loaded into a slot for this step (each costs a copy of its weights)
 
     def works(self) -> list[SeqWork]:
         out = []
@@ -53,6 +60,8 @@ class Step:
                     num_generated=seq.num_generated,
                     prompt_ids=tuple(seq.token_ids[: seq.num_prompt]) if history else (),
                     output_ids=tuple(seq.output_ids) if history else (),
+                    adapter=seq.adapter,
+                    adapter_slot=seq.adapter_slot,
                 )
             )
         return out
@@ -66,9 +75,11 @@ def _prefilling(seq: Sequence) -> bool:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, stop_token_ids: frozenset[int]) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, stop_token_ids: frozenset[int],
+                 adapters: AdapterSlots | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.adapters = adapters  # None: no LoRA adapters
         self.stop_token_ids = stop_token_ids
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
@@ -117,6 +128,8 @@ class Scheduler:
                 break
             if seq.status is not RUNNING or seq.pending_loads:
                 continue  # preempted earlier in this loop, or waiting for blocks to be loaded
+            if seq.adapter is not None and seq.adapter_slot < 0 and not self._take_slot(seq, step):
+                continue  # resumed from a remote prefill: its adapter waits for a slot
             n = min(len(seq.token_ids) - seq.num_computed, budget)
             if bm.blocks_needed(seq.num_computed + n) > len(seq.block_table):  # it needs another block
                 if not bm.can_append(seq, n) and not self._make_room(seq, n, step):
@@ -125,13 +138,18 @@ class Scheduler:
             seqs.append(seq)
             counts.append(n)
             budget -= n
-        max_running = self.config.max_running
+        max_running, passed = self.config.max_running, []
         while waiting and budget > 0 and len(running) < max_running:
             seq = waiting[0]
+            if seq.adapter is not None and not self._can_take(seq.adapter):
+                passed.append(waiting.popleft())  # every slot busy with other adapters: the next one may run
+                continue
             hits = bm.match_prefix(seq)
             if not bm.can_allocate(seq, hits):
                 break
             waiting.popleft()
+            if seq.adapter is not None:
+                self._take_slot(seq, step)
             bm.allocate(seq, hits)
             if seq.num_preemptions == 0:
                 seq.num_cached, seq.cached_by_tier = seq.num_computed, hits.tokens_by_tier(bm.block_size)
@@ -143,7 +161,29 @@ class Scheduler:
             seqs.append(seq)
             counts.append(n)
             budget -= n
+        if passed:
+            waiting.extendleft(reversed(passed))
         return step
+
+    def _can_take(self, adapter: str) -> bool:
+        assert self.adapters is not None  # a request names an adapter only where the engine serves it (else 404)
+        return self.adapters.can_take(adapter)
+
+    def _take_slot(self, seq: Sequence, step: Step) -> bool:
+        """`seq`'s adapter gets a slot, or False: every slot is busy with other adapters."""
+        assert seq.adapter is not None
+        if not self._can_take(seq.adapter):
+            return False
+        assert self.adapters is not None
+        seq.adapter_slot, loaded = self.adapters.take(seq.adapter)
+        step.adapter_loads += loaded
+        return True
+
+    def _release_slot(self, seq: Sequence) -> None:
+        if seq.adapter_slot >= 0:
+            assert self.adapters is not None  # a slot was taken from them
+            self.adapters.release(seq.adapter_slot)
+            seq.adapter_slot = -1
 
     def postprocess(self, step: Step, sampled: list[int | None]) -> list[Sequence]:
         """Advance each scheduled sequence; returns those that got a new token."""
@@ -197,6 +237,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        self._release_slot(seq)
         seq.num_computed = 0
         seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING
@@ -204,5 +245,6 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self._release_slot(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason

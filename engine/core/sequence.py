@@ -22,21 +22,25 @@ class Sequence:
     def __init__(
         self,
         request_id: str,
-        prompt_ids: list[int],
+        prompt_ids: list[int] | tuple[int, ...],  # copied
         sampling: SamplingParams,
         hash_seed: int,
         arrival: float = 0.0,
         *,
         hash_chain: list[int] | None = None,
+        adapter: str | None = None,
     ) -> None:
         """`hash_chain`: the prompt's chained block hashes (router/contract/protocol.py `block_hashes` of
-        `prompt_ids` under `hash_seed`), when the caller has them already (the simulator's router)."""
+        `prompt_ids` under `hash_seed`), when the caller has them already (the simulator's router).
+        `adapter`: the LoRA adapter it runs under (its `hash_seed` names it too: its blocks are its own)."""
         self.seq_id = next(_ids)
         self.request_id = request_id
         self.token_ids = list(prompt_ids)
         self.num_prompt = len(prompt_ids)
         self.sampling = sampling
         self.hash_seed = hash_seed
+        self.adapter = adapter
+        self.adapter_slot = -1  # while running: its adapter's slot (engine/core/adapter_slots.py)
         self.arrival = arrival
         self.status = SeqStatus.WAITING
         self.block_table: list[int] = []
@@ -53,7 +57,7 @@ class Sequence:
         self.scheduled_time: float | None = None  # first time a step ran it (engine clock)
         self.first_token_time: float | None = None
         self.pin_kv = False  # prefill for a remote decode: keep the blocks for a pull
-        self.remote = None  # decode of a remote prefill: its TransferHandle
+        self.remote: object = None  # decode of a remote prefill: its engine/transfer TransferHandle
         self.pulling = False  # K/V being pulled into this sequence's blocks
         self.transfer_address = ""  # prefill for a remote decode: the address the grant named
         self.transfer_signature: str | None = None  # ... and the handle's signature, checked on the pull

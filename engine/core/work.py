@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +103,8 @@ class SeqWork:
     num_generated: int = 0  # tokens generated so far (seeds per-step sampling)
     prompt_ids: tuple[int, ...] = ()  # prompt and output so far, only when the sampling's penalties need them
     output_ids: tuple[int, ...] = ()
+    adapter: str | None = None  # the LoRA adapter it runs under (None: the base model) ...
+    adapter_slot: int = -1  # ... in this slot, which the scheduler gave it (engine/core/adapter_slots.py)
 
     @property
     def num_new(self) -> int:
@@ -128,9 +133,20 @@ class ModelRunner(Protocol):
     `read_blocks` / `write_blocks` move whole blocks' raw K/V (all layers) for
     prefill -> decode transfers."""
 
-    info: RunnerInfo
-    kv_bytes_per_block: int
-    transfer_payload_bytes: int  # one block's payload in a transfer frame (0: the runner moves no bytes)
+    @property
+    def info(self) -> RunnerInfo: ...
+
+    @property
+    def kv_bytes_per_block(self) -> int: ...
+
+    @property
+    def transfer_payload_bytes(self) -> int: ...  # one block's payload in a transfer frame (0: moves no bytes)
+
+    @property
+    def payload_bytes_per_block(self) -> int: ...  # K/V bytes of one block in a store entry (0: headers only)
+
+    @property
+    def prefill_rate_hint(self) -> float: ...  # prefill tokens/s to start from, before any is measured
 
     async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
         """One sampled token per work item with `sample` set, else None (same order); a
@@ -147,3 +163,10 @@ class ModelRunner(Protocol):
         it (engine/kv/link_estimate.py `DeviceCosts`), else None."""
 
     def close(self) -> None: ...
+
+    # the tier copies (engine/kv/tier_service.py `CopyRunner`)
+    async def start_copies(self, plan: CopyPlan, ahead: CopyPlan) -> None: ...
+
+    async def finish_copies(self) -> CopyTimes: ...
+
+    def store_delay(self, num_blocks: int) -> float: ...

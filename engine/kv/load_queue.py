@@ -89,6 +89,7 @@ class LoadQueue:
                 plan.h2d.append((load.slot, load.block_id))
                 self.held.append(load.slot)
             else:
+                assert load.payload is not None  # ready: its bytes arrived
                 plan.writes.append((load.block_id, load.payload))
             self.batch_blocks += 1
             self._done(load)

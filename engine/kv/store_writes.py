@@ -47,7 +47,8 @@ class StoreWrites:
             await self._write_ready.wait()
             self._write_ready.clear()
             while self.writes:
-                batch, size = [], 0
+                batch: list[tuple[StoredBlock, bytes]] = []
+                size = 0
                 while self.writes and (not batch or size + len(self.writes[0][1]) <= WRITE_CHUNK_BYTES):
                     block, payload = self.writes.pop(0)
                     batch.append((block, payload))
@@ -58,6 +59,7 @@ class StoreWrites:
     async def _put(self, batch: list[tuple[StoredBlock, bytes]]) -> None:
         items = [(b.hash, encode(self.namespace, b, p)) for b, p in batch]
         t0 = time.perf_counter()
+        assert self.store is not None  # writes are queued only with a store
         try:
             await self.store.put_many(items)
         except StoreUnavailable:

@@ -45,6 +45,7 @@ from kvroute.engine.kv.store_writes import StoreWrites
 from kvroute.engine.kv.tier_metrics import TierMetrics
 from kvroute.engine.kv.tier_setup import TierSite, namespace
 from kvroute.engine.kv.tiers import CacheTiers
+from kvroute.router.contract.protocol import EventType
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ SLOW_READ_FACTOR = 4.0  # a read may take this many times its expected transfer 
 class CopyRunner(Protocol):
     """The model runner's side of the tier copies (engine/runners: sim and torch)."""
 
-    payload_bytes_per_block: int
+    @property
+    def payload_bytes_per_block(self) -> int: ...
 
     async def start_copies(self, plan: CopyPlan, ahead: CopyPlan) -> None:
         """Queue the batch before the step: its loads are in place for the step when this returns."""
@@ -110,12 +112,14 @@ class TierService:
     async def start(self) -> None:
         """Refuses to start (ValueError naming the store) when the store cannot be reached now."""
         if self.store is not None:
+            assert self.store_url is not None  # the store was made from it
             await asyncio.to_thread(check_reachable, self.store_url)
             if self.measure_store_timeout_s is not None and self.payload_bytes:
                 await self._measure_store()
             self._spawn(self.writes.run(), "kv-store-writer")
 
     async def _measure_store(self) -> None:
+        assert self.store_url is not None and self.measure_store_timeout_s is not None  # start() checked them
         try:
             links = await measure_store(self.store_url, self.namespace, self.payload_bytes,
                                         self.measure_store_timeout_s)
@@ -155,6 +159,7 @@ class TierService:
         self._spawn(self._lookup(seq, hashes, enqueue), f"kv-lookup-{seq.request_id}")
 
     async def _lookup(self, seq: Sequence, hashes: list[int], enqueue: Callable[[Sequence], None]) -> None:
+        assert self.store is not None  # admit() looks up only with a store
         try:
             present = await self.store.contains_many(hashes)
         except StoreUnavailable:
@@ -214,6 +219,7 @@ class TierService:
 
     async def _fetch_chunk(self, loads: list[Load]) -> None:
         t0 = time.perf_counter()
+        assert self.store is not None  # store loads are made only with a store
         expected = self.tiers.recovery.links["store_read"].time(len(loads) * self.tiers.recovery.bytes_per_block)
         try:  # slow is allowed up to 4x the measured link, then the blocks are recomputed
             values = await self.store.get_many([ld.block.hash for ld in loads], SLOW_READ_FACTOR * expected)
@@ -251,7 +257,7 @@ class TierService:
         self.observe_store("store_write", len(hashes), seconds)
         self._emit_remote("stored", hashes)
 
-    def _emit_remote(self, kind: str, hashes: list[int]) -> None:
+    def _emit_remote(self, kind: EventType, hashes: list[int]) -> None:
         self.publish(KVChange(kind, hashes, None, "remote", self.tiers.store_key))
 
     # -- measurements and reports ---------------------------------------------------------
@@ -260,6 +266,7 @@ class TierService:
         self.tiers.recovery.prefill.observe(prefill_tokens, seconds)
         host = self.tiers.host
         if host is not None:
+            assert self.tiers.prestager is not None  # made with the host pool
             self.metrics.host_used.set(host.num_used)
             self.metrics.host_usage.set(host.num_used / host.num_slots)
             self.metrics.observe_ahead(self.tiers.prestager.outcomes)

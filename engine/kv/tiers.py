@@ -113,7 +113,10 @@ class CacheTiers:
                 hit.runs.append((tier, 1))
         hit.loaded_runs = self.recovery.choose(hit.runs)
         for tier, item in found[:sum(n for _, n in hit.runs[:hit.loaded_runs])]:
-            (hit.host if tier == "host" else hit.remote).append(item)
+            if isinstance(item, HostEntry):  # tier "host"
+                hit.host.append(item)
+            else:
+                hit.remote.append(item)
             hit.order.append(tier)
         return hit
 
@@ -128,6 +131,7 @@ class CacheTiers:
             if self.store_write == "evict":
                 self._write(self.plan.device_reads, block_id, meta)
             return
+        assert self.prestager is not None  # made with the host pool
         entry = self.prestager.evicted(block_id, meta)  # copied ahead of time: nothing to copy now
         if entry is None:
             entry, evicted = self.host.insert(meta.hash, meta.token_ids, meta.parent)
@@ -144,6 +148,7 @@ class CacheTiers:
 
     def clear_host(self) -> None:
         if self.host is not None:
+            assert self.prestager is not None  # made with the host pool
             self.prestager.clear()
             self.host.clear()
 
@@ -182,6 +187,9 @@ class CacheTiers:
     # -- loads ------------------------------------------------------------------------
 
     def take_host(self, entries: list[HostEntry]) -> None:
+        if not entries:
+            return
+        assert self.host is not None  # host entries come from the host pool
         for entry in entries:
             self.host.take(entry.hash)
         if entries:

@@ -12,6 +12,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,7 +47,7 @@ def time_step(runner, works, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def fit(rows: list[tuple[tuple[float, ...], float]]) -> np.ndarray:
+def fit(rows: Sequence[tuple[tuple[float, ...], float]]) -> np.ndarray:
     """Least squares of the *relative* error on [1, features...], coefficients forced >= 0
     (drop the most negative one and refit), so short decode steps weigh as much as long prefills."""
     t = np.array([t for _, t in rows])
@@ -65,9 +66,11 @@ def fit(rows: list[tuple[tuple[float, ...], float]]) -> np.ndarray:
 def run_calibration(config: RunnerConfig, batch: BatchConfig, out_path: str | None = None, repeats: int = 5) -> int:
     from kvroute.engine.kv.config import TierConfig
     from kvroute.engine.runners.registry import RUNNERS
+    from kvroute.engine.runners.torch_runner import TorchRunner
 
     runner = RUNNERS["torch"](dataclasses.replace(config, backend="torch", num_threads=config.num_threads or 1),
                               dataclasses.replace(batch, num_blocks=max(batch.num_blocks, 4096)), TierConfig())
+    assert isinstance(runner, TorchRunner)  # what it times: execute_sync
     probe = CostModel("probe", 0.0, 0.0, 0.0, 0.0, 0.0)
     bs = batch.block_size
     rows = []
@@ -81,7 +84,9 @@ def run_calibration(config: RunnerConfig, batch: BatchConfig, out_path: str | No
         print(f"  {kind:<8} {a:>5} x {b:>5}: {t * 1000:8.2f} ms", file=sys.stderr)
     runner.close()
     coef = fit(rows)
-    model = CostModel("calibrated", *map(float, coef), description="fitted by kvroute engine --calibrate")
+    step_s, prefill_token_s, prefill_pair_s, decode_seq_s, decode_context_s = map(float, coef)  # 1 + 4 features
+    model = CostModel("calibrated", step_s, prefill_token_s, prefill_pair_s, decode_seq_s, decode_context_s,
+                      description="fitted by kvroute engine --calibrate")
     errors = [abs(model.step_time(w) - t) / t for (_, _, _, w), (_, t) in zip(cases, rows)]
     result = {
         "coefficients": {k: v for k, v in dataclasses.asdict(model).items() if isinstance(v, float)},

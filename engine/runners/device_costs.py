@@ -16,7 +16,7 @@ import functools
 import statistics
 import time
 
-from kvroute.engine.core.kv_copies import CopyPlan
+from kvroute.engine.core.kv_copies import CopyPlan, StoredBlock
 from kvroute.engine.core.work import SamplingParams, SeqWork
 from kvroute.engine.kv.link_estimate import DeviceCosts, fit_link
 from kvroute.router.contract.tier_costs import Link
@@ -43,7 +43,7 @@ def measure_host_link(runner) -> dict[str, Link]:
     points: dict[str, list[tuple[int, float]]] = {"d2h": [], "h2d": []}
     for n in (s for s in SIZES if s <= runner.num_blocks):
         blocks = list(range(n))
-        reads = CopyPlan(device_reads=[(b, None) for b in blocks])
+        reads = CopyPlan(device_reads=[(b, StoredBlock(0, (), None)) for b in blocks])  # what is read, not whose
         writes = CopyPlan(writes=[(b, bytes(bpb)) for b in blocks])
         points["d2h"].append((n * bpb, median_seconds(functools.partial(runner.run_copies_sync, reads))))
         points["h2d"].append((n * bpb, median_seconds(functools.partial(runner.run_copies_sync, writes))))

@@ -19,11 +19,13 @@ def model_config(runner: RunnerConfig) -> ModelConfig:
 
 
 def _torch(runner: RunnerConfig, batch: BatchConfig, tiers: TierConfig) -> ModelRunner:
+    from kvroute.engine.runners.lora_config import read_adapters
     from kvroute.engine.runners.torch_runner import TorchRunner
 
     return TorchRunner(model_config(runner), batch.num_blocks, batch.block_size, model_dir=runner.model,
                        device=runner.device, num_threads=runner.num_threads, seed=runner.seed,
-                       host_blocks=tiers.host_blocks, max_running=batch.max_running, cuda_graphs=runner.cuda_graphs)
+                       host_blocks=tiers.host_blocks, max_running=batch.max_running, cuda_graphs=runner.cuda_graphs,
+                       adapters=read_adapters(runner.adapter_dirs, runner.max_lora_rank), max_loras=runner.max_loras)
 
 
 def _sim(runner: RunnerConfig, batch: BatchConfig, tiers: TierConfig) -> ModelRunner:

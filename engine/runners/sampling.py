@@ -67,7 +67,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], num_generated
 
 def token_logprobs(logprobs: torch.Tensor, token_id: int, num_top: int) -> TokenLogprobs:
     """logprobs: (V,) log-softmax of one row -> the token's and the num_top best."""
-    top = ()
+    top: tuple[tuple[int, float], ...] = ()
     if num_top > 0:
         values, ids = logprobs.topk(min(num_top, logprobs.shape[0]))
         top = tuple(zip(ids.tolist(), values.tolist()))
@@ -83,6 +83,7 @@ def sample_works(host: HostLogits, works: Sequence[SeqWork], generator: torch.Ge
     logprobs: list[TokenLogprobs | None] = [None] * len(works)
     if not need:
         return SampledTokens(tokens, logprobs)
+    assert host.logits is not None  # rows were wanted (`need`): they were read back
     raw = host.logits.float()
     logits = raw
     if any(works[row].sampling.edits_logits for row in need):
@@ -100,5 +101,7 @@ def sample_works(host: HostLogits, works: Sequence[SeqWork], generator: torch.Ge
         tokens[row] = drawn[i]
     for j, i in enumerate(wanted):
         row = need[i]
-        logprobs[row] = token_logprobs(rows[j], tokens[row], works[row].sampling.logprobs)
+        num_top = works[row].sampling.logprobs
+        assert rows is not None and num_top is not None  # `wanted`: the works that asked for logprobs
+        logprobs[row] = token_logprobs(rows[j], tokens[row], num_top)
     return SampledTokens(tokens, logprobs)

@@ -47,7 +47,9 @@ class SimRunner:
         per_token = (cost_model.kv_bytes_per_token
                      or info.num_layers * 2 * info.num_kv_heads * info.head_dim * dtype_bytes)
         self.kv_bytes_per_block = per_token * block_size
-        self._times, self._ahead = CopyTimes([]), None  # the batch between start_copies and finish_copies
+        self._ahead: asyncio.Future | None = None
+        self._times = CopyTimes([])  # the batch between start_copies and finish_copies
+        self.adapter_slots: dict[int, str] = {}  # what each LoRA slot holds: a work naming another loads it
 
     transfer_payload_bytes = 0  # per block on the wire: nothing moves, `transfer_time` stands for it
 
@@ -115,12 +117,21 @@ class SimRunner:
 
     def execute_sync(self, works: Sequence[SeqWork]) -> tuple[float, list[int | None]]:
         """Modelled step time and tokens, without sleeping (for the virtual-clock simulator)."""
-        duration = self.cost_model.step_time(works) * self.time_scale
+        duration = self.cost_model.step_time(works, self._adapter_loads(works)) * self.time_scale
         tokens = [self.sample(w) if w.sample else None for w in works]
         if any(w.sampling.logprobs is not None for w in works):
             tokens = SampledTokens(tokens, [self.logprobs(w, t) if t is not None else None
                                             for w, t in zip(works, tokens)])
         return duration, tokens
+
+    def _adapter_loads(self, works: Sequence[SeqWork]) -> int:
+        """Slots whose adapter changes for this step (the torch runner copies the weights in then)."""
+        loads, slots = 0, self.adapter_slots
+        for w in works:
+            if w.adapter is not None and slots.get(w.adapter_slot) != w.adapter:
+                slots[w.adapter_slot] = w.adapter
+                loads += 1
+        return loads
 
     async def execute(self, works: Sequence[SeqWork]) -> list[int | None]:
         duration, tokens = self.execute_sync(works)

@@ -37,10 +37,12 @@ from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.core.work import RunnerInfo, SampledTokens, SeqWork
 from kvroute.engine.kv.link_estimate import DeviceCosts
 from kvroute.engine.runners import device_costs
+from kvroute.engine.runners.lora_config import AdapterSpec
 from kvroute.engine.runners.model.config import ModelConfig
 from kvroute.engine.runners.model.decode_graphs import DecodeGraphs
 from kvroute.engine.runners.model.kv_pool import DTYPES, GatherSpace, KVPool
 from kvroute.engine.runners.model.loader import build_model
+from kvroute.engine.runners.model.lora import LoraWeights
 from kvroute.engine.runners.model.step_inputs import StepInputs
 from kvroute.engine.runners.model.tier_copies import HostKV
 from kvroute.engine.runners.readback import HostLogits, Readback
@@ -53,10 +55,12 @@ class TorchRunner:
     def __init__(self, model_config: ModelConfig | None = None, num_blocks: int = 1024,
                  block_size: int = 16, model_dir: str | Path | None = None,
                  device: str = "cpu", num_threads: int | None = None, seed: int = 0,
-                 host_blocks: int = 0, max_running: int = 64, cuda_graphs: bool = True) -> None:
+                 host_blocks: int = 0, max_running: int = 64, cuda_graphs: bool = True,
+                 adapters: tuple[AdapterSpec, ...] = (), max_loras: int = 1) -> None:
         """No config and no model_dir: the tiny random model. model_dir alone: its config.json.
         Decode steps of up to `max_running` sequences replay CUDA graphs when the device is CUDA
-        and `cuda_graphs` (engine/runners/model/decode_graphs.py)."""
+        and `cuda_graphs` (engine/runners/model/decode_graphs.py). `adapters` (LoRA, read at start)
+        are applied per row from `max_loras` slots (engine/runners/model/lora.py)."""
         if model_config is None:
             model_config = ModelConfig.from_hf_dir(model_dir) if model_dir else ModelConfig.tiny()
         if num_threads is not None:
@@ -69,7 +73,9 @@ class TorchRunner:
         self.pool = KVPool(num_blocks, block_size, model_config.num_layers, model_config.num_kv_heads,
                            model_config.head_dim, DTYPES[model_config.dtype], self.device)
         self.host = HostKV(host_blocks, self.pool)
-        self.inputs = StepInputs(block_size, self.pool.scratch_block, self.device)
+        if adapters:
+            self.model.lora = LoraWeights(model_config, adapters, max_loras, self.device, DTYPES[model_config.dtype])
+        self.inputs = StepInputs(block_size, self.pool.scratch_block, self.device, lora=bool(adapters))
         self.space = GatherSpace(self.pool)
         self.readback = Readback(self.device)
         self.graphs, self.num_graphs = None, 0
@@ -130,8 +136,13 @@ class TorchRunner:
 
     def _forward(self, works: Sequence[SeqWork]) -> tuple[torch.Tensor, torch.Tensor]:
         """Queues the step's work on the device: ((S, V) logits, the `wanted` rows), nothing waited for."""
+        lora = self.model.lora
+        if lora is not None:
+            for w in works:
+                if w.adapter is not None:
+                    lora.ensure(w.adapter_slot, w.adapter)  # a copy in, queued before the step
         pad = self.graphs.bucket(works) if self.graphs is not None else None
-        if pad is not None:
+        if pad is not None and self.graphs is not None:  # a bucket: the graphs exist
             return self.graphs.run(works, pad)
         batch = self.inputs.build(works, self.space)
         return self.model(batch, self.pool), batch.wanted
@@ -204,6 +215,11 @@ class TorchRunner:
             raise ValueError(f"sequence {w.seq_id}: block ids must be in [0, {self.num_blocks})")
         if min(w.token_ids) < 0 or max(w.token_ids) >= self.config.vocab_size:
             raise ValueError(f"sequence {w.seq_id}: token ids must be in [0, {self.config.vocab_size})")
+        if w.adapter is not None or w.adapter_slot >= 0:
+            lora = self.model.lora
+            if lora is None or w.adapter not in lora.host or not 0 <= w.adapter_slot < lora.num_slots:
+                raise ValueError(f"sequence {w.seq_id}: adapter {w.adapter!r} in slot {w.adapter_slot} is not "
+                                 f"one this runner loaded")
 
     def _num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

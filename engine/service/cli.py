@@ -30,13 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         from kvroute.engine.runners.model.config import ModelConfig  # validate --model before binding a port
         from kvroute.router.contract.tokenizer import load_tokenizer
 
-        if config.runner.model:
-            ModelConfig.from_hf_dir(config.runner.model)
-        load_tokenizer(config.runner.model)
-        if config.runner.backend == "torch":
+        runner = config.runner
+        base = ModelConfig.from_hf_dir(runner.model) if runner.model else ModelConfig.tiny()
+        load_tokenizer(runner.model)
+        from kvroute.engine.runners.lora_config import read_adapters
+
+        runner.adapters_named(config.server.served_model_name or base.name)
+        read_adapters(runner.adapter_dirs, runner.max_lora_rank)  # configs checked; tensors when the runner loads
+        if runner.backend == "torch":
             from kvroute.engine.runners.devices import check_device_available
 
-            check_device_available(config.runner.device)
+            check_device_available(runner.device)
         if config.tiers.kv_store:
             from kvroute.engine.kv.store import check_reachable
 

@@ -26,9 +26,11 @@ class Drainable(Protocol):
     """The engine as a drain sees it: a flag it sets, the requests it waits for, a way to end one."""
 
     draining: bool
-    requests: Mapping
 
-    def fail_request(self, seq, reason: str) -> None: ...
+    @property
+    def requests(self) -> Mapping: ...
+
+    def fail_request(self, seq, message: str, /) -> None: ...
 
 
 async def _nothing() -> None:
@@ -65,6 +67,7 @@ class Drain:
         self.task = asyncio.create_task(self._run(), name="drain")
 
     async def _run(self) -> None:
+        assert self.started_at is not None  # start() set it before making this task
         await self.deregister()  # first: routers stop sending
         deadline = time.monotonic() + self.timeout_s
         while self.engine.requests and time.monotonic() < deadline:

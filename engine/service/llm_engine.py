@@ -76,7 +76,8 @@ class LLMEngine:
         self.block_manager = BlockManager(batch.num_blocks, batch.block_size, tiers)
         self.core = EngineCore(CoreConfig(instance=config.server.instance, max_batched_tokens=batch.max_batched_tokens,
                                           max_running=batch.max_running, max_waiting=batch.max_waiting,
-                                          max_model_len=runner.info.max_model_len),
+                                          max_model_len=runner.info.max_model_len,
+                                          max_loras=config.runner.adapter_slots),
                                self.block_manager, stop_token_ids)
         self.scheduler = self.core.scheduler
         self.events = KVEventLog(config.server.instance, capacity=config.batch.event_buffer)
@@ -131,9 +132,10 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                    hash_seed: int, pin_kv: bool = False) -> RequestHandle:
-        """Queue a request; with `pin_kv` its blocks stay pinned for a pull when it ends on length."""
-        handle = self._new_request(request_id, prompt_ids, sampling, hash_seed)
+                    hash_seed: int, pin_kv: bool = False, adapter: str | None = None) -> RequestHandle:
+        """Queue a request; with `pin_kv` its blocks stay pinned for a pull when it ends on length. `adapter`:
+        the LoRA adapter it runs under (`hash_seed` must name it too: router/contract/protocol.py)."""
+        handle = self._new_request(request_id, prompt_ids, sampling, hash_seed, adapter)
         handle.seq.pin_kv = pin_kv
         if self.kv is not None:  # asks the shared store for what the local tiers lack, then queues
             self.kv.admit(handle.seq, self._enqueue)
@@ -149,9 +151,9 @@ class LLMEngine:
         self._wakeup.set()
 
     def add_remote_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                           hash_seed: int, transfer: TransferHandle) -> RequestHandle:
+                           hash_seed: int, transfer: TransferHandle, adapter: str | None = None) -> RequestHandle:
         """A request prefilled by another engine: its first token is known, its K/V gets pulled."""
-        handle = self._new_request(request_id, prompt_ids, sampling, hash_seed)
+        handle = self._new_request(request_id, prompt_ids, sampling, hash_seed, adapter)
         seq = handle.seq
         seq.token_ids.append(transfer.first_token)
         seq.remote = transfer
@@ -162,11 +164,11 @@ class LLMEngine:
         return handle
 
     def _new_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams,
-                     hash_seed: int) -> RequestHandle:
+                     hash_seed: int, adapter: str | None) -> RequestHandle:
         if self.core.queue_full:
             self.metrics.rejected.labels("queue_full").inc()
             raise Overloaded(f"engine queue is full ({self.config.batch.max_waiting} waiting requests)", retry_after=1)
-        seq = Sequence(request_id, prompt_ids, sampling, hash_seed, arrival=time.monotonic())
+        seq = Sequence(request_id, prompt_ids, sampling, hash_seed, arrival=time.monotonic(), adapter=adapter)
         handle = RequestHandle(seq)
         self.requests[request_id] = handle
         self.metrics.prompt_tokens.inc(len(prompt_ids))

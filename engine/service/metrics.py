@@ -100,7 +100,9 @@ class EngineMetrics:
                                         registry=r)
         self.kv_pinned = gauge("kvroute_engine_kv_pinned_requests", "Prefilled requests whose blocks await a pull.")
         self.kv_pins_expired = counter("kvroute_engine_kv_pins_expired", "Pinned blocks freed by TTL, unpulled.")
-        self._seen_queries = self._seen_hits = self._seen_preemptions = 0
+        self.adapter_loads = counter("kvroute_engine_adapter_loads",
+                                     "LoRA adapters loaded into a device slot (a slot refilled: --max-loras).")
+        self._seen_queries = self._seen_hits = self._seen_preemptions = self._seen_loads = 0
 
     def observe_step(self, seconds: float, tokens: int) -> None:
         self.step_seconds.observe(seconds)
@@ -138,3 +140,6 @@ class EngineMetrics:
         self.preemptions.inc(sched.num_preemptions - self._seen_preemptions)
         self._seen_queries, self._seen_hits = bm.num_queried_tokens, bm.num_hit_tokens
         self._seen_preemptions = sched.num_preemptions
+        if sched.adapters is not None:
+            self.adapter_loads.inc(sched.adapters.loads - self._seen_loads)
+            self._seen_loads = sched.adapters.loads

@@ -65,7 +65,7 @@ async def _engine_ctx(app: web.Application):
         {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
     app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
-    app[SERVICE] = CompletionService(engine, tokenizer, name)
+    app[SERVICE] = CompletionService(engine, tokenizer, name, tuple(a for a, _ in config.runner.adapter_dirs))
     await engine.start(kv_info(app))
     app[DRAIN] = Drain(engine, config.server.drain_timeout_s, app[SHUTDOWN], deregister=lambda: _leave_registry(app),
                        flush=lambda: _flush_events(app))
@@ -79,6 +79,7 @@ async def _engine_ctx(app: web.Application):
 async def _zmq_ctx(app: web.Application):
     config = app[CONFIG]
     engine = app[ENGINE]
+    assert config.zmq.kv_events_zmq is not None  # this context is added only with it (create_app)
     publisher = ZmqEventPublisher(events=engine.events, blocks=engine.block_manager, model=model_name(app),
                                   endpoint=config.zmq.kv_events_zmq, replay_endpoint=config.zmq.kv_events_replay,
                                   encoding=config.zmq.kv_events_encoding, topic=config.zmq.kv_events_topic,
@@ -91,7 +92,9 @@ async def _zmq_ctx(app: web.Application):
 
 async def _redis_ctx(app: web.Application):
     engine = app[ENGINE]
-    publisher = RedisEventPublisher(app[CONFIG].server.redis, events=engine.events, load=engine.load)
+    redis = app[CONFIG].server.redis
+    assert redis is not None  # this context is added only with it (create_app)
+    publisher = RedisEventPublisher(redis, events=engine.events, load=engine.load)
     await publisher.start()
     app[REDIS_PUBLISHER] = publisher
     yield
@@ -101,6 +104,7 @@ async def _redis_ctx(app: web.Application):
 async def _registry_ctx(app: web.Application):
     config = app[CONFIG]
     server = config.server
+    assert server.registry is not None  # this context is added only with it (create_app)
     registration = Registration(server.registry, lambda: registry_record(app), server.registry_refresh_s,
                                 server.registry_ttl_s, secret_from(server.kv_secret))
     await registration.start()
@@ -153,6 +157,8 @@ def kv_info(app: web.Application) -> dict:
         "num_kv_heads": info.num_kv_heads,
         "head_dim": info.head_dim,
         "epoch": engine.events.epoch,
+        "adapters": list(app[SERVICE].adapters),  # LoRA adapters a request's model may name (keyed by the seed)
+        "max_loras": config.runner.adapter_slots,
         **_zmq_info(app),
         **({"kv_tiers": engine.kv.kv_tiers()} if engine.kv is not None else {}),
     }
@@ -174,18 +180,23 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     return await request.app[SERVICE].handle(request, "chat")
 
 
-def model_card(app: web.Application) -> dict:
-    return {"id": model_name(app), "object": "model", "created": int(time.time()), "owned_by": "kvroute",
-            "max_model_len": app[ENGINE].runner.info.max_model_len}
+def model_card(app: web.Application, adapter: str | None = None) -> dict:
+    """The base model's card, or an adapter's as vLLM lists `--lora-modules`: `parent` the base model."""
+    config, base = app[CONFIG], model_name(app)
+    card = {"id": adapter or base, "object": "model", "created": int(time.time()), "owned_by": "kvroute",
+            "root": (dict(config.runner.adapter_dirs)[adapter] or adapter) if adapter else config.runner.model or base,
+            "parent": base if adapter else None, "max_model_len": app[ENGINE].runner.info.max_model_len}
+    return card
 
 
 async def handle_models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": [model_card(request.app)]})
+    app = request.app
+    return json_response({"object": "list",
+                          "data": [model_card(app), *(model_card(app, a) for a in app[SERVICE].adapters)]})
 
 
 async def handle_model(request: web.Request) -> web.Response:
-    request.app[SERVICE].check_model(request.match_info["model"])
-    return json_response(model_card(request.app))
+    return json_response(model_card(request.app, request.app[SERVICE].check_model(request.match_info["model"])))
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -202,7 +213,7 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    request.app[METRICS].observe_state(request.app[ENGINE])
+    request.app[METRICS].observe_state(request.app[ENGINE].core)
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -222,7 +233,7 @@ async def handle_kv_snapshot(request: web.Request) -> web.Response:
         "epoch": engine.events.epoch,
         "seq": engine.events.seq,
         "tiers": {"device": engine.block_manager.cached_hashes(), **(engine.kv.snapshot() if engine.kv else {})},
-        "store": (engine.block_manager.tiers.store_key or None) if engine.kv is not None else None,
+        "store": (engine.kv.tiers.store_key or None) if engine.kv is not None else None,  # the same tiers
         "load": engine.load().to_dict(),
     })
 

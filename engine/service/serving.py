@@ -41,11 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class CompletionService:
-    def __init__(self, engine: LLMEngine, tokenizer: Tokenizer, model_name: str) -> None:
+    def __init__(self, engine: LLMEngine, tokenizer: Tokenizer, model_name: str,
+                 adapters: tuple[str, ...] = ()) -> None:
         config = engine.config
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.adapters = adapters  # LoRA adapters served (--lora-modules): a request's `model` may name one
         self.max_model_len = engine.runner.info.max_model_len
         self.vocab_size = engine.runner.info.vocab_size
         limits = config.server.limits
@@ -54,10 +56,16 @@ class CompletionService:
         self.pool_tokens = engine.block_manager.num_blocks * engine.block_manager.block_size
         self.headers = {INSTANCE_HEADER: engine.config.server.instance}
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise NotFound(f"model {model!r} does not exist; this engine serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+    def check_model(self, model: str | None) -> str | None:
+        """The LoRA adapter `model` names (None: the base model, or no model given); 404 for another name."""
+        if model is None or model == self.model_name:
+            return None
+        if model in self.adapters:
+            return model
+        served = f"{self.model_name!r}" + (f" and its adapters {', '.join(map(repr, self.adapters))}"
+                                            if self.adapters else "")
+        raise NotFound(f"model {model!r} does not exist; this engine serves {served}",
+                       param="model", code="model_not_found")
 
     async def prompt_ids(self, req: CompletionRequest) -> list[int]:
         """Token ids, checked against the limits before and after tokenizing (off the loop when long)."""
@@ -106,26 +114,26 @@ class CompletionService:
         body = parse_json(await read_body(request, self.limits.max_body_bytes))
         refuse_unsupported(body)
         req = parse_request(body, kind)
-        self.check_model(req.model)
+        adapter = self.check_model(req.model)
         kv = req.kv_transfer_params or {}
         transfer = self._authorize_transfer(kv, request.remote)  # before any work: 403 for clients
         prompt_ids = await self.prompt_ids(req)
         sampling = self.sampling(req, len(prompt_ids))
         request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        seed = hash_seed(self.model_name, req.cache_salt)
+        seed = hash_seed(self.model_name, req.cache_salt, adapter)  # the router's "seeded" key rule
         processor = OutputProcessor(self.tokenizer, sampling.stop, prompt_ids)
         first_text = None
         if isinstance(transfer, str):  # a granted prefill for a remote decode: `transfer` is our address
             sampling = dataclasses.replace(sampling, max_tokens=1)
             req = msgspec.structs.replace(req, stream=False)
-            handle = self.engine.add_request(request_id, prompt_ids, sampling, seed, pin_kv=True)
+            handle = self.engine.add_request(request_id, prompt_ids, sampling, seed, pin_kv=True, adapter=adapter)
             handle.seq.transfer_address = transfer
         elif transfer is not None and self._binds(transfer, prompt_ids, seed, request_id):
-            handle = self.engine.add_remote_request(request_id, prompt_ids, sampling, seed, transfer)
+            handle = self.engine.add_remote_request(request_id, prompt_ids, sampling, seed, transfer, adapter)
             first_text = processor.add(transfer.first_token)  # already sent to the client by the router
         else:
-            handle = self.engine.add_request(request_id, prompt_ids, sampling, seed)
-        fmt = ResponseFormat(kind, request_id, self.model_name, include_usage=req.include_usage)
+            handle = self.engine.add_request(request_id, prompt_ids, sampling, seed, adapter=adapter)
+        fmt = ResponseFormat(kind, request_id, adapter or self.model_name, include_usage=req.include_usage)
         logprobs = LogprobFormatter(self.tokenizer, kind) if req.logprobs is not None else None
         try:
             if req.stream:

@@ -12,10 +12,12 @@
   event is published), `block_size`, `medium` by tier (device -> GPU, host -> CPU,
   remote -> STORAGE). Stored blocks are split into runs that chain (a block whose parent is
   not the previous one of the event starts a new run), so a consumer's recomputation from
-  tokens and parents is exact. A block salted by `cache_salt` carries its seed in
-  `extra_keys` at its chain's first block, which marks the chain unroutable for consumers
-  that cannot reproduce it. A block no longer in the pool when published (evicted within
-  the same step) is left out; its `BlockRemoved` is harmless to consumers.
+  tokens and parents is exact. A chain seeded other than by the model alone (a `cache_salt`,
+  a LoRA adapter) carries its seed as its first block's one extra key,
+  `extra_keys: [[["kvroute_hash_seed", seed]], None, ...]`, which kvroute's router reads and
+  which marks the chain unroutable for consumers that cannot reproduce it. A block no longer
+  in the pool when published (evicted within the same step) is left out; its `BlockRemoved`
+  is harmless to consumers.
 - Replay: a ROUTER socket answering `[b"", start seq]` with `[b"", seq, payload]` for the
   last `--kv-events-buffer-steps` batches from `start` on, then seq -1 and an empty payload.
 """
@@ -129,11 +131,13 @@ class ZmqEventPublisher:
                 continue
             # A chain's first block has the chain seed as parent, never a block hash. (An event with
             # parent None may also list mid-chain blocks: the re-announcements after clear_cache.)
-            chain_start = i == 0 and event.parent is None and pool.cached_block(block.parent) is None
+            chain_start = i == 0 and event.parent is None and (block.parent is None
+                                                               or pool.cached_block(block.parent) is None)
             parent = None if chain_start else block.parent
             if chain_start or last is None or parent != last:
                 salted = chain_start and block.parent != self.default_seed
-                runs.append([parent, [], [], [["kvroute_hash_seed", block.parent]] if salted else None])
+                # block 0's extra keys: one item, the seed (router/kvevents/event_keys.py reads it)
+                runs.append([parent, [], [], [[["kvroute_hash_seed", block.parent]]] if salted else None])
             runs[-1][1].append(h)
             runs[-1][2].extend(block.token_ids)
             last = h
@@ -159,6 +163,7 @@ class ZmqEventPublisher:
     # -- replay ----------------------------------------------------------------------------
 
     async def _serve_replay(self) -> None:
+        assert self.replay is not None  # bound by start(), which runs this
         while True:
             frames = await self.replay.recv_multipart()
             if len(frames) != 3 or len(frames[2]) != 8:

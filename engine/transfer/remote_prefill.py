@@ -102,13 +102,15 @@ class RemotePrefill:
         """Pull the blocks this engine lacks, then run the sequence. Whatever happens, the
         request ends up in a defined state: resumed with pulled K/V, resumed to compute the
         missing blocks here, or failed; never left `pulling` with its blocks held."""
-        handle: TransferHandle = seq.remote
+        handle = seq.remote
+        assert isinstance(handle, TransferHandle)  # the engine set it: a decode of a remote prefill
         metrics, bs = self.metrics, self.bm.block_size
         num_blocks = -(-handle.num_tokens // bs)
         metrics.kv_pull_skipped.inc(first_block)
         t0 = time.perf_counter()
         computed = first_block * bs  # if the pull fails: compute the rest here
         try:
+            assert self.links is not None and self.session is not None  # made by start()
             await self.links.ensure(self.session, handle)
             if first_block < num_blocks:
                 received = await self._receive(seq, handle, first_block, num_blocks)
@@ -144,6 +146,7 @@ class RemotePrefill:
         expected = block_hashes(seq.token_ids[: handle.num_tokens], bm.block_size, seq.hash_seed)
         body = {"request_id": handle.request_id, "from_block": first, "signature": handle.signature}
         received, block_ids, payloads = 0, [], []
+        assert self.session is not None  # made by start()
         async with self.session.post(handle.address + "/kv/transfer", json=body) as r:
             if r.status != 200:
                 raise TransferError(f"prefill answered HTTP {r.status}: {(await r.content.read(200))!r}")

@@ -13,7 +13,6 @@ TTFT p90, the share of admitted requests within the SLO, refusals and their late
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import pathlib
@@ -22,6 +21,7 @@ import subprocess
 import sys
 import urllib.request
 
+from kvroute.benchmarks.results import runs_parser
 from kvroute.loadgen.processes import Processes, kvroute_argv
 
 FLOOD = ("--tenant", "name=A,workload=shared-prefix,rate=4,duration=44,key=ka",
@@ -81,10 +81,8 @@ def rows(out: pathlib.Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=pathlib.Path, help="where the runs go (created; existing runs are replaced)")
+    parser = runs_parser(__doc__)
     parser.add_argument("--router-flags", default="", help="more flags for every router, in one string")
-    parser.add_argument("--table-only", action="store_true", help="print the table of the runs already in OUT")
     args = parser.parse_args(argv)
     if args.table_only and not args.out.is_dir():
         print(f"admission_processes: {args.out} is not a directory", file=sys.stderr)

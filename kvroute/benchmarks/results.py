@@ -1,7 +1,9 @@
-"""Where a benchmark's figures go: the JSON file named by its --out (nothing without one)."""
+"""Where a benchmark's figures go: the JSON file named by its --out (nothing without one), or a
+directory of runs (`runs_parser`)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 from typing import Any
@@ -10,3 +12,11 @@ from typing import Any
 def write_json(path: str | None, result: Any) -> None:
     if path:
         pathlib.Path(path).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def runs_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a benchmark that writes its runs under OUT and can reprint their table (--table-only)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("out", type=pathlib.Path, help="where the runs go (created; existing runs are replaced)")
+    parser.add_argument("--table-only", action="store_true", help="print the table of the runs already in OUT")
+    return parser

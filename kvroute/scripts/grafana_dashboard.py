@@ -55,6 +55,18 @@ PANELS = [  # (title, unit, targets, description)
           "engines reported (via router)"),
         q(ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"), "engine prefix cache"),
     ], "Share of prompt tokens cached: the router's prediction against what the engines reported."),
+    ("Routing loss: prompt tokens not served from cache, by cause", "percentunit", [
+        q(ratio(f'kvroute_router_routing_loss_tokens_total{{cause="{cause}"}}',
+                'kvroute_router_routing_tokens_total{part="prompt"}'), legend)
+        for cause, legend in (("workload", "workload (cached nowhere)"),
+                              ("balancing", "balancing (better-cached instance passed over)"),
+                              ("index_unserved", "index: predicted, not served"),
+                              ("index_unpredicted", "index: served, not predicted"))
+    ] + [q(ratio('kvroute_router_routing_tokens_total{part="served"}',
+                 'kvroute_router_routing_tokens_total{part="prompt"}'), "served from cache")],
+     "Of routed prompt tokens: served from cache, and lost because no instance held them, because routing "
+     "passed over a better-cached instance for load, or because the index and the engine disagreed "
+     "(docs/router.md#routing-loss)."),
     ("Actual cache hit rate by instance", "percentunit",
      [q(ratio("kvroute_router_cached_tokens_total", "kvroute_router_usage_prompt_tokens_total", "instance"),
         "{{instance}}")], "usage.prompt_tokens_details.cached_tokens over prompt tokens, per engine."),
@@ -80,7 +92,9 @@ PANELS = [  # (title, unit, targets, description)
         q("sum (increase(kvroute_router_ejections_total[5m]))", "ejections (5 min)"),
         q("min by (instance) (kvroute_router_instance_routable)", "routable {{instance}}"),
         q("max by (instance) (kvroute_router_instance_mismatch)", "mismatch {{instance}}"),
-    ], "Health-check ejections; 1 = the instance takes requests."),
+        q("max by (instance, cause) (kvroute_router_silent_miss)", "silent miss {{instance}} ({{cause}})"),
+    ], "Health-check ejections; 1 = the instance takes requests; mismatch: it advertises keys the router "
+       "cannot reproduce; silent miss: its engine and the index disagree (docs/router.md#silent-miss-alarms)."),
     ("Tokens per second", "short", [
         q(f"sum by (instance) (rate(kvroute_router_output_tokens_total{RATE}))", "output {{instance}}"),
         q(f"sum (rate(vllm:prompt_tokens_total{RATE}))", "prompt (engines)"),

@@ -76,7 +76,7 @@ class Fleet:
         return [self.redis, *self.engines, *self.routers]
 
     def pids(self) -> list[tuple[str, int]]:
-        return [(p.name, p.pid) for p in self.procs if p.alive]
+        return [(p.name, p.pid) for p in self.procs if p.alive and p.pid is not None]  # alive: it has a pid
 
     async def start(self, session: aiohttp.ClientSession, timeout_s: float = 60.0) -> None:
         self.redis.start()
@@ -123,7 +123,8 @@ class Fleet:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while not await check():
             if not proc.alive:
-                raise RuntimeError(f"{proc.name} exited (code {proc.popen.returncode}); see {proc.log_path}")
+                code = proc.popen.returncode if proc.popen is not None else None
+                raise RuntimeError(f"{proc.name} exited (code {code}); see {proc.log_path}")
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError(f"{proc.name} was not ready after {timeout_s:.0f}s; see {proc.log_path}")
             await asyncio.sleep(0.05)

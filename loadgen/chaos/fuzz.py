@@ -130,6 +130,7 @@ class Canary:
 
     @property
     def url(self) -> str:
+        assert self.server is not None  # asked after start()
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def start(self) -> Canary:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import orjson
 
@@ -44,7 +45,7 @@ def with_raw(kind: str, path: tuple, raw: str | bytes, stream: bool = False, ext
     body.update(extra or {})
     if stream:
         body["stream"] = True
-    node = body
+    node: Any = body  # a dict or list on the way down
     for key in path[:-1]:
         if isinstance(node, dict) and not isinstance(node.get(key), (dict, list)):
             node[key] = {}

@@ -166,7 +166,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
         if size == 0:

@@ -33,7 +33,7 @@ def check_rows(rows: list[Row], rss_growth_mb: float) -> list[Violation]:
         if row.lost:
             out.append(Violation("no-loss-before-first-byte", where,
                                  f"{row.lost} of {row.sent} requests lost: {row.detail.get('examples', [])[:3]}"))
-        if row.lost is not None and row.ok + row.lost + row.broken != row.sent:
+        if row.lost is not None and row.broken is not None and row.ok + row.lost + row.broken != row.sent:
             out.append(Violation("accounted", where, f"{row.sent} sent but {row.ok} ok + {row.lost} lost + "
                                                      f"{row.broken} broken (still in flight after the drain?)"))
         if row.traffic.startswith("fuzz"):

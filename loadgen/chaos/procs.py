@@ -37,7 +37,7 @@ class Proc:
 
     def send(self, sig: signal.Signals) -> None:
         """Signal the whole process group (the server and any helper it started)."""
-        if self.alive:
+        if self.popen is not None and self.alive:
             os.killpg(self.popen.pid, sig)
 
     def kill(self) -> None:

@@ -19,7 +19,8 @@ from kvroute.router.contract.protocol import block_hashes
 from kvroute.router.decision import admission as adm
 from kvroute.router.decision.base import RouteRequest
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry, band_of
-from kvroute.router.decision.route import NoCandidates, RouteDecision
+from kvroute.router.decision.fleet_share import FleetShare
+from kvroute.router.decision.route import Members, NoCandidates, RouteDecision
 from kvroute.router.decision.tenants import DEFAULT_TENANT
 from kvroute.router.index.memory import MemoryIndex
 
@@ -45,23 +46,27 @@ class AdmissionSetup:
 
 class SimAdmission:
     def __init__(self, setup: AdmissionSetup, *, index: MemoryIndex, decision: RouteDecision,
-                 members: Callable[[], object], block_size: int, hash_seed: int,
+                 members: Callable[[], Members[int]], block_size: int, seed_of: Callable[[RequestSpec], int],
                  dispatch: Callable[[RequestSpec, float], None], record: Callable[[RequestSpec, RequestRecord], None],
-                 call_at: Callable[[float, Callable[[], None]], None]) -> None:
+                 call_at: Callable[[float, Callable[[], None]], None], share: FleetShare | None = None) -> None:
+        """`share`: the fleet's rates and virtual time (router/decision/fleet_share.py) for one of several
+        router replicas sharing admission (loadgen/sim/replicas.py); None: this router's own."""
         self.config, self.index, self.decision, self.members = setup.config, index, decision, members
-        self.block_size, self.hash_seed = block_size, hash_seed
+        self.block_size, self.seed_of = block_size, seed_of  # a spec's chain seed (its adapter's)
         self.dispatch, self.record, self.call_at, self.tenant_of = dispatch, record, call_at, setup.tenant_of
         self.weights: Mapping[str, float] = setup.weights()
-        self.queue = FairQueue(setup.config.bands)
-        self.rates = adm.Rates(setup.config.drain_halflife_s)
+        assert setup.config.slo_ttft_s is not None  # made only with an SLO (loadgen/sim/router.py)
+        self.slo_s = setup.config.slo_ttft_s
+        self.queue: FairQueue[RequestSpec] = FairQueue(setup.config.bands, share.tags if share is not None else None)
+        self.rates: adm.Rates = share.rates if share is not None else adm.Rates(setup.config.drain_halflife_s)
         self.outcomes: dict[str, int] = {}
         self._busy = False
 
     def predict(self, spec: RequestSpec, now: float) -> adm.Prediction:
         tokens = spec.prompt_ids
         route = RouteRequest(num_tokens=len(tokens),
-                             block_hashes=tuple(block_hashes(tokens, self.block_size, self.hash_seed)),
-                             block_size=self.block_size, request_id=f"r{spec.index}")
+                             block_hashes=tuple(block_hashes(tokens, self.block_size, self.seed_of(spec))),
+                             block_size=self.block_size, request_id=f"r{spec.index}", adapter=spec.adapter or None)
         matches = self.index.lookup_sync(route.block_hashes) if self.decision.policy.uses_index else {}
         try:
             routed = self.decision.choose(route, self.members(), matches, now)
@@ -72,7 +77,7 @@ class SimAdmission:
     def _ask(self, spec: RequestSpec, arrived: float, predicted: adm.Prediction) -> adm.Ask:
         tenant, priority = self.tenant_of(spec)
         return adm.Ask(tenant=tenant, band=band_of(priority, self.config.priority_edges),
-                       weight=self.weights.get(tenant, 1.0), slo_s=self.config.slo_ttft_s, arrived=arrived,
+                       weight=self.weights.get(tenant, 1.0), slo_s=self.slo_s, arrived=arrived,
                        predicted_s=predicted.ttft_s, prefill_s=predicted.prefill_s)
 
     def arrive(self, spec: RequestSpec, now: float) -> bool:
@@ -83,6 +88,7 @@ class SimAdmission:
             ask = self._ask(spec, now, self.predict(spec, now))
             verdict = adm.on_arrival(self.config, ask, self.queue, self.rates, self.weights, now)
         if verdict.action == adm.ADMIT:
+            self.queue.passed(ask.tenant, ask.band, ask.weight)
             self._admitted(ask.tenant, now, verdict.reason)
             return True
         if verdict.action == adm.REFUSE:
@@ -94,7 +100,7 @@ class SimAdmission:
             self._refuse(victim.item, victim.arrived, now, adm.Verdict(action=adm.REFUSE, reason="displaced",
                                                                        status=503))
         entry = self.queue.push(tenant=ask.tenant, band=ask.band, weight=ask.weight, arrived=now, item=spec)
-        expires = adm.expires_at(self.config.slo_ttft_s, now, verdict.threshold_s)
+        expires = adm.expires_at(self.slo_s, now, verdict.threshold_s)
         self.call_at(expires, lambda: self._expire(entry, expires))
         return False
 
@@ -109,8 +115,9 @@ class SimAdmission:
     def _release(self, now: float) -> None:
         try:
             while (head := self.queue.head()) is not None:
+                in_turn = self.queue.in_turn(head.tenant, head.band, self.weights.get(head.tenant, 1.0), head)
                 verdict = adm.on_head(self.config, self._ask(head.item, head.arrived, self.predict(head.item, now)),
-                                      now, self.rates.last(head.tenant))
+                                      now, self.rates.last(head.tenant), in_turn)
                 if verdict.action == adm.WAIT:
                     return
                 self.queue.remove(head, served=verdict.action == adm.ADMIT)

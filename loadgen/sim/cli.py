@@ -8,6 +8,8 @@
     kvroute sim --suite [--policy a,b,...] [--requests N] [--suite-trace FILE] [--out suite.json]
     kvroute sim --instances 64 --admission-slo 0.5 --tenant name=A,workload=shared-prefix,rate=64,duration=30 \
         --tenant name=B,workload=random,rate=960,duration=25,seed=7       # a row per tenant too
+    kvroute sim --instances 8 --admission-slo 0.5 --routers 2 [--admission-sync 0.05] \
+        --tenant name=A,workload=random,rate=60,duration=30,weight=4,router=0 --tenant name=B,...,weight=1
     kvroute sim --instances 64 --workload session-storm --host-blocks 16000 --kv-store redis://s \
         --kv-host-link pcie4 --kv-store-link infiniband [--policy-arg tier_credit=fixed] ...
 
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 from kvroute.engine.runners.cost_model import get_cost_model
+from kvroute.loadgen.adapters import with_adapters
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.config import SimConfig
 from kvroute.loadgen.sim.flags import COMMAND, PLANNER_KNOBS, PROG
@@ -43,7 +46,7 @@ from kvroute.loadgen.sim.report import format_suite, format_table, relative_to_o
 from kvroute.loadgen.sim.runner import arrivals, policy_names
 from kvroute.loadgen.sim.suite import SUITE_CONFIG, SUITE_POLICIES, run_suite
 from kvroute.loadgen.sim.tenant_mix import format_tenants, mixed_specs, per_tenant
-from kvroute.loadgen.tenants import parse_tenant
+from kvroute.loadgen.tenants import TenantLoad, parse_tenant
 from kvroute.loadgen.workloads import knob_flags, knob_names, make_workload, split_name, workload_names
 from kvroute.router.contract.cli_parser import SettingsParser, given
 from kvroute.router.contract.settings import flat
@@ -51,6 +54,7 @@ from kvroute.router.contract.settings_values import pick, replace
 from kvroute.router.planner.decide import PlannerConfig
 
 KNOBS = frozenset(d.name for d in knob_flags())
+SIM_TENANT_KEYS = ("weight", "router")  # --tenant keys of the simulator alone (the router's tenant file, the replica)
 
 
 def build_parser() -> SettingsParser:
@@ -66,7 +70,7 @@ def _workload(args: argparse.Namespace, seed: int):
             raise ValueError(f"--{name.replace('_', '-')} does not apply to workload {base}")
     if args.num_requests is not None:
         knobs["num_requests"] = args.num_requests
-    return make_workload(args.workload, seed=seed, **knobs)
+    return with_adapters(make_workload(args.workload, seed=seed, **knobs), args.adapters, args.adapter_assign, seed)
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
@@ -105,6 +109,8 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
                              "workload knobs or --pd-sweep")
     elif not args.workload:
         raise ValueError(f"give --workload ({workload_names()}), --tenant or --suite")
+    if config.routers > 1 and (args.pd_sweep or args.planner or args.suite):
+        raise ValueError("--routers > 1 takes no --pd-sweep, --planner or --suite")
     if args.pd_sweep and (len(policies) != 1 or config.instances < 2 or args.records):
         raise ValueError("--pd-sweep takes one --policy, at least 2 --instances and no --records")
     for flag in ("out", "records"):
@@ -112,6 +118,25 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         if path is not None and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
             raise ValueError(f"--{flag} {path}: not a file in an existing directory")
     return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
+
+
+def sim_tenant(text: str) -> tuple[TenantLoad, float, int | None]:
+    """A --tenant SPEC: loadgen's (loadgen/tenants.py), with the simulator's weight= and router= taken out."""
+    own, rest = {}, []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key.strip() in SIM_TENANT_KEYS:
+            own[key.strip()] = value.strip()
+        else:
+            rest.append(part)
+    load = parse_tenant(",".join(rest))
+    try:
+        weight, router = float(own.get("weight", 1.0)), int(own["router"]) if "router" in own else None
+    except ValueError:
+        raise ValueError(f"--tenant {load.name}: weight must be a number and router an integer") from None
+    if not weight > 0:
+        raise ValueError(f"--tenant {load.name}: weight must be positive, got {weight}")
+    return load, weight, router
 
 
 def planner_config(args: argparse.Namespace, config: SimConfig) -> PlannerConfig | None:
@@ -136,18 +161,21 @@ def run(args: argparse.Namespace) -> dict:
     planner = planner_config(args, config)
     started = time.perf_counter()
     if args.tenant:
-        loads = [parse_tenant(t) for t in args.tenant]
+        parsed = [sim_tenant(t) for t in args.tenant]
+        loads = [load for load, _, _ in parsed]
         if len({load.name for load in loads}) != len(loads):
             raise ValueError("--tenant names a tenant twice")
-        config = dataclasses.replace(config, admission_tenants=tuple((load.name, load.priority or 0, 1.0)
-                                                                     for load in loads))
+        config = dataclasses.replace(
+            config, admission_tenants=tuple((load.name, load.priority or 0, weight) for load, weight, _ in parsed),
+            tenant_routers=tuple((load.name, router) for load, _, router in parsed if router is not None))
         specs, workload, arrival = mixed_specs(loads), None, ArrivalConfig()
     else:
         workload = _workload(args, config.seed)
         specs = workload.requests()
     generate_s = time.perf_counter() - started
     arrivals(specs, arrival, config.seed)  # refuse a workload without send times before running anything
-    results, records = {}, {}
+    results: dict[str, dict] = {}
+    records: dict[str, list] = {}  # policy -> its RequestRecords
     if args.pd_sweep:
         sweep = pd_sweep(config, policies[0], specs, arrival, args.slo_ttft, args.slo_tpot, progress=True)
     else:

@@ -24,7 +24,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
@@ -54,6 +54,9 @@ def _seeded(engine: SimEngine, seed: int) -> SimEngine:
 
 
 class Cluster:
+    now: float  # the virtual clock (seconds)
+    _sink: Sink  # set by run()
+
     def __init__(self, num_instances: int, engine: SimEngine, event_delay_s: float = 0.0,
                  poll_interval_s: float = 0.1) -> None:
         clock = lambda: self.now  # noqa: E731
@@ -65,11 +68,10 @@ class Cluster:
         self.now = 0.0
         self.kv_listeners: list[Callable[[int, KVEvents], None]] = []
         self.step_listeners: list[Callable[[SimInstance], None]] = []
-        self._heap: list[tuple[float, int, int, object]] = []
+        self._heap: list[tuple[float, int, int, Any]] = []  # (at, order, kind, payload: what `kind` takes)
         self._order = itertools.count()
         self._changed: dict[int, None] = {}
         self._poll_pending = False
-        self._sink: Sink | None = None
         self.num_events = 0
 
     def _io_maker(self, index: int) -> Callable[..., SimTierIO]:
@@ -80,7 +82,7 @@ class Cluster:
                              lambda: self.kick(self.instances[index]))
         return make
 
-    def push(self, at: float, kind: int, payload: object) -> None:
+    def push(self, at: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at, next(self._order), kind, payload))
 
     def run(self, sink: Sink, arrivals: Iterator[tuple[float, RequestSpec]]) -> None:

@@ -10,9 +10,10 @@ import json
 from kvroute.engine.core.config import BatchConfig
 from kvroute.engine.kv.config import TierConfig
 from kvroute.engine.runners.config import RunnerConfig
+from kvroute.loadgen.adapters import parse_adapters
 from kvroute.loadgen.sim.admission import AdmissionSetup
 from kvroute.loadgen.sim.instance import SimEngine
-from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, at_least
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, Range, at_least
 from kvroute.router.contract.settings import check_settings, section, setting
 from kvroute.router.decision.admission import AdmissionConfig
 
@@ -69,6 +70,17 @@ class SimConfig:
     admission_margin: float = setting(-0.4, "as the router's --admission-margin")
     # (name, priority, weight) of each tenant: loadgen/sim/tenant_mix.py, from --tenant
     admission_tenants: tuple[tuple[str, int, float], ...] = setting((), "tenants", cli=False)
+    # LoRA adapters every instance serves (requests name them: loadgen/adapters.py), in max_loras slots each
+    adapters: tuple[str, ...] = setting((), "LoRA adapters every instance serves, the requests spread over them (as "
+                                            "kvroute loadgen)", parse=parse_adapters, metavar="A,B,...")
+    max_loras: int = setting(1, "adapter slots per engine, as kvroute engine", check=at_least(1))
+    # Router replicas (loadgen/sim/replicas.py): several routers over the cluster, each admitting alone or
+    # sharing admission; tenant_routers pins a tenant to one (--tenant's router=)
+    routers: int = setting(1, "router replicas over the cluster, each its own policy, view and admission queue, "
+                              "sharing one index (replicas.py)", check=Range(1, 64))
+    admission_sync_s: float = setting(0.05, "--routers: shared admission synced this often, s; 0: each replica "
+                                            "admits alone", flag="admission-sync", check=NOT_NEGATIVE)
+    tenant_routers: tuple[tuple[str, int], ...] = setting((), "tenants' routers", cli=False)
     seed: int = setting(0, "seed of the workload, arrivals, policies and sampled tokens")
 
     def __post_init__(self) -> None:
@@ -77,6 +89,12 @@ class SimConfig:
             raise ValueError(f"--prefill-instances must be 0 (colocated) or leave at least one of the "
                              f"{self.instances} instances for decode, got {self.prefill_instances}")
         self.admission()
+        self.engine()
+        if self.routers > 1 and self.prefill_instances:
+            raise ValueError("--routers > 1 runs colocated instances only (no --prefill-instances)")
+        if any(not 0 <= k < self.routers for _, k in self.tenant_routers):
+            raise ValueError(f"a tenant's router= must name one of the {self.routers} --routers "
+                             f"(0 to {self.routers - 1})")
 
     def admission(self) -> AdmissionSetup:
         return AdmissionSetup(config=AdmissionConfig(slo_ttft_s=self.admission_slo_s, margin=self.admission_margin),
@@ -84,4 +102,5 @@ class SimConfig:
 
     def engine(self) -> SimEngine:
         """The sections each simulated engine runs with (instance i's runner seeded `seed + i`)."""
-        return SimEngine(batch=self.batch, runner=dataclasses.replace(self.runner, seed=self.seed), tiers=self.tiers)
+        runner = dataclasses.replace(self.runner, seed=self.seed, lora_modules=self.adapters, max_loras=self.max_loras)
+        return SimEngine(batch=self.batch, runner=runner, tiers=self.tiers)

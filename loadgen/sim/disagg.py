@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Mapping
+from typing import cast
 
 from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.loadgen.sim.cluster import CALL, Cluster
@@ -86,14 +87,16 @@ class Disagg:
         return decision.choose(route, decodes, matches, now), False
 
     def pick_decode(self) -> int:
-        return pick_decode_member(self.view.group(DECODE_ROLES), self.rng)
+        member = pick_decode_member(self.view.group(DECODE_ROLES), self.rng)
+        assert member is not None  # the simulated fleet has decode engines while it disaggregates
+        return member
 
     # -- prefill -> decode ----------------------------------------------------------
 
     def hand_off(self, prefilled: Sequence, prefill: SimInstance, decode: int) -> Sequence:
         """Queue the decode half of `prefilled` (which holds its first token) on instance `decode`."""
         seq = Sequence(prefilled.request_id, prefilled.token_ids[: prefilled.num_prompt], prefilled.sampling,
-                       prefilled.hash_seed, prefilled.arrival)
+                       prefilled.hash_seed, prefilled.arrival, adapter=prefilled.adapter)
         seq.token_ids.append(prefilled.token_ids[-1])
         seq.num_cached = prefilled.num_cached
         seq.remote = (prefilled, prefill)
@@ -128,7 +131,7 @@ class Disagg:
         self.cluster.publish(inst)
 
     def _pulled(self, seq: Sequence, inst: SimInstance) -> None:
-        prefilled, prefill = seq.remote
+        prefilled, prefill = cast(tuple[Sequence, SimInstance], seq.remote)  # set by hand_off
         seq.remote = None
         prefill.block_manager.free(prefilled)
         prefill.num_held -= 1

@@ -37,8 +37,9 @@ class SimFlags:
     num_requests: int | None = setting(None, "requests to generate", flag="requests", aliases=("--num-requests",),
                                        check=at_least(1), default_text="the workload's")
     tenant: tuple[str, ...] = setting((), "a tenant's load, as kvroute loadgen --tenant (name=A,workload=...,rate=...,"
-                                          "duration=...,priority=...,start=...,seed=...); repeatable, instead of "
-                                          "--workload; prints a row per tenant", metavar="SPEC")
+                                          "duration=...,priority=...,start=...,seed=...), and its weight=W (as in a "
+                                          "tenant file) and router=K (the replica of --routers it sends to); "
+                                          "repeatable, instead of --workload; a row per tenant", metavar="SPEC")
     pd_sweep: bool = setting(False, "run colocated and every P:D split of --instances (one policy); table of goodput "
                                     "per split")
     suite: bool = setting(False, "every workload and a KV pressure sweep, each policy against the oracle (suite.py)")
@@ -57,7 +58,7 @@ class SimFlags:
 
 
 def _load() -> list[Declared]:
-    return declared(LoadFlags, only=("workload", "rate", "burstiness", "slo_ttft", "slo_tpot"))
+    return declared(LoadFlags, only=("workload", "rate", "burstiness", "slo_ttft", "slo_tpot", "adapter_assign"))
 
 
 def _planner() -> list[Declared]:

@@ -47,7 +47,7 @@ from kvroute.engine.kv.tier_setup import TierSite, build_tiers
 from kvroute.engine.runners.config import RunnerConfig
 from kvroute.engine.runners.cost_model import CostModel
 from kvroute.engine.runners.registry import RUNNERS
-from kvroute.engine.runners.sim import NUM_SPECIAL_TOKENS
+from kvroute.engine.runners.sim import NUM_SPECIAL_TOKENS, SimRunner
 from kvroute.loadgen.sim.tiers import SimTierIO
 from kvroute.router.contract.protocol import LoadRecord
 
@@ -56,7 +56,7 @@ SAMPLED_TOKEN = NUM_SPECIAL_TOKENS  # the first ordinary id
 
 
 def step_time(cost_model: CostModel, step: Step) -> float:
-    """`cost_model.step_time(step.works())`, without building the works."""
+    """`cost_model.step_time(step.works(), step.adapter_loads)`, without building the works."""
     if not step.seqs:
         return 0.0
     p_tok = p_pair = d_seq = d_ctx = 0.0
@@ -70,7 +70,7 @@ def step_time(cost_model: CostModel, step: Step) -> float:
             d_ctx += start + 1
     cm = cost_model
     return (cm.step_s + cm.prefill_token_s * p_tok + cm.prefill_pair_s * p_pair + cm.decode_seq_s * d_seq
-            + cm.decode_context_s * d_ctx)
+            + cm.decode_context_s * d_ctx + cm.adapter_load_s * step.adapter_loads)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,7 +98,9 @@ class SimInstance:
         self.remote: collections.deque[Sequence] = collections.deque()
         self.num_held = 0
         self.config = config
-        self.runner = RUNNERS["sim"](config.runner, config.batch, config.tiers)
+        runner = RUNNERS["sim"](config.runner, config.batch, config.tiers)
+        assert isinstance(runner, SimRunner)  # backend "sim": its cost model and time scale are read here
+        self.runner = runner
         self.cost_model = self.runner.cost_model
         self.clock = clock  # the virtual clock: the block manager's idle times are on it
         info, batch = self.runner.info, config.batch
@@ -108,7 +110,7 @@ class SimInstance:
         self.block_manager = BlockManager(batch.num_blocks, batch.block_size, self.tiers, clock)
         self.core = EngineCore(CoreConfig(instance=self.id, max_batched_tokens=batch.max_batched_tokens,
                                           max_running=batch.max_running, max_waiting=batch.max_waiting,
-                                          max_model_len=info.max_model_len),
+                                          max_model_len=info.max_model_len, max_loras=config.runner.adapter_slots),
                                self.block_manager, frozenset())
         self.scheduler = self.core.scheduler
         self.max_fresh = self.core.max_fresh
@@ -168,6 +170,7 @@ class SimInstance:
         """Advance the step's sequences; returns those that got a token (finished ones included)."""
         t0 = time.perf_counter()
         step, self.step = self.step, None
+        assert step is not None  # a step was started (busy_until)
         end = self.core.finish_step(step, self.tokens)
         self.num_held += len(end.pinned)
         self.step_wall_s += time.perf_counter() - t0

@@ -87,6 +87,7 @@ class LoadView:
         # what each instance advertises about its tiers: at start (its /kv/info), then polled
         self.tier_costs: list = list(tier_costs) if tier_costs is not None else [None] * n
         self.states = [InstanceState(inst, tier_costs=costs) for inst, costs in zip(ids, self.tier_costs)]
+        self.peers = [(0, 0)] * n  # other router replicas' charges (queued, in flight), shared admission's
         self.roles = ["both"] * n
         self._dirty: dict[int, None] = {}
         self.everyone = self._group(list(range(n)), self.position)
@@ -112,6 +113,13 @@ class LoadView:
         self.tier_costs[i] = tier_costs
         self._dirty[i] = None
 
+    def peer_charges(self, charges: list[tuple[int, int]]) -> None:
+        """The other replicas' router-side charges per instance, as shared admission last synced them."""
+        for i, charge in enumerate(charges):
+            if self.peers[i] != charge:
+                self.peers[i] = charge
+                self._dirty[i] = None
+
     def set_role(self, i: int, role: str) -> None:
         if self.roles[i] != role:
             self.roles[i] = role
@@ -133,8 +141,11 @@ class LoadView:
         """Instance i's state now, rebuilt only if it changed since it was last read."""
         if i in self._dirty:
             del self._dirty[i]
-            load = self.engine[i]
-            self.states[i] = InstanceState.of(self.ids[i], self.inflight[i], self.queued[i], load,
+            load, (peer_queued, peer_inflight) = self.engine[i], self.peers[i]
+            queued = self.queued[i] + peer_queued
+            if peer_inflight and load is not None:  # as router/fleet/instance.py: the others' are in the engine's
+                queued = max(queued, load.queued_prefill_tokens)
+            self.states[i] = InstanceState.of(self.ids[i], self.inflight[i] + peer_inflight, queued, load,
                                               load.ts if load else 0.0, tier_costs=self.tier_costs[i])
         return self.states[i]
 

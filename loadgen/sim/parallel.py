@@ -72,6 +72,7 @@ def run_policies(run: PolicyRun, policies: list[str],
 
 
 def _simulate_forked(name: str) -> tuple[dict, list[RequestRecord] | None]:
+    assert _RUN is not None  # set before the pool forks
     return _simulate_one(_RUN, name)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvroute.router.decision.routing_loss import CAUSES, gap_by_cause
+
 ORACLE = "oracle"
 
 COLUMNS = (  # (header, summary key, scale, digits)
@@ -66,12 +68,32 @@ def format_table(out: Mapping[str, Any]) -> str:
         "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines += loss_lines(results)
     for name, s in results.items():
         for message, count in (s.get("error_kinds") or {}).items():
             lines.append(f"{name}: error x{count}: {message}")
         if s.get("tiers"):
             lines.append(f"{name}: {format_tiers(s)}")
     return "\n".join(lines)
+
+
+def loss_lines(results: Mapping[str, Mapping[str, Any]], reference: str = ORACLE) -> list[str]:
+    """Each policy's routing-loss split (router/decision/routing_loss.py), and how its cached share falls
+    short of `reference`'s by cause (the differences of their losses, which add up to the gap)."""
+    lines = []
+    ref = (results.get(reference) or {}).get("routing_loss") or {}
+    for name, s in results.items():
+        loss = s.get("routing_loss") or {}
+        if "cached" not in loss:
+            continue
+        lines.append(f"{name}: cached {loss['cached']:.1%}; lost to the workload {loss['lost_to_workload']:.1%}, "
+                     f"to balancing {loss['lost_to_balancing']:.1%}, to the index {loss['lost_to_index']:+.1%}")
+        gap = gap_by_cause(loss, ref) if name != reference else None
+        if gap is not None:
+            parts = sum(gap[c] for c in CAUSES)
+            lines.append(f"  gap to {reference} {gap['gap']:+.1%} = " + " ".join(
+                f"{c} {gap[c]:+.1%}" for c in CAUSES) + f" (sum {parts:+.1%})")
+    return lines
 
 
 def format_suite(out: Mapping[str, Any]) -> str:
@@ -103,7 +125,20 @@ def format_suite(out: Mapping[str, Any]) -> str:
     for name, beaten in (out.get("oracle_beaten_by") or {}).items():
         if name in out["policies"] and ORACLE in out["policies"]:
             lines.append(f"{name} beats the oracle on: {', '.join(beaten) or 'no row'}")
-    return "\n".join(lines)
+    return "\n".join(lines + suite_gaps(out))
+
+
+def suite_gaps(out: Mapping[str, Any], policy: str = "kv_aware", reference: str = "oracle_future") -> list[str]:
+    """Per row, `policy`'s cached share short of `reference`'s, by cause (routing_loss.gap_by_cause)."""
+    lines = []
+    for case in out["cases"]:
+        results = case["results"]
+        mine, ref = (results.get(policy) or {}).get("routing_loss"), (results.get(reference) or {}).get("routing_loss")
+        gap = gap_by_cause(mine or {}, ref or {})
+        if gap is not None:
+            lines.append(f"{case['case']}: {policy} {gap['gap']:+.1%} of prompt tokens cached short of {reference}: "
+                         + ", ".join(f"{c} {gap[c]:+.1%}" for c in CAUSES))
+    return [f"where {policy}'s cache falls short of {reference}'s, by cause of loss:", *lines] if lines else []
 def format_tiers(s: Mapping[str, Any]) -> str:
     """One line: cached tokens by tier, recoveries by choice, bytes and GB/s per direction."""
     t = s["tiers"]

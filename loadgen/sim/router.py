@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Mapping
 
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import SamplingParams
@@ -32,8 +33,10 @@ from kvroute.loadgen.sim.planning import SimWindow
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.router.contract.protocol import block_hashes, hash_seed
 from kvroute.router.decision.base import Policy, RouteRequest
+from kvroute.router.decision.fleet_share import FleetShare
 from kvroute.router.decision.route import Routed, RouteDecision, RouteSettings, uncached_tokens
-from kvroute.router.index.base import event_owner
+from kvroute.router.decision.routing_loss import best_and_predicted, held_blocks
+from kvroute.router.index.base import PrefixMatch, event_owner
 from kvroute.router.index.memory import MemoryIndex
 
 CONTEXT_TOO_LONG = "prompt plus max_tokens exceeds the model's context or the KV pool"
@@ -57,22 +60,28 @@ class Flight:
 class SimRouter:
     def __init__(self, cluster: Cluster, policy: Policy, followers: dict[int, list[RequestSpec]] | None = None,
                  fast_k: int = 0, recent_ttl_s: float = 2.0, disagg: DisaggConfig | None = None,
-                 window: bool = False, admission: AdmissionSetup | None = None) -> None:
+                 window: bool = False, admission: AdmissionSetup | None = None, index: MemoryIndex | None = None,
+                 share: FleetShare | None = None) -> None:
+        """`index`: one shared by several replicas (loadgen/sim/replicas.py), as --index redis is; `share`:
+        this replica's side of shared admission (router/decision/fleet_share.py)."""
         self.cluster = cluster
         self.policy = policy
         first = cluster.instances[0]
         self.block_size = first.config.batch.block_size
-        self.hash_seed = hash_seed(first.runner.info.model)
+        self.model = first.runner.info.model
+        self.hash_seed = hash_seed(self.model)
+        self.seeds: dict[str, int] = {"": self.hash_seed}  # a LoRA adapter's chain seed (the "seeded" key rule)
         self.max_model_len = first.runner.info.max_model_len
         self.pool_tokens = first.config.batch.num_blocks * self.block_size
         self.ids = [inst.id for inst in cluster.instances]
-        self.index = MemoryIndex()
+        self.index = index if index is not None else MemoryIndex()
         self.view = LoadView(self.ids, [inst.tier_costs() for inst in cluster.instances])
         self.decision = RouteDecision(policy, RouteSettings(fast_candidates=fast_k, recent_ttl_s=recent_ttl_s))
         self.followers = followers or {}
         self.flights: dict[int, Flight] = {}
         self.records: list[RequestRecord] = []
         self.decision_s = array("d")
+        self.matches: Mapping[str, PrefixMatch] = {}  # the last decision's
         self.num_candidates = 0
         self.index_peak = 0
         self._sampling: dict[int, SamplingParams] = {}
@@ -80,8 +89,8 @@ class SimRouter:
         self.window = SimWindow(cluster) if window else None  # what the planner reads
         self.admission = None if admission is None or admission.config.slo_ttft_s is None else SimAdmission(
             admission, index=self.index, decision=self.decision, members=self.view.all, block_size=self.block_size,
-            hash_seed=self.hash_seed, dispatch=self.on_arrival, record=self._refused,
-            call_at=lambda at, fn: cluster.push(at, CALL, fn))
+            seed_of=self.seed_of, dispatch=self.on_arrival, record=self._refused,
+            call_at=lambda at, fn: cluster.push(at, CALL, fn), share=share)
 
     # -- arrivals -------------------------------------------------------------------
 
@@ -94,20 +103,29 @@ class SimRouter:
         n = len(tokens)
         if self.window is not None:
             self.window.arrived(n, spec.max_tokens)
-        hashes = block_hashes(tokens, self.block_size, self.hash_seed)
+        seed = self.seed_of(spec)
+        hashes = block_hashes(tokens, self.block_size, seed)
         route = RouteRequest(num_tokens=n, block_hashes=tuple(hashes), block_size=self.block_size,
-                             request_id=f"r{spec.index}")
+                             request_id=f"r{spec.index}", adapter=spec.adapter or None)
         routed, prefill, uncached = self.decide(route, now)
+        matches = self.matches
         decision = routed.decision
         i = routed.member
         self.view.dispatched(i, uncached)
         sent = now if arrived is None else arrived
         record = RequestRecord(index=spec.index, group=spec.group, send_s=sent, planned_s=sent, prompt_tokens=n,
                                instance=decision.instance)
+        if not prefill:  # the routing-loss figures, as the router's (router/decision/routing_loss.py)
+            if not self.policy.uses_index and hashes:
+                matches = self.index.lookup_sync(route.block_hashes)
+            ids, costs = self.ids, self.view.tier_costs
+            held = ((ids[c], held_blocks(ids[c], matches, costs[c])) for c in routed.candidates)
+            record.best_cached_tokens, record.predicted_cached_tokens = best_and_predicted(
+                held, decision.instance, n, self.block_size)
         flight = Flight(record, route, i, uncached)
         flight.prefill, flight.max_tokens = prefill, spec.max_tokens
-        seq = Sequence(route.request_id, tokens, self._sampling_for(spec.max_tokens), self.hash_seed, now,
-                       hash_chain=hashes)  # the engine would hash the same tokens alike
+        seq = Sequence(route.request_id, tokens, self._sampling_for(spec.max_tokens), seed, now,
+                       hash_chain=hashes, adapter=route.adapter)  # the engine would hash the same tokens alike
         if prefill and spec.max_tokens > 1:
             seq.sampling, seq.pin_kv = self._sampling_for(1), True
         self.flights[seq.seq_id] = flight
@@ -118,9 +136,17 @@ class SimRouter:
         if len(self.records) & 1023 == 0:
             self.index_peak = max(self.index_peak, self.index.size_sync())
 
+    def seed_of(self, spec: RequestSpec) -> int:
+        """The chain seed of `spec`'s blocks: the model's, or its adapter's (as the engine keys them)."""
+        seed = self.seeds.get(spec.adapter)
+        if seed is None:
+            seed = self.seeds[spec.adapter] = hash_seed(self.model, None, spec.adapter)
+        return seed
+
     def decide(self, route: RouteRequest, now: float) -> tuple[Routed, bool, int]:
         """(the decision, whether it is a disaggregated prefill, its predicted uncached tokens), recorded
-        (`RouteDecision.routed`); lookup and choice are timed, in real seconds."""
+        (`RouteDecision.routed`; the index's matches kept in `matches`); lookup and choice are timed, in
+        real seconds."""
         t0 = time.perf_counter()
         matches = self.index.lookup_sync(route.block_hashes) if self.policy.uses_index else {}
         if self.disagg is None:
@@ -132,6 +158,7 @@ class SimRouter:
         if not prefill:
             self.decision.routed(route, routed.decision.instance, now)
         uncached = uncached_tokens(routed.decision, routed.state, matches, route.num_tokens, self.block_size)
+        self.matches = matches
         return routed, prefill, uncached
 
     def _sampling_for(self, max_tokens: int) -> SamplingParams:
@@ -169,6 +196,7 @@ class SimRouter:
         self.view.finished(flight.instance)
         self.policy.on_finished(flight.route, prefill.id)
         flight.prefill = False
+        assert self.disagg is not None  # a prefill flight exists only with disaggregation
         flight.instance = decode = self.disagg.pick_decode()  # by load now, as the router does, not at arrival
         self.view.dispatched(decode, 0)
         del self.flights[prefilled.seq_id]
@@ -212,4 +240,4 @@ class SimRouter:
         """Admission refused `spec`: its record, and its follow-ups as after any end."""
         self.records.append(record)
         for follower in self.followers.get(spec.index, ()):
-            self.cluster.push(record.send_s + record.e2e_s + follower.think_s, ARRIVE, follower)
+            self.cluster.push(record.end_s + follower.think_s, ARRIVE, follower)  # end_s: send_s + e2e_s

@@ -15,7 +15,7 @@ import gc
 import random
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from kvroute.loadgen.sim.disagg import DisaggConfig
 from kvroute.loadgen.sim.oracle import make_oracle
 from kvroute.loadgen.sim.oracle_future import make_future_oracle
 from kvroute.loadgen.sim.planning import SimPlanning
+from kvroute.loadgen.sim.replicas import Replicas, build_replicas
 from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.sim.tiers import tier_stats
 from kvroute.loadgen.summary import summarize
@@ -44,8 +45,8 @@ def policy_names() -> list[str]:
     return [*POLICIES, *SIM_POLICIES]
 
 
-def build_policy(name: str, cluster: Cluster, seed: int, specs: list[RequestSpec] = (),
-                 starts: list[tuple[float, RequestSpec]] = (), args: tuple[tuple[str, object], ...] = ()) -> Policy:
+def build_policy(name: str, cluster: Cluster, seed: int, specs: Sequence[RequestSpec] = (),
+                 starts: Sequence[tuple[float, RequestSpec]] = (), args: tuple[tuple[str, object], ...] = ()) -> Policy:
     """Policy `name` with those of `args` it takes (ValueError if it takes none of them)."""
     rng = random.Random(seed)
     clock = lambda: cluster.now  # noqa: E731
@@ -64,12 +65,14 @@ def arrivals(specs: list[RequestSpec], arrival: ArrivalConfig, seed: int) -> Ite
     """(send time, spec) of every request that is not a follow-up, in time order."""
     starts = [s for s in specs if s.after is None]
     if arrival.mode == "open":
+        assert arrival.rate is not None  # an open loop has its rate
         times = arrival_times(arrival.rate, arrival.burstiness, len(starts), seed)
         return zip(times, starts)
     if arrival.mode == "fixed":
         if any(s.arrival_s is None for s in starts):
             raise ValueError("this workload has no send times of its own; give --rate")
-        return iter(sorted(((s.arrival_s, s) for s in starts), key=lambda p: (p[0], p[1].index)))
+        return iter(sorted(((s.arrival_s, s) for s in starts if s.arrival_s is not None),  # all, checked above
+                           key=lambda p: (p[0], p[1].index)))
     raise ValueError("the simulator runs open loop (--rate) or the workload's send times, not --concurrency")
 
 
@@ -138,7 +141,7 @@ class SimSetup:
     """A simulation ready to run: `cluster.run(router, iter(starts))`."""
 
     cluster: Cluster
-    router: SimRouter
+    router: SimRouter | Replicas  # several: kvroute sim --routers N
     planning: SimPlanning | None
     starts: list[tuple[float, RequestSpec]]
 
@@ -146,6 +149,10 @@ class SimSetup:
 def build(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival: ArrivalConfig,
           planner: PlannerConfig | None = None) -> SimSetup:
     """The cluster, router and arrivals `simulate` runs (tests watch them run)."""
+    unserved = sorted({s.adapter for s in specs if s.adapter} - set(config.adapters))
+    if unserved:
+        raise ValueError(f"requests name adapter {unserved[0]!r}, which the simulated engines do not serve "
+                         f"(--adapters)")
     cluster = Cluster(config.instances, config.engine(), config.event_delay_s, config.poll_interval_s)
     starts = list(arrivals(specs, arrival, config.seed))
     policy = build_policy(policy_name, cluster, config.seed, specs, starts, config.policy_args)
@@ -156,8 +163,19 @@ def build(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival
     disagg = DisaggConfig(num_prefill=config.prefill_instances, min_uncached=config.pd_min_uncached,
                           seed=config.seed) \
         if config.prefill_instances or planner is not None else None
-    router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
-                       window=planner is not None, admission=config.admission())
+    router: SimRouter | Replicas
+    if config.routers > 1 and planner is None:
+        def make_router(policy_, **kw) -> SimRouter:
+            return SimRouter(cluster, policy_, followers, config.fast_candidates, config.recent_ttl_s,
+                             admission=config.admission(), **kw)
+        router = build_replicas(
+            cluster, config.routers, lambda i: policy if i == 0 else build_policy(
+                policy_name, cluster, config.seed + i, specs, starts, config.policy_args),
+            make_router, config.admission().config, config.admission_sync_s, dict(config.tenant_routers),
+            starts[-1][0] if starts else 0.0)
+    else:
+        router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
+                           window=planner is not None, admission=config.admission())
     planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
     return SimSetup(cluster=cluster, router=router, planning=planning, starts=starts)
 

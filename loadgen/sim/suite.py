@@ -50,7 +50,7 @@ TARGET = {"policy": "kv_aware", "ttft_p90": 1.25, "cached_token_ratio": 0.98}
 PRESSURE_DOCUMENTS = (16, 32, 48, 64, 96)
 DEFAULT_TRACE = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 KEPT = ("requests", "errors", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "cached_token_ratio",
-        "goodput", "preemptions", "decision_us_mean", "sim_wall_s")
+        "goodput", "preemptions", "decision_us_mean", "sim_wall_s", "routing_loss")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +108,8 @@ def run_case(config: SimConfig, policies: list[str], case: Case, progress: bool 
 
 def check_targets(rows: list[dict], target: Mapping[str, Any] = TARGET) -> dict:
     """Which rows the target policy meets (p90 ratio <= target, cached ratio >= target) and which it misses."""
-    met, missed = [], []
+    met: list[str] = []
+    missed: list[str] = []
     for row in rows:
         rel = (row["relative_to_oracle"] or {}).get(target["policy"])
         if rel is None:

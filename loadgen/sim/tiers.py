@@ -41,7 +41,7 @@ class SimTierIO:
                  publish: Callable[[list[KVChange]], None], kick: Callable[[], None]) -> None:
         self.tiers, self.missing, self.runner, self.store = tiers, missing, runner, store
         self.call_at, self.publish, self.kick = call_at, publish, kick
-        self.bytes = {"d2h": 0, "h2d": 0, "store_write": 0, "store_read": 0}
+        self.bytes: dict[str, float] = {"d2h": 0, "h2d": 0, "store_write": 0, "store_read": 0}
         self.seconds = dict.fromkeys(self.bytes, 0.0)
 
     def lookup_delay(self, seq: Sequence) -> float:
@@ -74,20 +74,21 @@ class SimTierIO:
 
     def fetch(self, now: float) -> None:
         """Start the store reads of the loads admitted since the last call."""
-        loads = self.tiers.loads.fetches()
-        if not loads or self.store is None:
+        loads, store = self.tiers.loads.fetches(), self.store
+        if not loads or store is None:
             return
         delay = self.runner.store_delay(len(loads))
         self._count("store_read", len(loads) * self.tiers.recovery.bytes_per_block, delay)
 
         def arrive() -> None:
             for load in loads:
-                self.tiers.loads.arrived(load, b"" if load.block.hash in self.store.blocks else None)
+                self.tiers.loads.arrived(load, b"" if load.block.hash in store.blocks else None)
             self.kick()
 
         self.call_at(now + delay, arrive)
 
     def _written(self, hashes: list[int]) -> None:
+        assert self.store is not None  # writes are made only with a store
         self.store.blocks.update(hashes)
         self.publish([KVChange("stored", hashes, None, "remote", self.tiers.store_key)])
 
@@ -101,7 +102,8 @@ def tier_stats(ios: list[SimTierIO], store: SimStore | None) -> dict | None:
     """Recoveries by choice and bytes moved per direction (GB/s while moving), over the instances' tier I/O."""
     if not ios:
         return None
-    runs, blocks = collections.Counter(), collections.Counter()
+    runs: collections.Counter[str] = collections.Counter()
+    blocks: collections.Counter[str] = collections.Counter()
     moved = {d: [0.0, 0.0] for d in ios[0].bytes}
     for io in ios:
         runs.update(io.tiers.recovery.runs)

@@ -50,7 +50,7 @@ class TraceConfig:
 
 def read_trace(path: str, limit: int | None = None) -> list[dict]:
     """The first `limit` lines of a Mooncake trace, checked; ValueError names the bad line."""
-    lines = []
+    lines: list[dict] = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if limit is not None and len(lines) >= limit:

@@ -123,6 +123,8 @@ def _action(d: Declared) -> dict[str, Any]:
         kw["metavar"] = d.setting.metavar
     if d.repeat:
         kw["action"] = "append"
+        if d.setting.many:
+            kw.update(action="extend", nargs="+")
     return kw
 
 

@@ -43,7 +43,8 @@ class Encoding(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EncodePlan(Protocol):
-    missing_chars: int  # characters still to encode: what `finish` costs
+    @property
+    def missing_chars(self) -> int: ...  # characters still to encode: what `finish` costs
 
     def finish(self) -> Encoding: ...
 

@@ -10,7 +10,9 @@ a lot, are down to little again."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
+_trim: Callable[[int], object] | None
 try:
     _trim = ctypes.CDLL("libc.so.6").malloc_trim
 except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call

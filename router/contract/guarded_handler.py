@@ -15,9 +15,10 @@ parsed heads (`_request_count`) and whether a handler runs (`_request_in_progres
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
@@ -39,12 +40,12 @@ class GuardedHandler(RequestHandler):
         self._peer: str | None = None  # set while the guard counts this connection
         self._made = False
         self._head_deadline: asyncio.TimerHandle | None = None
-        self._payload = None  # the body of the request last parsed
+        self._payload: StreamReader | None = None  # the body of the request last parsed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = peer_of(transport)
         if self._guard.admit(peer, self) is not None:
-            transport.abort()  # refused before aiohttp sees it: nothing was read or parsed
+            cast(asyncio.Transport, transport).abort()  # refused before aiohttp sees it: nothing was read or parsed
             return
         self._peer = peer
         self._made = True

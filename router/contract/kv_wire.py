@@ -91,7 +91,8 @@ _MAP_EVENT = StoredMap | RemovedMap | ClearedMap
 
 
 def _batch_type(array_like: bool, event: Any) -> type:
-    fields = [("ts", float), ("events", list[event]), ("data_parallel_rank", int | None, None)]
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [
+        ("ts", float), ("events", list[event]), ("data_parallel_rank", int | None, None)]
     return msgspec.defstruct("WireBatch", fields, array_like=array_like, frozen=True, gc=False)
 
 
@@ -108,10 +109,12 @@ class _LooseBatchMap(_LooseBatchArray, array_like=False, frozen=True, gc=False):
 ArrayBatch = _batch_type(True, _ARRAY_EVENT)  # vLLM <= ~0.25, SGLang: arrays throughout
 ArrayBatchOfMaps = _batch_type(True, _MAP_EVENT)  # vLLM 0.26: events as maps, the batch positional
 MapBatch = _batch_type(False, _MAP_EVENT)  # newer vLLM code: maps throughout
-_DECODERS = [msgspec.msgpack.Decoder(t) for t in
+_DECODERS: list[msgspec.msgpack.Decoder[Any]] = [msgspec.msgpack.Decoder(t) for t in
              (ArrayBatch, ArrayBatchOfMaps, _batch_type(False, _ARRAY_EVENT), MapBatch)]
-_LOOSE = [msgspec.msgpack.Decoder(_LooseBatchArray), msgspec.msgpack.Decoder(_LooseBatchMap)]
-_EVENT_DECODERS = [msgspec.msgpack.Decoder(_ARRAY_EVENT), msgspec.msgpack.Decoder(_MAP_EVENT)]
+_LOOSE: list[msgspec.msgpack.Decoder[_LooseBatchArray]] = [
+    msgspec.msgpack.Decoder(_LooseBatchArray), msgspec.msgpack.Decoder(_LooseBatchMap)]
+_EVENT_DECODERS: list[msgspec.msgpack.Decoder[Any]] = [
+    msgspec.msgpack.Decoder(_ARRAY_EVENT), msgspec.msgpack.Decoder(_MAP_EVENT)]
 
 
 class Batch(msgspec.Struct, frozen=True, gc=False):

@@ -71,7 +71,7 @@ def prompt_chars(req: CompletionRequest) -> int:
     if req.messages is not None:
         total = 0
         for m in req.messages:
-            content = m.get("content")
+            content = m["content"]  # a string or a list of parts (openai_request._messages checked)
             total += MESSAGE_TEMPLATE_CHARS + len(m["role"])
             if isinstance(content, str):
                 total += len(content)

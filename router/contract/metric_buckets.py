@@ -29,7 +29,8 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
     """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
-    out, scale = [], 1
+    out: list[int] = []
+    scale = 1
     while True:
         for m in (1, 2, 5):
             if m * scale > max_value:

@@ -40,7 +40,7 @@ import numpy as np
 import xxhash
 
 DEFAULT_BLOCK_SIZE = 16
-TIERS = ("device", "host", "remote")
+TIERS: tuple[Tier, ...] = ("device", "host", "remote")
 ROLES = ("both", "prefill", "decode")  # an engine's prefill/decode disaggregation role
 EVENT_TYPES = ("stored", "removed", "cleared")
 REDIS_EVENT_STREAM = "kvroute:events"
@@ -227,7 +227,7 @@ class LoadRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> LoadRecord:
+    def from_dict(cls, d: object) -> LoadRecord:
         """Parse and type-check a record from another process (unknown keys are ignored)."""
         if not isinstance(d, dict):
             raise ValueError(f"a load record must be an object, got {type(d).__name__}")
@@ -268,7 +268,8 @@ class LoadRecord:
         return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
 
 
-_NUMBER_TYPES = {"int": int, "float": float}  # dataclass field annotations (strings: postponed evaluation)
+# dataclass field annotations (strings: postponed evaluation)
+_NUMBER_TYPES: dict[object, type] = {"int": int, "float": float}
 # integers where -1 means "not reported"
 _UNREPORTED_FIELDS = frozenset({"kv_free_blocks", "progress", "adapter_slots"})
 

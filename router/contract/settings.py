@@ -51,6 +51,7 @@ class Setting:
     env: tuple[str, ...] = ()  # more environment variables, after the command's own
     cli: bool = True  # False: the program sets it (no flag)
     repeat: bool | None = None  # a tuple given one flag per item; None: a tuple without `parse`
+    many: bool = False  # a repeated setting whose flag also takes several items (`--lora-modules A=x B=y`)
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:

@@ -135,7 +135,7 @@ class Tokenizer:
             if self.add_eos_token and self.eos_token_id is not None:
                 tail = (self.eos_token_id,)
         if self.segments is not None and (not rules or self.post_prefix is not None):
-            return self.segments.plan(text, self.post_prefix if rules else lead, tail)
+            return self.segments.plan(text, self.post_prefix if rules and self.post_prefix is not None else lead, tail)
         return FullPlan(self.backend, text, rules, lead, tail)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -257,6 +257,7 @@ def _read_json(file: pathlib.Path, optional: bool = False) -> dict:
 
 def _chat_template(path: pathlib.Path, config: dict) -> str | None:
     file = path / "chat_template.jinja"
+    source: object  # checked below: a string, or None
     if file.is_file():
         try:
             source = file.read_text(encoding="utf-8")

@@ -10,12 +10,14 @@ it a request waits in the router's fair queue (router/decision/fair_queue.py), s
 keep a backlog that keeps them busy and the excess waits where it can be ordered by
 priority and tenant, and refused while refusing is cheap:
 
-    arrival   nothing queued ahead and predicted <= min(threshold, budget)      -> admit
+    arrival   nothing queued ahead (and, shared by replicas, in its turn: fleet_share.py)
+              and predicted <= min(threshold, budget)                           -> admit
               queue wait (ahead + 1) / drain rate, or the engines' excess
               predicted - threshold, plus threshold > budget                    -> refuse
               the queue full and nobody to displace                             -> refuse
               otherwise                                                         -> queue
-    head      predicted <= min(threshold, budget)                               -> admit
+    head      not in its turn over the fleet                                    -> wait
+              predicted <= min(threshold, budget)                               -> admit
               predicted > budget (an engine's backlog drains in real time, as
               fast as the budget does: it will not fit)                         -> refuse
               otherwise                                                         -> wait
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import TypedDict
 
 import msgspec
 
@@ -94,6 +97,11 @@ class Ask:
     prefill_s: float = 0.0  # of which its own prefill: the threshold is never below it
 
 
+class _Common(TypedDict):  # what every verdict of one decision says of the request
+    budget_s: float
+    threshold_s: float
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Verdict:
     action: str  # ADMIT, QUEUE (arrival), WAIT (queued head), REFUSE
@@ -133,6 +141,11 @@ class Rates:
 
     def rate(self, tenant: str, now: float) -> float:
         return self._value(tenant, now) * math.log(2) / self.halflife_s
+
+    def shares(self, now: float) -> dict[str, float]:
+        """The rates weighted shares are judged by: this router's own (router/decision/fleet_share.py
+        `SharedRates` adds the other replicas')."""
+        return self.rates(now)
 
     def rates(self, now: float) -> dict[str, float]:
         out = {t: self.rate(t, now) for t in self._counts}
@@ -201,21 +214,23 @@ def threshold_of(config: AdmissionConfig, ask: Ask) -> float:
 
 def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
                now: float) -> Verdict:
-    """Admit now, queue (perhaps displacing a queued entry) or refuse a new request."""
+    """Admit now, queue (perhaps displacing a queued entry) or refuse a new request. With a queue
+    shared by the fleet (fleet_share.py), a request goes at once only in its turn there too."""
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
+    first = ahead == 0 and queue.in_turn(ask.tenant, ask.band, ask.weight)
     predicted = ask.predicted_s
-    common = dict(budget_s=budget, threshold_s=threshold)
-    if ahead == 0 and (predicted is None or predicted <= min(threshold, budget)):
+    common = _Common(budget_s=budget, threshold_s=threshold)
+    if first and (predicted is None or predicted <= min(threshold, budget)):
         return Verdict(action=ADMIT, reason="fits", **common)
-    if ahead == 0 and now - rates.last(ask.tenant) >= config.probe_s:
+    if first and now - rates.last(ask.tenant) >= config.probe_s:
         return Verdict(action=ADMIT, reason="probe", **common)
     admitted = rates.rates(now)
     drain = max(sum(admitted.values()), config.min_drain_rps)
     excess = max(0.0, predicted - threshold) if predicted is not None else 0.0
     wait = max((ahead + 1) / drain if ahead else 0.0, excess)
     engine = threshold if predicted is not None else 0.0  # the engines' backlog when its turn comes
-    over = over_share(ask.tenant, weights, admitted)
+    over = over_share(ask.tenant, weights, rates.shares(now))
     if wait + engine > budget:
         return _refuse("over_share" if over else "saturated", over, wait + engine - budget, wait, common)
     displace = None
@@ -239,16 +254,22 @@ def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates
     wait = (ahead + 1) / max(sum(admitted.values()), config.min_drain_rps)
     if wait + threshold <= budget:
         return None
-    over = over_share(ask.tenant, weights, admitted)
+    over = over_share(ask.tenant, weights, rates.shares(now))
     return _refuse("over_share" if over else "saturated", over, wait + threshold - budget, wait,
-                   dict(budget_s=budget, threshold_s=threshold))
+                   _Common(budget_s=budget, threshold_s=threshold))
 
 
-def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf) -> Verdict:
-    """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline)."""
+def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf,
+            in_turn: bool = True) -> Verdict:
+    """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline).
+    Not `in_turn` (the fleet's other queues hold entries well before it: fleet_share.py), it waits."""
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     predicted = ask.predicted_s
-    common = dict(budget_s=budget, threshold_s=threshold)
+    common = _Common(budget_s=budget, threshold_s=threshold)
+    if not in_turn:
+        if predicted is not None and predicted > budget:
+            return _refuse("deadline", False, predicted - budget, 0.0, common)
+        return Verdict(action=WAIT, reason="fleet_turn", **common)
     if predicted is None or predicted <= min(threshold, budget):
         return Verdict(action=ADMIT, reason="fits", **common)
     if now - last_admitted >= config.probe_s:
@@ -269,6 +290,6 @@ def expires_at(slo_s: float, arrived: float, threshold_s: float = 0.0) -> float:
     return arrived + slo_s - max(threshold_s, slo_s * EXPIRE_SHARE)
 
 
-def _refuse(reason: str, too_many: bool, late_s: float, wait: float, common: dict) -> Verdict:
+def _refuse(reason: str, too_many: bool, late_s: float, wait: float, common: _Common) -> Verdict:
     return Verdict(action=REFUSE, reason=reason, status=429 if too_many else 503,
                    retry_after_s=max(1.0, math.ceil(late_s)), wait_s=wait, **common)

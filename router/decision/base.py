@@ -77,7 +77,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 class Policy(Protocol):
     """Picks an instance for a request. `candidates` is never empty."""
 
-    uses_index: bool
+    @property
+    def uses_index(self) -> bool: ...
 
     def select(
         self,

@@ -9,16 +9,16 @@ running + waiting, then KV usage; ties at random.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Hashable
+from collections.abc import Collection
 
-from kvroute.router.decision.route import Members
+from kvroute.router.decision.route import M, Members
 
 DECODE_ROLES = ("decode", "both")
 PREFILL_ROLES = ("prefill",)
 COLOCATED_ROLES = ("both",)  # whole requests, when the fleet is not disaggregated and has any
 
 
-def pick_decode_member(decodes: Members, rng: random.Random, exclude: Collection[str] = ()) -> Hashable | None:
+def pick_decode_member(decodes: Members[M], rng: random.Random, exclude: Collection[str] = ()) -> M | None:
     """The member of `decodes` (a router/decision/route.py `Members`) with the least decode load,
     read from its `InstanceState`; at random among ties. Members named in `exclude` (tried already)
     are not chosen; None when no other is left."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -30,15 +30,22 @@ from kvroute.router.decision.base import Decision, InstanceState, Policy, RouteR
 from kvroute.router.decision.candidates import LeastLoaded, RecentSenders, pick
 from kvroute.router.index.base import PrefixMatch
 
+M = TypeVar("M", bound=Hashable)  # a member: an Instance in the router, a position in the simulator
 
-class Members(Protocol):
+
+class Members(Protocol[M]):
     """The instances one decision may choose among: in a fixed order, by id, by requests in flight."""
 
-    members: Sequence[Hashable]
-    by_id: Mapping[str, Hashable]
-    load: LeastLoaded
+    @property
+    def members(self) -> Sequence[M]: ...
 
-    def states(self, chosen: Sequence[Hashable]) -> Sequence[InstanceState]:
+    @property
+    def by_id(self) -> Mapping[str, M]: ...
+
+    @property
+    def load(self) -> LeastLoaded: ...
+
+    def states(self, chosen: Sequence[M]) -> Sequence[InstanceState]:
         """The policy's view of `chosen` (members), in that order."""
 
 
@@ -57,10 +64,10 @@ class NoCandidates(Exception):
         self.overloaded = overloaded
 
 
-class Routed(msgspec.Struct, frozen=True, kw_only=True):
-    member: Hashable  # the chosen member (an Instance in the router, a position in the simulator)
+class Routed(msgspec.Struct, Generic[M], frozen=True, kw_only=True):
+    member: M  # the chosen member (an Instance in the router, a position in the simulator)
     decision: Decision
-    candidates: Sequence[Hashable]  # the members the policy chose among
+    candidates: Sequence[M]  # the members the policy chose among
     state: InstanceState  # the chosen member's state, as the policy saw it
 
 
@@ -80,13 +87,13 @@ class RouteDecision:
         self.fast_k = settings.fast_candidates if policy.uses_index else 0
         self.recent = RecentSenders(settings.recent_ttl_s) if self.fast_k else None
 
-    def overloaded(self, members: Members) -> bool:
+    def overloaded(self, members: Members[M]) -> bool:
         """Every member is at `max_inflight` (cheap: the least loaded one tells)."""
         limit = self.settings.max_inflight
         return bool(limit) and all(s.inflight >= limit for s in members.states(members.load.least(1)))
 
-    def choose(self, route: RouteRequest, members: Members, matches: Mapping[str, PrefixMatch], now: float,
-               exclude: Sequence[str] = (), fast: bool = True) -> Routed:
+    def choose(self, route: RouteRequest, members: Members[M], matches: Mapping[str, PrefixMatch], now: float,
+               exclude: Sequence[str] = (), fast: bool = True) -> Routed[M]:
         """The policy's choice among the candidates (no bookkeeping: see `routed`)."""
         candidates = self._candidates(route, members, matches, now) if fast else members.members
         states = members.states(candidates)
@@ -111,15 +118,15 @@ class RouteDecision:
         if self.recent is not None and hashes:
             self.recent.record(hashes[0], instance, now)
 
-    def decide(self, route: RouteRequest, members: Members, matches: Mapping[str, PrefixMatch], now: float,
-               exclude: Sequence[str] = ()) -> Routed:
+    def decide(self, route: RouteRequest, members: Members[M], matches: Mapping[str, PrefixMatch], now: float,
+               exclude: Sequence[str] = ()) -> Routed[M]:
         """`choose`, then `routed`: one request's whole decision."""
         routed = self.choose(route, members, matches, now, exclude)
         self.routed(route, routed.decision.instance, now)
         return routed
 
-    def _candidates(self, route: RouteRequest, members: Members, matches: Mapping[str, PrefixMatch],
-                    now: float) -> Sequence[Hashable]:
+    def _candidates(self, route: RouteRequest, members: Members[M], matches: Mapping[str, PrefixMatch],
+                    now: float) -> Sequence[M]:
         k, everyone = self.fast_k, members.members
         if not k or len(everyone) <= k:
             return everyone
@@ -128,8 +135,8 @@ class RouteDecision:
         return pick([by_id[i] for i in matches if i in by_id], [by_id[i] for i in recent if i in by_id],
                     members.load, k)
 
-    def plan_prefill(self, route: RouteRequest, prefill: Members, matches: Mapping[str, PrefixMatch], now: float,
-                     min_uncached: int, exclude: Sequence[str] = (), record: bool = True) -> Routed | None:
+    def plan_prefill(self, route: RouteRequest, prefill: Members[M], matches: Mapping[str, PrefixMatch], now: float,
+                     min_uncached: int, exclude: Sequence[str] = (), record: bool = True) -> Routed[M] | None:
         """The prefill engine for a disaggregated request, or None to run it whole on a decode engine
         (no prefill engine left, or fewer than `min_uncached` predicted uncached tokens there).
         `record=False` (an explanation) looks at every prefill engine and records nothing."""

@@ -93,9 +93,11 @@ class Limits:
 
     @staticmethod
     def _size(spec: TenantSpec) -> float:
+        assert spec.rate is not None  # buckets are kept for rate-limited tenants only
         return spec.burst or max(1.0, spec.rate)
 
     def _tokens(self, spec: TenantSpec, now: float) -> float:
+        assert spec.rate is not None  # buckets are kept for rate-limited tenants only
         size = self._size(spec)
         tokens, since = self._buckets.get(spec.name, (size, now))
         return min(size, tokens + (now - since) * spec.rate)
@@ -116,6 +118,9 @@ class Limits:
         if spec.rate is not None:
             self._buckets[spec.name] = (min(self._size(spec), self._tokens(spec, now) + 1.0), now)
         self.finished(spec.name)
+
+    def refused(self, spec: TenantSpec, now: float) -> None:
+        """A request the limits refused (nothing to count here; leases.py sizes its leases by them)."""
 
     def finished(self, tenant: str) -> None:
         left = self.inflight.get(tenant, 0) - 1

@@ -219,6 +219,7 @@ class Cluster(Generic[Settings, Metrics]):
     async def _check_health(self, inst: Instance) -> None:
         """GET /health: 200, or 503 from a draining engine (reachable, but takes no new requests)."""
         timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout_s)
+        assert self.session is not None, "made without a session: nothing is probed"
         async with self.session.get(inst.url + "/health", timeout=timeout) as r:
             body = await r.json(content_type=None) if r.content_type == "application/json" else {}
             draining = r.status == 503 and isinstance(body, dict) and body.get("status") == "draining"

@@ -34,20 +34,20 @@ class FleetShape:
 
     def update(self, instances: Iterable[Instance]) -> list[tuple[Instance, list[str]]]:
         """Recompute from the discovered instances; returns (instance, problems) for each."""
-        infos = [i for i in instances if i.info is not None]
+        infos = [(i, i.info) for i in instances if i.info is not None]
         sizes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         lens: dict[str, int] = collections.defaultdict(int)
         vocabs: dict[str, int] = collections.defaultdict(int)
-        for inst in infos:
-            sizes[inst.info.model][inst.info.block_size] += 1
-            lens[inst.info.model] = max(lens[inst.info.model], inst.info.max_model_len)
-            vocabs[inst.info.model] = max(vocabs[inst.info.model], inst.info.vocab_size)
+        for _, info in infos:
+            sizes[info.model][info.block_size] += 1
+            lens[info.model] = max(lens[info.model], info.max_model_len)
+            vocabs[info.model] = max(vocabs[info.model], info.vocab_size)
         self.block_sizes = {model: counts.most_common(1)[0][0] for model, counts in sizes.items()}
         # The body limit is the largest of any model's: a body is read before its model is known.
         self.limits = {m: self._limits(lens[m], vocabs[m]) for m in lens}
         self.max_body_bytes = max([lim.max_body_bytes for lim in self.limits.values()]
                                   or [self._limits(0, 0).max_body_bytes])
-        return [(inst, self.problems_of(inst.info)) for inst in infos]
+        return [(inst, self.problems_of(info)) for inst, info in infos]
 
     def problems_of(self, info: EngineInfo) -> list[str]:
         """Why the router cannot reproduce this engine's cache keys (empty: it can)."""

@@ -43,10 +43,11 @@ class Groups:
             self._groups.clear()
             for inst in self.instances:
                 inst.groups = []
-        key = (model, tuple(roles) if roles is not None else None)
+        wanted = tuple(roles) if roles is not None else None
+        key = (model, wanted)
         group = self._groups.get(key)
         if group is None:
-            members = [i for i in self.instances if i.routable and (model is None or i.info.model == model)
-                       and (roles is None or i.info.role in key[1])]
+            members = [i for i in self.instances if i.routable and i.info is not None  # routable: it has info
+                       and (model is None or i.info.model == model) and (wanted is None or i.info.role in wanted)]
             group = self._groups[key] = Group(members)
         return group

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.contract.tier_costs import TierCosts
 from kvroute.router.decision.base import InstanceState
 from kvroute.router.fleet.progress import moved
 from kvroute.router.fleet.queued_prefill import QueuedPrefill
+
+if TYPE_CHECKING:
+    from kvroute.router.kvevents.follower import InstanceFeed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,7 +35,9 @@ class EngineInfo:
     key_rule: str = "seeded"  # how its blocks are keyed (router/contract/block_keys.py), set by its kind
 
     @classmethod
-    def from_dict(cls, d: dict) -> EngineInfo:
+    def from_dict(cls, d: object) -> EngineInfo:
+        if not isinstance(d, dict):  # JSON, but not an object (a list): refused like any malformed answer
+            raise ValueError(f"malformed /kv/info: an object expected, got {type(d).__name__}")
         try:
             adapters = d.get("adapters") or []
             if not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters):
@@ -45,7 +51,8 @@ class EngineInfo:
 
 
 _ROUTING_FIELDS = frozenset({"healthy", "reachable", "draining", "info", "removed", "stalled"})
-_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info", "feed_stale"})  # what state() reads
+_STATE_FIELDS = frozenset({"queued_prefill_tokens", "load", "mismatch", "info", "feed_stale",
+                           "peer_charges"})  # what state() reads
 _UNSET = object()
 _ID_FIELDS = frozenset({"info", "url"})  # what `id` is made of: the engine's instance id, else the URL
 
@@ -65,6 +72,9 @@ class Generation:
 
 
 class Instance:
+    id: str  # kept by __setattr__: the engine's instance id once `info` is known, else the URL
+    generation: Generation
+
     def __init__(self, url: str, source: str = "static", peers: int = 0,
                  generation: Generation | None = None) -> None:
         """`generation`: the counter of the fleet it belongs to (None: one of its own)."""
@@ -85,6 +95,7 @@ class Instance:
         self.successes = 0
         self.down_since: float | None = None
         self.mismatch: list[str] = []
+        self.silent_miss: dict | None = None  # its engine and the index disagree (router/fleet/silent_miss.py)
         self.queued_prefill_tokens = 0
         self.load: LoadRecord | None = None
         self.load_seen = 0.0  # time.monotonic() when the last load record arrived (its HTTP server is alive)
@@ -100,10 +111,13 @@ class Instance:
         self.kind = "auto"  # engine kind (router/fleet/kinds): set from --engine-kind, resolved at discovery
         self.kind_state: dict = {}  # what the kind learned at discovery (engine block size, KV blocks, ...)
         self.engine_feed = True  # the engine serves kvroute's /kv/events and /kv/snapshot
-        self.kv_feed = None  # router.kvevents.follower.InstanceFeed when its events come over ZeroMQ
+        self.kv_feed: InstanceFeed | None = None  # when its events come over ZeroMQ
         self.feed_stale: str | None = None  # why its event feed is down: its index entries are not credited
         self._state: InstanceState | None = None
         self.peers = peers  # other router workers sending requests here (router/service/workers.py)
+        # the other router replicas' charges here (queued prefill tokens, in flight), as shared
+        # admission last heard (router/service/fleet_admission.py); (0, 0) without it
+        self.peer_charges: tuple[int, int] = (0, 0)
         self.nonstreamed = QueuedPrefill()  # non-streamed requests whose prefill may still be queued
         self._costs_of: LoadRecord | None = None  # the load record `_costs` was parsed from
         self._costs: TierCosts | None = None
@@ -223,11 +237,12 @@ class Instance:
         if state is None:  # the policy's clock is time.monotonic: the load record's age is taken off it
             load = self.load
             measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
-            queued = self.queued_prefill_tokens
-            if self.peers and load is not None:  # the other workers' prefills are in the engine's own count
+            peer_queued, peer_inflight = self.peer_charges
+            queued = self.queued_prefill_tokens + peer_queued
+            if (self.peers or peer_inflight) and load is not None:  # the others' prefills are in the engine's count
                 queued = max(queued, load.queued_prefill_tokens)
-            state = InstanceState.of(self.id, self._inflight, queued, load, measured_at, self.cache_ok,
-                                     self.tier_costs)
+            state = InstanceState.of(self.id, self._inflight + peer_inflight, queued, load, measured_at,
+                                     self.cache_ok, self.tier_costs)
             self.__dict__["_state"] = state
         return state
 
@@ -261,10 +276,12 @@ class Instance:
             "failures": self.failures,
             "request_failures": self.request_failures,
             "mismatch": list(self.mismatch),
+            "silent_miss": self.silent_miss,
             "feed_stale": self.feed_stale,
             "last_error": self.last_error,
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,
+            "peer_charges": {"queued_prefill_tokens": self.peer_charges[0], "inflight": self.peer_charges[1]},
             "load": self.load.to_dict() if self.load else None,
             "kind": self.kind,
             "engine": dict(self.kind_state),

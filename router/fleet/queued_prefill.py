@@ -32,6 +32,8 @@ class Pending(Protocol):
     uncached: int
     first_seen: bool
 
+    def first_byte(self, is_ttft: bool = True) -> None: ...
+
 
 class QueuedPrefill:
     def __init__(self, margin_s: float = MARGIN_S) -> None:

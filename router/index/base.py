@@ -15,7 +15,7 @@ import msgspec
 from kvroute.router.contract.protocol import TIERS, KVEvent
 from kvroute.router.contract.tier_costs import store_owner
 
-TIER_RANK = {tier: i for i, tier in enumerate(TIERS)}  # lower is better: device < host < remote
+TIER_RANK: dict[str, int] = {tier: i for i, tier in enumerate(TIERS)}  # lower is better: device < host < remote
 
 
 class PrefixMatch(msgspec.Struct, frozen=True):
@@ -83,6 +83,9 @@ class BlockIndex(Protocol):
 
     async def maintain(self, alive: Iterable[str], ttl_s: float) -> None:
         """Mark `alive` as seen now; forget instances no router has seen for `ttl_s`."""
+
+    async def close(self) -> None:
+        """Release the backend's connections (the router's shutdown)."""
 
 
 def event_owner(instance: str, tier: str, store: str | None) -> str:

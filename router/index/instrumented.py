@@ -45,7 +45,7 @@ class InstrumentedIndex:
             buckets=CHAIN_BUCKETS, registry=registry,
         )
         # children bound once: a labels() lookup per call costs more than the observation
-        self._op_count: dict[str, object] = {}
+        self._op_count: dict[str, PlainCounter] = {}
         self._lookup_chain = self._chain.labels(self.backend)
         self._lookup_latency = self._latency.labels(self.backend)
 

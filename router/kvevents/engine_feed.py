@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -173,7 +174,9 @@ class RedisFollower:
                 if inst.routable and inst.needs_resync and inst.follows_engine_feed:
                     await self.sync.step(inst, _noop)
             try:
-                reply = await self.client.xread({self.stream: last_id}, count=1000, block=500)
+                # RESP2, the client's protocol: [[stream, [(id, fields), ...]], ...], or None on timeout
+                reply = cast(list[list[Any]] | None,
+                             await self.client.xread({self.stream: last_id}, count=1000, block=500))
                 raise_if_cancelled()
             except (RedisError, OSError) as e:
                 log.warning("redis event stream unavailable: %s", e)
@@ -192,8 +195,9 @@ class RedisFollower:
         if inst is None or not inst.routable or not inst.follows_engine_feed:
             return
         if entry.get("load"):
-            self.cluster.observe_load(inst, LoadRecord.from_dict(entry["load"]))
-            self.sync.metrics.event_lag.observe(max(0.0, time.time() - inst.load.ts))
+            load = LoadRecord.from_dict(entry["load"])
+            self.cluster.observe_load(inst, load)
+            self.sync.metrics.event_lag.observe(max(0.0, time.time() - load.ts))
         events = [KVEvent.from_dict(e) for e in entry.get("events") or ()]
         await self.sync.step(inst, lambda: self.sync.apply(inst, events))
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import zmq.asyncio
 
 from kvroute.router.contract.kv_wire import Batch
-from kvroute.router.contract.protocol import KVEvent, hash_seed, new_epoch
+from kvroute.router.contract.protocol import EventType, KVEvent, Tier, hash_seed, new_epoch
 from kvroute.router.fleet.instance import Instance
 from kvroute.router.index.base import IndexUnavailable
 from kvroute.router.kvevents.metrics import ZmqMetrics
@@ -171,7 +171,7 @@ class InstanceFeed:
             self.keys = (info.model, info.block_size)
             self.block_map = BlockMap(hash_seed(info.model), info.block_size, self.cap(), key_rule=info.key_rule)
 
-    async def _apply(self, kind: str, tier: str, hashes: list[int]) -> None:
+    async def _apply(self, kind: EventType, tier: Tier, hashes: list[int]) -> None:
         self.seq += 1
         result = await self.index.apply(KVEvent(instance=self.inst.id, epoch=self.epoch, seq=self.seq, type=kind,
                                                 tier=tier, blocks=tuple(hashes)))
@@ -261,6 +261,8 @@ class ZmqFollower:
 
     def remove(self, inst: Instance) -> None:
         feed = inst.kv_feed
+        if feed is None:
+            return
         if feed in self.tasks:
             self.tasks.pop(feed).cancel()
         if feed in self.feeds:

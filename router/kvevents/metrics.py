@@ -36,6 +36,8 @@ class CountedFeed(Protocol):
     """One instance's feed, as its counters are read (router/kvevents/follower.py)."""
 
     block_map: BlockMap
+    restarts: int  # times its supervisor restarted it
+    stale: str | None  # why it is down, or None
 
     @property
     def instance_id(self) -> str: ...

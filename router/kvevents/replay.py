@@ -35,8 +35,9 @@ class Replay:
         return self.error is None and bool(self.batches) and self.batches[-1][0] >= seq
 
     @property
-    def first(self) -> int | None:
-        return self.batches[0][0] if self.batches else None
+    def first(self) -> int:
+        """The first batch's seq (asked only of a replay that has batches)."""
+        return self.batches[0][0]
 
 
 async def fetch_replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, timeout_s: float) -> Replay:

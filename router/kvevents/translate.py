@@ -39,10 +39,10 @@ from collections.abc import Iterator
 
 from kvroute.router.contract.block_keys import keyed_block_hashes
 from kvroute.router.contract.kv_wire import Cleared, Event, Removed, Stored
-from kvroute.router.contract.protocol import TIERS, block_hashes, u32le
+from kvroute.router.contract.protocol import TIERS, EventType, Tier, block_hashes, u32le
 from kvroute.router.kvevents.event_keys import EventKeys, event_keys
 
-MEDIUM_TIERS = {
+MEDIUM_TIERS: dict[str, Tier] = {
     "GPU": "device",
     "CPU": "host",
     "CPU_PINNED": "host",
@@ -58,7 +58,7 @@ _UNIT = {tier: 1 << 16 * i for i, tier in enumerate(TIERS)}
 _MASK = {tier: 0xFFFF << 16 * i for i, tier in enumerate(TIERS)}
 _MAX_UNKNOWN_MEDIA = 16  # distinct unknown names remembered for /router/instances
 
-Op = tuple[str, str, list[int]]  # (event type, tier, router block hashes)
+Op = tuple[EventType, Tier, list[int]]  # (event type, tier, router block hashes)
 
 
 class _Node:
@@ -138,7 +138,7 @@ class BlockMap:
 
     def _evict_oldest(self) -> list[Op]:
         """An engine that stores more than it can hold: forget its oldest blocks, in every tier."""
-        gone: dict[str, list[int]] = {}
+        gone: dict[Tier, list[int]] = {}
         nodes = self.nodes
         while len(nodes) > self.max_nodes:
             node = nodes.pop(next(iter(nodes)))
@@ -153,7 +153,7 @@ class BlockMap:
         """(engine hash, a new node for it) for each block of a stored event, in order."""
         keys = event_keys(ev, self.key_rule, self.block_size)
         reason = keys if isinstance(keys, str) else _unroutable_reason(ev, self.nodes)
-        if reason is None:
+        if reason is None and not isinstance(keys, str):
             if keys.extras or keys.seed is not None:
                 self.counts["keyed"] += len(ev.block_hashes)
             return self._mapped_nodes(ev, keys)
@@ -231,7 +231,7 @@ class BlockMap:
                 del nodes[h]
         return [("removed", tier, gone)] if gone else []
 
-    def _tier(self, medium: str | None, group_idx: int | None) -> str | None:
+    def _tier(self, medium: str | None, group_idx: int | None) -> Tier | None:
         if group_idx:
             self.counts["ignored_group"] += 1
             return None
@@ -270,6 +270,7 @@ def _tail_complete(node: _Node, nodes: dict) -> bool:
         need -= len(node.tokens)
         if need <= 0:
             return True
-        node = nodes.get(node.parent) if node.parent is not None else None
-        if node is None or not node.routable:
+        parent = nodes.get(node.parent) if node.parent is not None else None
+        if parent is None or not parent.routable:
             return False
+        node = parent

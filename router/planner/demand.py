@@ -28,7 +28,7 @@ class Demand:
     mean_output_tokens: float = 0.0
 
 
-def estimate(arrivals: Iterable[tuple[int, int]], finished: Iterable[tuple[int, int, int, int]],
+def estimate(arrivals: Iterable[tuple[int, float]], finished: Iterable[tuple[int, int, int, int]],
              window_s: float) -> Demand:
     """`arrivals`: (prompt tokens, max_tokens); `finished`: (prompt, cached, output, max_tokens).
     A max_tokens below 0 is unknown (a chat request without one): it counts as the finished

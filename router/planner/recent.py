@@ -65,11 +65,12 @@ class RecentWindow:
         since = self.clock() - window_s
         recent = [f for f in self.items if f.at >= since]
         arrived = [a for a in self.arrivals if a[0] >= since]
-        out = {"window_s": window_s, "models": {}}
+        models: dict[str, dict] = {}
+        out = {"window_s": window_s, "models": models}
         for model in sorted({f.model for f in recent} | {a[1] for a in arrived}) + ["*"]:
             rows = [f for f in recent if model in ("*", f.model)]
             asked = [(a[2], a[3]) for a in arrived if model in ("*", a[1])]
-            out["models"][model] = _summary(rows, asked, window_s, slo_ttft, slo_tpot)
+            models[model] = _summary(rows, asked, window_s, slo_ttft, slo_tpot)
         return out
 
 

@@ -46,6 +46,7 @@ class PlannerService:
         c = self.config
         params = {"window": c.window_s, "slo_ttft": c.slo_ttft_s, "slo_tpot": c.slo_tpot_s}
         timeout = aiohttp.ClientTimeout(total=5)
+        assert self.session is not None  # opened by the app's context (_ctx) before the loop runs
         async with self.session.get(self.router_url + "/router/stats", params=params, headers=self.headers,
                                     timeout=timeout) as r:
             if r.status != 200:
@@ -72,6 +73,7 @@ class PlannerService:
 
     async def _switch(self, engine_id: str, role: str) -> None:
         url = f"{self.router_url}/router/engines/{engine_id}/role"
+        assert self.session is not None  # opened by the app's context (_ctx) before the loop runs
         async with self.session.post(url, json={"role": role}, headers=self.headers,
                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:

@@ -10,6 +10,11 @@ queue's head, which predicts again and goes, waits, or is refused because its de
 longer be met. A client that leaves while queued leaves the queue. `release` ends the request
 (router/service/charges.py calls it, once, whatever happened): its tenant's place, the rate
 token too if it was never admitted, and predicted vs observed TTFT.
+
+With `share` (router/decision/fleet_share.py `FleetShare`: `--redis` and several router
+replicas or workers), the limits are the fleet's (leased), the weighted shares the fleet's
+rates, and the queue tags from the fleet's virtual time; router/service/fleet_admission.py syncs
+it in the background and pokes the gate when the fleet's queues moved.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from kvroute.router.contract.errors import Overloaded
 from kvroute.router.decision import admission as adm
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry, band_of
+from kvroute.router.decision.fleet_share import FleetShare
+from kvroute.router.decision.leases import LeasedLimits
 from kvroute.router.decision.tenants import Limits, TenantSpec, spec_of
 from kvroute.router.service.admission_metrics import AdmissionMetrics
 from kvroute.router.service.tenant_book import TenantBook
@@ -48,14 +55,17 @@ class Ticket:
 
 class AdmissionGate:
     def __init__(self, config: adm.AdmissionConfig, book: TenantBook, metrics: AdmissionMetrics,
-                 clock: Callable[[], float] = time.monotonic, workers: int = 1) -> None:
-        """`workers`: router processes sharing the port; each enforces its share of a tenant's limits."""
+                 clock: Callable[[], float] = time.monotonic, workers: int = 1,
+                 share: FleetShare | None = None) -> None:
+        """`workers`: router processes sharing the port; each enforces its share of a tenant's limits,
+        unless they share admission (`share`: the fleet's limits, rates and virtual time)."""
         self.config, self.book, self.metrics, self.clock = config, book, metrics, clock
-        self.workers = workers
+        self.workers = 1 if share is not None else workers
+        self.share = share
         self._shares: dict[TenantSpec, TenantSpec] = {}
-        self.queue = FairQueue(config.bands)
-        self.rates = adm.Rates(config.drain_halflife_s)
-        self.limits = Limits()
+        self.queue: FairQueue[Ticket] = FairQueue(config.bands, share.tags if share is not None else None)
+        self.rates: adm.Rates = share.rates if share is not None else adm.Rates(config.drain_halflife_s)
+        self.limits: Limits | LeasedLimits = share.limits if share is not None else Limits()
         # at most a tenth of the default SLO (or 50 ms): a correction, never a lock-out
         self.calibration = adm.Calibration(limit_s=0.1 * (config.slo_ttft_s or 0.5))
         self._waiters: dict[QueueEntry, asyncio.Future] = {}
@@ -95,6 +105,7 @@ class AdmissionGate:
         now = self.clock()
         limited = self.limits.check(ticket.spec, now)
         if limited is not None:
+            self.limits.refused(ticket.spec, now)
             raise self._refused(ticket, limited, 429, self.limits.retry_after(ticket.spec, now))
         if ticket.slo_s is not None:
             verdict = adm.before_prediction(self.config, self._ask(ticket, adm.NO_PREDICTION), self.queue, self.rates,
@@ -117,6 +128,7 @@ class AdmissionGate:
         verdict = adm.on_arrival(self.config, self._ask(ticket, predicted), self.queue, self.rates,
                                  self.weights(), now)
         if verdict.action == adm.ADMIT:
+            self.queue.passed(ticket.spec.name, ticket.band, ticket.spec.weight)
             return self._admit(ticket, predicted, now, verdict.reason)
         if verdict.action == adm.REFUSE:
             raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
@@ -178,7 +190,8 @@ class AdmissionGate:
                 predicted = await predict()
                 now = self.clock()
                 last = self.rates.last(ticket.spec.name)
-                verdict = adm.on_head(self.config, self._ask(ticket, predicted), now, last)
+                in_turn = self.queue.in_turn(ticket.spec.name, ticket.band, ticket.spec.weight, entry)
+                verdict = adm.on_head(self.config, self._ask(ticket, predicted), now, last, in_turn)
                 if verdict.action == adm.REFUSE:
                     raise self._leave(entry, self._refused(ticket, verdict.reason, verdict.status,
                                                            verdict.retry_after_s))

@@ -29,6 +29,7 @@ from kvroute.router.contract.http import (
 from kvroute.router.contract.kv_auth import secret_from
 from kvroute.router.contract.tokenize_pool import TokenizePool
 from kvroute.router.contract.tokenizer import load_tokenizer
+from kvroute.router.decision.fleet_share import FleetShare
 from kvroute.router.decision.policies import make_policy
 from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.registry import RegistryFollower
@@ -40,13 +41,29 @@ from kvroute.router.kvevents.follower import ZmqFollower
 from kvroute.router.service import admin, lean_server, tenant_admin
 from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.admission_metrics import AdmissionMetrics
-from kvroute.router.service.app_keys import CLUSTER, CONFIG, DISAGG, ENTRY, GATE, METRICS, PROXY, ROUTER, TENANTS, ZMQ
+from kvroute.router.service.admission_store import RedisLedger
+from kvroute.router.service.app_keys import (
+    CLUSTER,
+    CONFIG,
+    DISAGG,
+    ENTRY,
+    GATE,
+    METRICS,
+    PROXY,
+    ROUTER,
+    SHARED,
+    TENANTS,
+    ZMQ,
+)
 from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation
 from kvroute.router.service.entry import Entry
+from kvroute.router.service.fleet_admission import SharedAdmission, replica_id
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.proxy import Proxy
 from kvroute.router.service.routing import Router
+from kvroute.router.service.routing_loss import RoutingLoss
+from kvroute.router.service.silent_miss_alarms import SilentMissAlarms
 from kvroute.router.service.tenant_book import TENANT_KEY, TenantBook
 
 log = logging.getLogger(__name__)
@@ -80,7 +97,7 @@ async def auth_middleware(request: web.Request, handler):
         if not ok and (not config.admin_key or path == EXPLAIN_PATH):
             tenant = book.tenant_of_key(request.headers.get("Authorization", ""))
             ok = tenant is not None
-            if ok and path == EXPLAIN_PATH:
+            if tenant is not None and path == EXPLAIN_PATH:
                 request[TENANT_KEY] = tenant  # explained as the key's tenant, as its request would be
         if not ok:
             which = "admin key" if config.admin_key else "API key"
@@ -100,12 +117,22 @@ async def _router_ctx(app: web.Application):
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
+    share = (FleetShare(replica_id(), config.admission, config.admission_sync_s, replicas=config.workers)
+             if config.shared_admission else None)
     app[GATE] = gate = AdmissionGate(config.admission, app[TENANTS], AdmissionMetrics(metrics.registry),
-                                     workers=config.workers)
+                                     workers=config.workers, share=share)
     cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke)
+    shared = None
+    if share is not None:
+        assert config.redis is not None  # shared_admission is --redis with --admission-sync-s > 0
+        shared = SharedAdmission(share, RedisLedger(config.redis, timeout_s=config.index_timeout_s),
+                                 lambda: cluster.instances, gate.queue.head_tags, gate.poke, metrics.registry)
+    app[SHARED] = shared
     pool = TokenizePool(config.limits.tokenize_workers, config.limits.tokenize_queue,
                         idle_inline_chars=config.tokenize_idle_inline_chars)
-    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke)
+    alarms = SilentMissAlarms(lambda: cluster.instances, lambda: cluster.generation.value, metrics.registry)
+    router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke,
+                    loss=RoutingLoss(metrics.registry, on_sample=alarms.observe))
     app[CLUSTER], app[ROUTER] = cluster, router
     app[PROXY] = proxy = Proxy(router, cluster, session)
     app[DISAGG] = disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
@@ -117,7 +144,8 @@ async def _router_ctx(app: web.Application):
                                           max_engine_blocks=config.kv_event_max_blocks)
     await asyncio.gather(*(cluster.probe(inst) for inst in cluster.instances))
     sync = EventSync(cluster)
-    follower = RedisFollower(sync, config.redis) if config.events == "redis" else PollFollower(sync)
+    # --events redis without --redis is refused by RouterConfig
+    follower = RedisFollower(sync, config.redis or "") if config.events == "redis" else PollFollower(sync)
     registry = (RegistryFollower(cluster, config.registry, secret=secret_from(config.kv_secret),
                                  on_refused=lambda reason: metrics.registry_refused.labels(reason).inc())
                 if config.registry else None)
@@ -127,6 +155,9 @@ async def _router_ctx(app: web.Application):
         await registry.sync_once()  # the fleet as registered now, before the first request
         loops.append(("registry", registry.run()))
     loops += [("index-size", _index_size_loop(cluster, metrics)), ("kv-events-zmq", zmq_follower.run())]
+    if shared is not None:
+        await shared.sync_once()  # the fleet's admission state before the first request, if Redis answers
+        loops.append(("admission-sync", shared.run()))
     tasks = [asyncio.create_task(coro, name=name) for name, coro in loops]
     log.info("router ready: policy=%s index=%s events=%s engines=%d (%d routable)", config.policy, config.index,
              config.events, len(cluster.instances), sum(i.routable for i in cluster.instances))
@@ -140,6 +171,8 @@ async def _router_ctx(app: web.Application):
     if registry is not None:
         await registry.close()
     zmq_follower.close()
+    if shared is not None:
+        await shared.close()
     await index.close()
     await session.close()
     proxy.upstream.close()
@@ -181,8 +214,12 @@ async def handle_health(request: web.Request) -> web.Response:
     routable = sum(i.routable for i in instances)
     status = 200 if routable else 503
     stale = sorted(i.id for i in instances if i.feed_stale is not None)  # routed on load alone until resynced
-    return json_response({"status": "ok" if routable else "no routable instance", "routable": routable,
-                          "stale_feeds": stale}, status=status)
+    out: dict[str, object] = {"status": "ok" if routable else "no routable instance", "routable": routable,
+                              "stale_feeds": stale}
+    shared = request.app.get(SHARED)
+    if shared is not None:  # local while Redis is lost: still serving, so still 200
+        out["admission"] = shared.health()
+    return json_response(out, status=status)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -200,8 +237,10 @@ async def handle_stats(request: web.Request) -> web.Response:
         return query_number(request, name, default, positive=True)
 
     window = number("window", 60.0)
+    assert window is not None  # it has a default
     stats = request.app[ROUTER].recent.stats(window, number("slo_ttft", None), number("slo_tpot", None))
     stats["engines"] = [i.to_dict() for i in request.app[CLUSTER].instances]
+    stats["routing_loss"] = request.app[ROUTER].loss.stats(window)  # router/service/routing_loss.py
     stats["workers"] = request.app[CONFIG].workers  # this answer covers one worker's share of the traffic
     stats["worker_pid"] = os.getpid()
     return json_response(stats)

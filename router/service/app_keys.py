@@ -10,6 +10,7 @@ from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation
 from kvroute.router.service.entry import Entry
+from kvroute.router.service.fleet_admission import SharedAdmission
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.proxy import Proxy
 from kvroute.router.service.routing import Router
@@ -25,3 +26,5 @@ METRICS = web.AppKey("metrics", RouterMetrics)
 ZMQ = web.AppKey("zmq", ZmqFollower)
 GATE = web.AppKey("gate", AdmissionGate)
 TENANTS = web.AppKey("tenants", TenantBook)
+# None without --redis (admission per process)
+SHARED: web.AppKey[SharedAdmission | None] = web.AppKey("shared_admission")

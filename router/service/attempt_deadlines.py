@@ -42,12 +42,14 @@ class Deadline:
 
     def __enter__(self) -> Deadline:
         task = self.task = asyncio.current_task()
+        assert task is not None  # a deadline is entered inside the attempt's task
         self.cancelling = task.cancelling()
         self.owner._add(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.owner._live.discard(self)
+        assert self.task is not None  # set by __enter__
         if self.expired and self.task.uncancel() <= self.cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 
@@ -65,6 +67,7 @@ class Deadline:
             self.due = self.when
             return False
         self.expired = True
+        assert self.task is not None  # only entered deadlines are looked at (__enter__ adds them)
         self.task.cancel()
         return True
 

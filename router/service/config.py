@@ -61,6 +61,12 @@ class RouterConfig:
                                                "(and drops the clients' own), so it may name the tenant instead of "
                                                "the key")
     admission: AdmissionConfig = section(AdmissionConfig)
+    # With --redis: every router replica and worker admits by the fleet's shared state, synced this often in the
+    # background (router/service/fleet_admission.py)
+    admission_sync_s: float = setting(0.05, "with --redis: router replicas and workers share admission (tenants' "
+                                            "limits, weighted shares, fair-queue virtual time, instances' router-side "
+                                            "load), synced this often in the background; 0: each process admits alone "
+                                            "(docs/admission.md)", check=Range(0, 10))
     admin_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /router/* and /workers; also the "
                                           "key the router and `kvroute planner` use for engines' /admin/*",
                                     env=("KVROUTE_ADMIN_KEY",))
@@ -152,6 +158,11 @@ class RouterConfig:
 
         return (parse_kinds(self.engine_kinds, self.engines),
                 parse_sources(self.kv_event_sources, self.kv_event_replay_sources, self.engines))
+
+    @property
+    def shared_admission(self) -> bool:
+        """Admission state shared with the other router replicas and workers through Redis."""
+        return bool(self.redis) and self.admission_sync_s > 0
 
     def tenant_keys(self) -> tuple[tuple[str, str], ...]:
         """(tenant, key) of every --api-key (a plain key is the default tenant's)."""

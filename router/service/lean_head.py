@@ -13,7 +13,7 @@ from kvroute.router.service.upstream import Headers
 try:
     import httptools
 except ImportError:  # pragma: no cover - httptools is a dependency; aiohttp serves without it
-    httptools = None
+    httptools = None  # type: ignore[assignment]  # the module or None: lean_server.available() checks
 
 MAX_HEAD = 8190  # aiohttp's line limit: a longer head is aiohttp's to judge
 REFUSED_HEADERS = ("transfer-encoding", "expect", "upgrade")

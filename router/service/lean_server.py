@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_writer import StreamWriter
 
-from kvroute.router.contract.connections import LINGER_S, ConnectionGuard
+from kvroute.router.contract.connections import LINGER_S, ConnectionGuard, GuardedRunner
 from kvroute.router.contract.guarded_handler import peer_of
 from kvroute.router.service.lean_head import MAX_HEAD, bare_lf, httptools, parse_head
 from kvroute.router.service.lean_request import LeanBody, LeanRequest, with_middlewares
@@ -45,7 +46,7 @@ from kvroute.router.service.lean_response import whole_response
 log = logging.getLogger(__name__)
 
 SHUTDOWN_S = 5.0  # what requests in flight get to finish when the server stops (as run_app's aiohttp)
-Handler = Callable[[LeanRequest], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # the app's; called with a LeanRequest
 
 
 def available() -> bool:
@@ -56,7 +57,7 @@ class LeanFront:
     """What the lean connections share: the app, its wrapped handlers by path, the guard,
     aiohttp's protocol factory for the requests handed over, and the open connections."""
 
-    def __init__(self, app: web.Application, handlers: dict[str, Handler], guard: ConnectionGuard,
+    def __init__(self, app: web.Application, handlers: Mapping[str, Handler], guard: ConnectionGuard,
                  aiohttp_server: Callable[[], asyncio.Protocol]) -> None:
         self.app, self.guard, self.aiohttp_server = app, guard, aiohttp_server
         self.handlers = {path: with_middlewares(app, h) for path, h in handlers.items()}
@@ -178,8 +179,9 @@ class LeanConnection(BaseProtocol):
         self.task = request.task = self._loop.create_task(self._serve(self.front.handlers[path], request))
 
     async def _serve(self, handler: Handler, request: LeanRequest) -> None:
+        as_request = cast(web.Request, request)  # a LeanRequest has what the handlers and prepare() read
         try:
-            resp = await handler(request)
+            resp = await handler(as_request)
             keep_alive = request.keep_alive
             whole = whole_response(resp, keep_alive)
             if whole is not None:
@@ -188,9 +190,9 @@ class LeanConnection(BaseProtocol):
                 self.transport.write(whole)
             else:
                 if not resp.prepared:
-                    await resp.prepare(request)
+                    await resp.prepare(as_request)
                 await resp.write_eof()
-                keep_alive = resp.keep_alive
+                keep_alive = bool(resp.keep_alive)  # prepared: a bool
             self.front.served += 1
         except asyncio.CancelledError:
             return
@@ -249,6 +251,7 @@ class LeanConnection(BaseProtocol):
         self.linger_left = left
         self._waiting(True)
         self._stop_timers()  # an idle check armed in an earlier spell: lingering ends the connection
+        assert self.transport is not None  # _done checked it
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.transport.resume_reading()
@@ -272,6 +275,7 @@ class LeanConnection(BaseProtocol):
         self._stop_timers()
         self.front.connections.discard(self)
         transport = self.transport
+        assert transport is not None  # the bytes being handed over came in on it
         self._release()  # aiohttp's handler counts it in again, at once
         handler = self.front.aiohttp_server()
         transport.set_protocol(handler)
@@ -303,7 +307,7 @@ class LeanSite(web.BaseSite):
     GuardedRunner, whose guard both share."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket | None = None, *,
-                 handlers: dict[str, Handler], host: str = "127.0.0.1", port: int = 0) -> None:
+                 handlers: Mapping[str, Handler], host: str = "127.0.0.1", port: int = 0) -> None:
         super().__init__(runner)
         self._sock, self._host, self._port = sock, host, port
         self._handlers = handlers
@@ -318,6 +322,7 @@ class LeanSite(web.BaseSite):
         await super().start()
         loop = asyncio.get_running_loop()
         runner = self._runner
+        assert isinstance(runner, GuardedRunner) and runner.server is not None  # see the class docstring; started
         guard = runner.guard
         self.front = front = LeanFront(runner.app, self._handlers, guard, runner.server)
         where = dict(sock=self._sock) if self._sock is not None else dict(host=self._host, port=self._port,

@@ -60,7 +60,8 @@ class Routing:
     __slots__ = ("proxy", "prepared", "choice")
 
     def __init__(self, proxy: Proxy, prepared: Prepared, choice: Choice) -> None:
-        self.proxy, self.prepared, self.choice = proxy, prepared, choice
+        self.proxy, self.prepared = proxy, prepared
+        self.choice: Choice | None = choice
 
     def __call__(self) -> None:
         choice = self.choice
@@ -143,6 +144,7 @@ class Proxy:
                 and not prepared.keys.images and prepared.keys.hashable_tokens < 0)  # image runs: the engine's
 
     def _observe_choice(self, prepared: Prepared, choice: Choice) -> None:
+        self.router.loss.decided(prepared.trace, choice, self.router.loss_matches(prepared, choice))
         cached = choice.cached_tokens
         prepared.trace.predicted_cached = cached
         self.metrics.prompt_tokens.inc(prepared.num_tokens)
@@ -157,7 +159,8 @@ class Proxy:
         """(host, port, path prefix) of a plain-http engine URL; None: use aiohttp (https)."""
         if url not in self._addresses:
             u = urllib.parse.urlsplit(url)
-            self._addresses[url] = (u.hostname, u.port or 80, u.path.rstrip("/")) if u.scheme == "http" else None
+            self._addresses[url] = ((u.hostname, u.port or 80, u.path.rstrip("/"))
+                                    if u.scheme == "http" and u.hostname else None)  # no host: aiohttp says so
         return self._addresses[url]
 
     async def _post(self, url: str, path: str, raw: bytes, stream: bool, on_sent: Callable[[], None] = _nothing):
@@ -227,7 +230,8 @@ class Proxy:
             prepared.trace.body(body, inst.id)
             dispatch.first_byte(is_ttft=False)
             dispatch.end(str(upstream.status))
-            return web.Response(body=body, status=upstream.status, headers=self._headers(upstream, inst.id))
+            return web.Response(body=body, status=upstream.status,
+                                headers=self._headers(upstream, inst.id, self.router.loss.headers(prepared.trace)))
         dispatch.first_byte()
         prepared.trace.first(inst.id)
         prepared.trace.relayed(first)
@@ -261,7 +265,8 @@ class Proxy:
 
     async def _relay(self, request: web.Request, upstream, first: bytes,
                      dispatch: Dispatch) -> web.StreamResponse:
-        resp = web.StreamResponse(status=upstream.status, headers=self._headers(upstream, dispatch.inst.id))
+        resp = web.StreamResponse(status=upstream.status, headers=self._headers(
+            upstream, dispatch.inst.id, self.router.loss.headers(dispatch.prepared.trace)))
         await prepare_client(resp, request)
         await write_client(resp, first)
         status = await self.pump(upstream, resp, dispatch.inst, dispatch.prepared.trace)
@@ -289,8 +294,8 @@ class Proxy:
             await write_client(resp, chunk)
 
     @staticmethod
-    def _headers(upstream, instance_id: str) -> dict:
-        headers = {INSTANCE_HEADER: instance_id}
+    def _headers(upstream, instance_id: str, extra: dict[str, str] | None = None) -> dict:
+        headers = {INSTANCE_HEADER: instance_id, **(extra or {})}
         get = upstream.headers.get
         for name in RELAYED_HEADERS:
             value = get(name)

@@ -28,6 +28,9 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     started: float = msgspec.field(default_factory=time.perf_counter)
     max_tokens: int = -1  # as asked (-1: not given)
     predicted_cached: int = 0  # the router's prediction, when the engine reports no usage
+    loss_instance: str = ""  # where the routing-loss split's figures were taken (router/service/routing_loss.py)
+    loss_best: int = 0  # the best cached prefix any candidate held, servable tokens, by the index
+    loss_predicted: int = 0  # the chosen instance's
     decided: bool = False  # its routing decision time was recorded
     instance: str = ""  # where the tokens came from (the decode engine, disaggregated)
     first_token: float | None = None

@@ -36,6 +36,7 @@ from kvroute.router.index.base import NO_MATCH, IndexUnavailable, PrefixMatch
 from kvroute.router.service import request_keys
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.request_trace import RecentRequests, RequestTrace
+from kvroute.router.service.routing_loss import RoutingLoss
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,13 @@ class Choice(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def cached_tokens(self) -> int:
+        assert self.instance.info is not None  # a chosen instance is routable: it has its info
         match = self.matches.get(self.instance.id, NO_MATCH) if self.instance.cache_ok else NO_MATCH
         return match.tokens(self.instance.info.block_size)
 
     @property
     def uncached_tokens(self) -> int:
+        assert self.instance.info is not None  # a chosen instance is routable: it has its info
         return uncached_tokens(self.decision, self.instance.state(), self.matches, self.prepared_tokens,
                                self.instance.info.block_size)
 
@@ -86,9 +89,10 @@ class Router:
     def __init__(self, cluster: Cluster, policy: Policy, tokenizer: Tokenizer, metrics: RouterMetrics,
                  policy_name: str, pool: TokenizePool | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_progress: Callable[[], None] = lambda: None) -> None:
+                 on_progress: Callable[[], None] = lambda: None, loss: RoutingLoss | None = None) -> None:
         """`on_progress`: called when a dispatched request's prefill is seen done and when it ends
-        (the admission gate's news, router/service/admission_gate.py)."""
+        (the admission gate's news, router/service/admission_gate.py). `loss`: the routing-loss split
+        (router/service/routing_loss.py), fed when a request is on the wire and when it ends."""
         self.cluster = cluster
         self.on_progress = on_progress
         self.policy = policy
@@ -98,6 +102,7 @@ class Router:
         self.pool = pool or TokenizePool()
         self.hashes = PrefixHashes()  # block hashes of cached prompt prefixes, reused
         self.recent = RecentRequests()  # finished requests, for GET /router/stats (the planner)
+        self.loss = loss if loss is not None else RoutingLoss(metrics.registry)
         self.clock = clock  # the recent senders' (the policies have their own)
         cfg = cluster.config
         self.decision = RouteDecision(policy, RouteSettings(fast_candidates=cfg.fast_candidates,
@@ -154,6 +159,7 @@ class Router:
         self.metrics.observe_finished(trace.model, trace.instance or "none", end - trace.started, trace.usage,
                                       trace.first_token, trace.last_byte)
         self.recent.add(trace)
+        self.loss.finished(trace)
 
     async def _tokenize(self, req: CompletionRequest, chars: int, tenant: str, messages: list | None) -> Encoding:
         """Look the prompt's pieces up here; encode what is missing inline or in the pool, by its size."""
@@ -163,6 +169,7 @@ class Router:
             if messages is not None:
                 plan = self.tokenizer.plan_chat(messages)
             else:
+                assert req.prompt is not None  # a completion has its text or its ids (returned above)
                 plan = self.tokenizer.plan(req.prompt)
         except ValueError as e:
             raise BadRequest(str(e), param="messages" if req.messages is not None else "prompt") from None
@@ -245,6 +252,13 @@ class Router:
         limit = self.cluster.config.max_inflight
         return Overloaded(f"every instance has {limit} requests in flight", retry_after=1, too_many=True)
 
+    def loss_matches(self, prepared: Prepared, choice: Choice) -> Mapping[str, PrefixMatch] | None:
+        """The index's matches for the routing-loss split: the decision's own, or for a policy that
+        does not read the index a lookup where it needs no await (None: none)."""
+        if self.policy.uses_index or not prepared.route.block_hashes:
+            return choice.matches
+        return self.cluster.index.lookup_now(prepared.route.block_hashes)
+
     def lookup_now(self, prepared: Prepared) -> Mapping[str, PrefixMatch] | None:
         """`lookup` when the index answers without awaiting (memory); None when it must be awaited."""
         if not prepared.route.block_hashes or not self.policy.uses_index:
@@ -275,6 +289,7 @@ class Router:
     def explain(self, prepared: Prepared, choice: Choice) -> dict:
         rows, terms = [], choice.decision.terms
         for inst in choice.candidates:
+            assert inst.info is not None  # a candidate is routable: it has its info
             match = choice.matches.get(inst.id, NO_MATCH)
             by_tier = with_store(match, choice.matches, inst.tier_costs) if inst.cache_ok else {}
             rows.append({

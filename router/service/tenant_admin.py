@@ -55,7 +55,7 @@ async def handle_reload(request: web.Request) -> web.Response:
     return json_response({"reloaded": True, "tenants": _rows(book)})
 
 
-def reload_on_signal(book: TenantBook) -> Callable[[], None]:
+def reload_on_signal(book: TenantBook) -> Callable[[], object]:
     """Reload `book` on SIGHUP (where the loop can take signals); returns the undo."""
     def reload() -> None:
         try:

@@ -97,7 +97,7 @@ class TenantBook:
             text = self.path.read_text() if self.path else None
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"cannot read the tenant file {self.path}: {getattr(e, 'strerror', None) or e}") from None
-        tenants = parse_tenants(text, self.path.suffix) if text is not None else {}
+        tenants = parse_tenants(text, self.path.suffix) if text is not None and self.path else {}
         keys = {f"Bearer {key}".encode(): name for name, key in self.cli_keys}
         for spec in tenants.values():
             keys.update({f"Bearer {key}".encode(): spec.name for key in spec.keys})

@@ -51,9 +51,10 @@ class Headers(dict):
 
 
 class _Conn(asyncio.Protocol):
+    transport: asyncio.Transport  # set by connection_made, before create_connection hands the connection out
+
     def __init__(self, key: tuple[str, int]) -> None:
         self.key = key
-        self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = time.monotonic()
         self.response: Response | None = None

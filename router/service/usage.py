@@ -15,7 +15,7 @@ whole lines without one is not even split), and a partial line is buffered up to
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 import orjson
@@ -42,7 +42,7 @@ class Usage(msgspec.Struct, frozen=True):
         return cls(prompt, completion, cached if _count(cached) else None)
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

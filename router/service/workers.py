@@ -119,6 +119,7 @@ def supervise(argv: list[str], socks: list[socket.socket]) -> int:
     while True:
         alive = False
         for i, p in enumerate(procs):
+            assert p is not None  # every worker was started above
             code = p.poll()
             if code is None:
                 alive = True

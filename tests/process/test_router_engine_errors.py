@@ -50,17 +50,23 @@ async def test_dns_failure_and_a_server_that_is_not_an_engine(start_router, http
     app.router.add_get("/health", lambda r: web.json_response({"ok": True}))
     odd = web.Application()
     odd.router.add_get("/kv/info", lambda r: web.json_response({"instance_id": "x"}))
-    other, old = await LoopbackServer(app).start(), await LoopbackServer(odd).start()
+    listed = web.Application()  # JSON, but not an object: once an AttributeError that stopped the health loop
+    listed.router.add_get("/kv/info", lambda r: web.json_response([]))
+    other, old, array = (await LoopbackServer(app).start(), await LoopbackServer(odd).start(),
+                         await LoopbackServer(listed).start())
     try:
-        url, _ = await start_router(["http://no-such-host.invalid:8001", other.url, old.url], health_interval_s=0.05)
+        url, _ = await start_router(["http://no-such-host.invalid:8001", other.url, old.url, array.url],
+                                    health_interval_s=0.05)
         await asyncio.sleep(0.3)
         errors = {row["url"]: row["last_error"] for row in await instances(http, url)}
     finally:
         await other.close()
         await old.close()
+        await array.close()
     assert errors["http://no-such-host.invalid:8001"] == "DNS lookup failed for no-such-host.invalid"
     assert errors[other.url].startswith("not a kvroute engine: GET /kv/info answered HTTP 404")
     assert errors[old.url].startswith("incompatible: malformed /kv/info")
+    assert errors[array.url] == "incompatible: malformed /kv/info: an object expected, got list"
 
 
 @pytest.mark.parametrize("exc, reason", [

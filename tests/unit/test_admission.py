@@ -47,6 +47,19 @@ def test_fair_queue_serves_backlogged_tenants_by_weight():
     assert first.count("a") == 20 and first.count("b") == 10
 
 
+def test_what_passes_unqueued_counts_in_the_share_and_what_leaves_unserved_does_not():
+    q = FairQueue(1)
+    q.push(tenant="keep", band=0, weight=1.0, arrived=0.0, item=0)  # a backlog, so the band remembers
+    for _ in range(5):
+        q.passed("a", 0, 1.0)  # a was admitted at once five times: it is behind b now
+    assert q.push(tenant="b", band=0, weight=1.0, arrived=0.0, item="b").tag < \
+        q.push(tenant="a", band=0, weight=1.0, arrived=0.0, item="a").tag
+    gone = [q.push(tenant="c", band=0, weight=1.0, arrived=0.0, item=i) for i in range(3)]
+    for entry in gone:
+        q.remove(entry)  # refused, unserved: c's tag goes back
+    assert q.push(tenant="c", band=0, weight=1.0, arrived=0.0, item="c").tag == gone[0].tag
+
+
 def test_a_light_tenant_waits_behind_almost_nobody():
     q = FairQueue(1)
     for i in range(20):

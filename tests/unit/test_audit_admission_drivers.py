@@ -109,7 +109,7 @@ def test_the_simulators_admission_admits_in_the_queues_fair_order():
     fleet, order, calls = Fleet(), [], []
     setup = AdmissionSetup(config=CONFIG, tenants=(("a", 0, 1.0), ("b", 0, 1.0)))
     sim = SimAdmission(setup, index=MemoryIndex(), decision=RouteDecision(Predicting(fleet)),
-                       members=LoadView(["e0"]).all, block_size=16, hash_seed=1,
+                       members=LoadView(["e0"]).all, block_size=16, seed_of=lambda spec: 1,
                        dispatch=lambda spec, arrived: order.append(spec.group[0]),
                        record=lambda spec, record: order.append(f"refused {spec.group}"),
                        call_at=lambda at, fn: calls.append((at, fn)))

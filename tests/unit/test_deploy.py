@@ -85,10 +85,14 @@ def exported_names() -> set[str]:
     from kvroute.router.index.instrumented import InstrumentedIndex
     from kvroute.router.index.memory import MemoryIndex
     from kvroute.router.service.metrics import RouterMetrics
+    from kvroute.router.service.routing_loss import RoutingLoss
+    from kvroute.router.service.silent_miss_alarms import SilentMissAlarms
 
     names = set()
     router = RouterMetrics()
     InstrumentedIndex(MemoryIndex(), router.registry)
+    RoutingLoss(router.registry)
+    SilentMissAlarms(list, int, router.registry)
     for registry in (EngineMetrics("m", CollectorRegistry()).registry, router.registry):
         for family in registry.collect():
             suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))

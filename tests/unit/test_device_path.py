@@ -3,6 +3,7 @@ operations per layer, a step never reads from the device before its one synchron
 padded decode path that CUDA graphs replay computes what the eager step does."""
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -41,10 +42,13 @@ def prefilled(runner: TorchRunner, lengths, first: int = 0) -> list[SeqWork]:
     return works
 
 
-def decode_ops(num_layers: int) -> int:
-    runner = runner_with(num_layers)
+def decode_ops(num_layers: int, adapters=()) -> int:
+    """Operations of a decode step of 4 sequences; with `adapters`, the first two rows under them."""
+    runner = runner_with(num_layers, adapters=adapters, max_loras=max(len(adapters), 1))
     try:
         works = prefilled(runner, (20, 33, 47, 64))
+        works = [dataclasses.replace(w, adapter=a.name, adapter_slot=i)
+                 for i, (w, a) in enumerate(zip(works, adapters))] + works[len(adapters):]
         runner.execute_sync(works)  # warm-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             runner.execute_sync(works)
@@ -60,6 +64,36 @@ def test_a_decode_step_is_a_short_fixed_list_of_operations_per_layer():
     per_layer = (four - two) / 2
     assert per_layer <= MAX_OPS_PER_LAYER
     assert two - 2 * per_layer <= MAX_OPS_PER_STEP
+
+
+def test_adapters_add_three_operations_per_adapted_projection_and_nothing_else(tmp_path):
+    from kvroute.engine.runners.lora_config import read_adapter
+    from kvroute.engine.runners.lora_files import write_random_adapter
+
+    def adapters(num_layers):
+        config = ModelConfig(num_layers=num_layers)
+        return tuple(read_adapter(n, str(write_random_adapter(tmp_path / f"{n}{num_layers}", config, seed=i)), 16)
+                     for i, n in enumerate(("a", "b")))
+
+    two, four = decode_ops(2, adapters(2)), decode_ops(4, adapters(4))
+    assert (four - two) / 2 == (decode_ops(4) - decode_ops(2)) / 2 + 4 * 3  # 4 projections: mm, mul, addmm
+    assert two - decode_ops(2) == 2 * 4 * 3 + 2  # and once a step: the rows' one-hot slots (eq, to)
+
+
+def test_a_step_with_adapters_reads_nothing_back_before_its_one_synchronisation(monkeypatch, tmp_path):
+    from kvroute.engine.runners.lora_config import read_adapter
+    from kvroute.engine.runners.lora_files import write_random_adapter
+
+    spec = read_adapter("a", str(write_random_adapter(tmp_path / "a", ModelConfig(num_layers=2))), 16)
+    runner = runner_with(adapters=(spec,), max_loras=1)
+    try:
+        works = [dataclasses.replace(w, adapter="a", adapter_slot=0) if i % 2 else w
+                 for i, w in enumerate(mixed_step(runner))]
+        with HostReads().watching(monkeypatch) as watch, torch.inference_mode():
+            runner._forward(works)
+        assert watch.reads == []
+    finally:
+        runner.close()
 
 
 class HostReads(TorchDispatchMode):

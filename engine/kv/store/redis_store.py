@@ -11,6 +11,7 @@ Redis dropped is simply a miss.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 
@@ -43,7 +44,8 @@ class RedisStore:
     async def get_many(self, hashes: Sequence[int]) -> list[bytes | None]:
         if not hashes:
             return []
-        values = list(await self.reader.mget([self.key(h) for h in hashes]))
+        # bytes: the client does not decode responses
+        values = cast(list[bytes | None], list(await self.reader.mget([self.key(h) for h in hashes])))
         raise_if_cancelled()
         return values
 

@@ -19,12 +19,14 @@ P cached tokens, L gathered context (whole blocks).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 # Returns the log-sum-exp with the output, which lets two partial attentions be merged.
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU: Callable[..., Any] | None = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def splits_prefix(device: torch.device) -> bool:
@@ -45,7 +47,7 @@ class ChunkMask:
         return cls((keys[None, :] <= rows[:, None]).repeat(rep, 1))  # (r*n, L): rows of a KV head's r queries
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
     """q: (B, nh, hd); k, v: (B * L, kvh, hd) gathered; key_mask: (B, 1, 1, L) -> (B, nh, hd)."""
     B, nh, hd = q.shape
     kvh = k.shape[1]
@@ -80,6 +82,7 @@ def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor,
     _, nh, n, hd = q.shape
     kvh = k_pre.shape[1]
     r = nh // kvh
+    assert _FLASH_CPU is not None  # callers ask splits_prefix first
     o_pre, lse_pre = _FLASH_CPU(q.reshape(1, kvh, r * n, hd), k_pre, v_pre)  # (1, kvh, r*n, hd)
     o_new, lse_new = _FLASH_CPU(q, k_new.repeat_interleave(r, 1), v_new.repeat_interleave(r, 1),
                                 is_causal=True)  # (1, nh, n, hd), lse (1, nh, n)

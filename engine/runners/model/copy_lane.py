@@ -33,7 +33,7 @@ class CopyLane:
         return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
 
     def after_compute(self) -> None:
-        if self.cuda:
+        if self.stream is not None:  # on CUDA
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def mark(self):

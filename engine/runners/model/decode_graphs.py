@@ -42,11 +42,11 @@ class DecodeGraphs:
             n *= 2
         self.blocks = blocks + [max_blocks]
         self.buckets = [Padding(b, n) for b in self.batches for n in self.blocks if b * n * bs <= MAX_GRAPH_TOKENS]
-        largest = max((p.rows * (p.blocks + 7) for p in self.buckets), default=0)
+        largest = max((p.rows * (p.blocks + 8) for p in self.buckets), default=0)
         self.static = torch.zeros(largest, dtype=torch.long, device=pool.device)  # packed inputs, see step_inputs
         self.space = GatherSpace(pool, max((p.rows * p.blocks for p in self.buckets), default=0))
         self.mempool = torch.cuda.graph_pool_handle() if capture else None
-        self.graphs: dict[Padding, tuple[object, torch.Tensor]] = {}  # bucket -> (graph or None, logits)
+        self.graphs: dict[Padding, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, logits)
 
     def bucket(self, works: Sequence[SeqWork]) -> Padding | None:
         """The smallest bucket holding this step, None if it must run eagerly."""
@@ -61,12 +61,12 @@ class DecodeGraphs:
         flat, lengths = self.inputs.pack(works, pad)
         self._load(flat)
         graph, logits = self.graphs.get(pad) or self._capture(pad, lengths)
-        if graph is None:  # not capturing: the same padded step, eagerly
+        if graph is None or logits is None:  # not capturing (both None): the same padded step, eagerly
             logits = self.model(batch_from(self.static, lengths, (), self.space), self.pool)
         else:
             graph.replay()
-        wanted_at = sum(lengths[:7])
-        return logits[:len(works)], self.static[wanted_at:wanted_at + lengths[7]]
+        wanted_at = sum(lengths[:8])
+        return logits[:len(works)], self.static[wanted_at:wanted_at + lengths[8]]
 
     def capture_all(self) -> int:
         """Capture every bucket's graph now (start-up), largest first; returns how many."""
@@ -83,9 +83,10 @@ class DecodeGraphs:
         self.static[:len(flat)].copy_(host, non_blocking=True)
         self.inputs.staging.fence()
 
-    def _capture(self, pad: Padding, lengths: list[int]) -> tuple[object, torch.Tensor]:
+    def _capture(self, pad: Padding, lengths: list[int]
+                 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | tuple[None, None]:
         """Warm up and capture the bucket's forward over the static inputs (which hold a valid step)."""
-        batch = batch_from(self.static, lengths[:7] + [0], (), self.space)
+        batch = batch_from(self.static, lengths[:8] + [0], (), self.space)
         if not self.capture:
             return None, None
         device = self.pool.device

@@ -25,6 +25,7 @@ from kvroute.engine.runners.model import attention
 from kvroute.engine.runners.model.attention import ChunkMask
 from kvroute.engine.runners.model.config import ModelConfig
 from kvroute.engine.runners.model.kv_pool import GatherSpace, KVPool
+from kvroute.engine.runners.model.lora import LoraWeights, StepLora
 
 
 @dataclasses.dataclass(slots=True)
@@ -55,6 +56,8 @@ class StepBatch:
     logits_rows: torch.Tensor  # (S,) long, rows whose next-token logits are wanted
     wanted: torch.Tensor  # (R,) long, which of the S logits rows sampling needs on the host
     space: GatherSpace  # where the attention gathers context blocks
+    adapter_rows: torch.Tensor | None = None  # (T,) long, each row's LoRA slot (-1: none); None: no adapter
+    lora: StepLora | None = None  # the rows' adapters (engine/runners/model/lora.py): set per step
 
 
 class RMSNorm(nn.Module):
@@ -123,13 +126,16 @@ class Attention(nn.Module):
         T = x.shape[0]
         nh, kvh, hd = self.nh, self.kvh, self.hd
         qkv = self.qkv_proj(x)  # (T, (nh + 2 kvh) hd): q heads, k heads, v heads
+        if batch.lora is not None:
+            qkv = batch.lora.add(self.layer, "qkv", x, qkv)
         qk = rope(qkv[:, :(nh + kvh) * hd].view(T, nh + kvh, hd))  # one RoPE for q and k
         q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, (nh + kvh) * hd:].view(T, kvh, hd)
         pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
         d = batch.decode
         if not batch.prefills:  # decodes only: the attention's output is the whole step's
+            assert d is not None  # a step has work
             kc, vc = pool.gather(self.layer, d.block_ids, batch.space)
-            return self.o_proj(attention.decode_attention(q, kc, vc, d.key_mask).view(T, nh * hd))
+            return self._out(attention.decode_attention(q, kc, vc, d.key_mask).view(T, nh * hd), batch.lora)
         out = x.new_empty(T, nh, hd)
         if d is not None:
             kc, vc = pool.gather(self.layer, d.block_ids, batch.space)
@@ -137,7 +143,11 @@ class Attention(nn.Module):
         for p in batch.prefills:
             rows = slice(p.row_start, p.row_start + p.num_new)
             out[rows] = self._chunk(p, q[rows], k[rows], v[rows], batch, pool)
-        return self.o_proj(out.view(T, nh * hd))  # (T, H)
+        return self._out(out.view(T, nh * hd), batch.lora)  # (T, H)
+
+    def _out(self, o: torch.Tensor, lora: StepLora | None) -> torch.Tensor:
+        y = self.o_proj(o)
+        return y if lora is None else lora.add(self.layer, "o", o, y)
 
     def _chunk(self, p: PrefillChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                batch: StepBatch, pool: KVPool) -> torch.Tensor:
@@ -152,15 +162,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.layer = layer
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size,
                                       bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora: StepLora | None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if lora is not None:
+            gate_up = lora.add(self.layer, "gate_up", x, gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)  # (T, I) each
+        h = F.silu(gate) * up
+        return self.down_proj(h) if lora is None else lora.add(self.layer, "down", h, self.down_proj(h))
 
 
 class DecoderLayer(nn.Module):
@@ -169,11 +184,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, layer)
 
     def forward(self, x: torch.Tensor, rope: Rotary, batch: StepBatch, pool: KVPool) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), batch.lora)
 
 
 class Llama(nn.Module):
@@ -188,11 +203,14 @@ class Llama(nn.Module):
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.inv_freq = rope_inv_freq(config).to(device)  # (hd/2,) float32, not a parameter
+        self.lora: LoraWeights | None = None  # adapter slots (--lora-modules), set by the runner
 
     def forward(self, batch: StepBatch, pool: KVPool) -> torch.Tensor:
         """Runs the step, writing its K/V into `pool`; returns (S, V) float32 logits."""
         x = self.embed_tokens(batch.input_ids)  # (T, H)
         rope = Rotary.at(batch.positions, self.inv_freq, x.dtype)
+        if batch.adapter_rows is not None and self.lora is not None:
+            batch.lora = self.lora.step(batch.adapter_rows, x.dtype)
         self._masks(batch, pool)
         for layer in self.layers:
             x = layer(x, rope, batch, pool)

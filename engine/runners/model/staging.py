@@ -20,7 +20,7 @@ class Staging:
         self.dtype = dtype
         self.pinned = device.type == "cuda"
         self.buffer = torch.empty(0, dtype=dtype, pin_memory=self.pinned)
-        self._event = None
+        self._event: torch.cuda.Event | None = None
 
     def take(self, numel: int) -> torch.Tensor:
         """A buffer of `numel` elements, free to fill (the last copy through it has finished)."""

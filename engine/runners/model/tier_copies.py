@@ -98,7 +98,7 @@ class HostKV:
         batch, self._batch = self._batch, None
         if batch is None:
             return CopyTimes([])
-        landed = self.lane.wait() or ([], 0.0)
+        landed: tuple[list[bytes], float] = self.lane.wait() or ([], 0.0)
         payloads, scatter_s = landed
         start, gathered, copied_out, copied_in = batch.marks
         out_s = CopyLane.seconds(start, copied_out, batch.host_s[0]) + scatter_s

@@ -8,6 +8,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvroute.benchmarks.checkout import git
 from kvroute.benchmarks.gpu_check.plan import plan_for
@@ -15,6 +16,9 @@ from kvroute.benchmarks.gpu_check.runner_steps import step_decode, step_memcpy, 
 from kvroute.benchmarks.gpu_check.served_steps import pd_pull, serving, step_bench, step_tiers
 from kvroute.loadgen.processes import Processes
 from kvroute.router.contract.kv_auth import SECRET_ENV
+
+if TYPE_CHECKING:  # imported where it is made: torch loads only when the runner steps run
+    from kvroute.engine.runners.torch_runner import TorchRunner
 
 
 class Check:
@@ -27,7 +31,7 @@ class Check:
         self.threads = args.num_threads if args.num_threads is not None else (None if self.cuda else 1)
         self.engine_args = ("--model", str(self.model_dir.resolve()), "--device", self.device,
                             *(("--num-threads", str(self.threads)) if self.threads else ()))
-        self._runner = None
+        self._runner: TorchRunner | None = None
         self._secret = os.urandom(16).hex()  # signs the router's transfer grants
 
     def processes(self) -> Processes:
@@ -42,7 +46,7 @@ class Check:
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
 
-    def runner(self):
+    def runner(self) -> TorchRunner:
         if self._runner is None:
             from kvroute.engine.runners.torch_runner import TorchRunner
 

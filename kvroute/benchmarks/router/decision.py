@@ -172,7 +172,7 @@ async def decision(args) -> dict:
                 prep, dec, after = await time_decisions(router, bodies, "chat")
                 rows.append(scenario("chat, system prompt seen before", index_name, 64,
                                      len(tok.encode_chat(bodies[0]["messages"])), prep, dec, after))
-                await index.close()  # type: ignore[attr-defined]  # every backend has it; BlockIndex does not say
+                await index.close()
             tok, timed = timed_tokenizer(load_tokenizer(DATA_DIR))
             index = make_index(index_name, url=redis.url)
             router = make_router(tok, index, 64)
@@ -191,7 +191,7 @@ async def decision(args) -> dict:
             for place, runs in places.items():
                 rows.append(never_seen(f"completion, never seen, {place}", index_name, len(tok.encode(texts[0])),
                                        runs))
-            await index.close()  # type: ignore[attr-defined]
+            await index.close()
         for n_inst in (64, 1024):  # a 1k-token prompt, holders among many instances (memory index)
             tok = load_tokenizer(DATA_DIR)
             index = make_index("memory")

@@ -165,6 +165,15 @@ def chaos(out: Mapping[str, Any]) -> str:
     return table(head, rows) + f"\n\n{held} Run time {num(out.get('seconds'))} s." + extra
 
 
+def adapters(out: Mapping[str, Any]) -> str:
+    """kvroute.benchmarks.adapters: a row per part, setup and policy; cached share and its ratio to no adapters."""
+    rows = [[r.get("part"), r.get("setup"), r.get("policy"), num(r.get("requests")), _pct(r.get("cached_share")),
+             num(r.get("vs_none"), digits=3), num(r.get("ttft_p50_ms"), digits=1, unit=" ms"),
+             num(r.get("ttft_p90_ms"), digits=1, unit=" ms")] for r in out.get("rows", [])]
+    head = ["part", "setup", "policy", "requests", "cached", "cached / none", "TTFT p50", "TTFT p90"]
+    return table(head, rows) + f"\n\nAdapters: {', '.join(out.get('adapters') or [])}."
+
+
 def _brief(value: Any) -> str:
     """A detail value in a line: numbers as they are, mappings of numbers inline, the rest left out."""
     if isinstance(value, (int, float)) or value is None:

@@ -98,20 +98,24 @@ class StalledBodies:
 
     async def _front(self, ctx: Context, out: Outcome, proc, front: str) -> None:
         bound = BODY_TIMEOUT_S + LINGER_S + 1.0
-        before = read_memory(proc.pid)[0]
+        memory = read_memory(proc.pid)
+        assert memory is not None  # it runs (until_up saw it)
+        before = memory[0]
         body = HEAD % MB + b" " * (MB - 1)
         held = asyncio.gather(*(_stall(proc.port, "127.0.0.1", body, bound + 10) for _ in range(STALLED)))
         peak = await _memory_while(proc, held)
         big = await held
         await asyncio.sleep(TRIM_DELAY_S + 1.0)  # the router gives the free heap back this long after
-        after = read_memory(proc.pid)[0]
+        memory = read_memory(proc.pid)
+        assert memory is not None  # it runs (it answered the stalled bodies)
+        after = memory[0]
         small = HEAD % MB + b" " * 1000
-        spread = [asyncio.ensure_future(_stall(proc.port, f"127.0.{1 + i // 250}.{2 + i % 250}", small, bound + 10))
+        spreading = [asyncio.ensure_future(_stall(proc.port, f"127.0.{1 + i // 250}.{2 + i % 250}", small, bound + 10))
                   for i in range(STALLED)]
         await asyncio.sleep(1.0)
         normal = [(await post_completion(ctx, proc.url, {"prompt": f"normal {i}", "max_tokens": 2}))[0]
                   for i in range(5)]
-        spread = await asyncio.gather(*spread)
+        spread = await asyncio.gather(*spreading)
         for kind, results in (("1 MiB bodies", big), ("from 200 addresses", spread)):
             late = [r for r in results if r[1] is None or r[1] > bound]
             out.require(not late, "stalled-bodies-closed", self.name,

@@ -44,6 +44,7 @@ class Fuzz:
     async def run(self, ctx: Context) -> Outcome:
         engine, router = ctx.fleet.engines[0], ctx.fleet.routers[0]
         info = await get_json(ctx.session, engine.url + "/kv/info")
+        assert info is not None  # the fleet is up: the engine answers /kv/info
         limits = Limits.derive(int(info["max_model_len"]), int(info["vocab_size"]))  # what the targets enforce
         canary = await Canary().start()
         out = Outcome()

@@ -65,7 +65,7 @@ class EngineStuckStep:
             await until_up(ctx, router, routable=2)
             await asyncio.sleep(PATIENCE_S + 1.0)  # idle for longer than the patience: never stalled
             idle = await _row(ctx, router.url, "e-stuck")
-            out.require(idle.get("routable") and not idle.get("stalled"), "idle-never-stalled", self.name,
+            out.require(bool(idle.get("routable")) and not idle.get("stalled"), "idle-never-stalled", self.name,
                         f"e-stuck, idle, was taken out: {idle}")
             results = await self._ask(ctx, router.url)
             out.eject_s = await ctx.wait(lambda: self._stalled(ctx, router.url))

@@ -116,6 +116,7 @@ class KeyBoundTenant:
                                            "default": {"rate": 1000}})
         refused = ctx.fleet.spawn("router-header-keys", ["router", "--engine", ctx.fleet.engines[0].url,
                                                          "--tenants", path, "--tenant-header", "x-tenant"])
+        assert refused.popen is not None  # spawn() started it
         try:
             code = await asyncio.to_thread(refused.popen.wait, ctx.config.wait_s)
         except subprocess.TimeoutExpired:  # it started and serves: the invariant below is broken

@@ -29,7 +29,7 @@ from kvroute.router.decision.policies.round_robin import RoundRobinPolicy
 
 DEFAULT_POLICY = "kv_aware"
 
-POLICIES: dict[str, type] = {
+POLICIES: dict[str, type[Policy]] = {
     "round_robin": RoundRobinPolicy,
     "random": RandomPolicy,
     "least_load": LeastLoadPolicy,
@@ -44,7 +44,7 @@ _INJECTED = ("rng", "clock")
 
 def policy_params(name: str) -> tuple[str, ...]:
     """The parameter names policy `name` accepts (its config fields)."""
-    config_class = _policy_class(name).config_class
+    config_class = getattr(_policy_class(name), "config_class", None)  # PolicyBase's, a class attribute
     return tuple(f.name for f in dataclasses.fields(config_class)) if config_class else ()
 
 
@@ -59,7 +59,7 @@ def make_policy(name: str, **params) -> Policy:
     return cls(**params)
 
 
-def _policy_class(name: str) -> type:
+def _policy_class(name: str) -> type[Policy]:
     try:
         return POLICIES[name]
     except KeyError:

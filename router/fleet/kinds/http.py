@@ -19,11 +19,12 @@ class NotServed(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class EngineHTTP:
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession | None  # None: a cluster driven by hand (tests), that fetches nothing
     timeout_s: float
 
     async def _read(self, method: str, url: str, json: dict | None = None) -> bytes:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        assert self.session is not None, "made without a session: nothing is fetched"
         async with self.session.request(method, url, json=json, timeout=timeout) as r:
             if r.status in (404, 405, 501):
                 raise NotServed(f"{method} {url} answered HTTP {r.status}")
@@ -49,6 +50,7 @@ class EngineHTTP:
         /kv/snapshot): its JSON, whole (a snapshot is the engine's whole cache, so no size cap here).
         BadAnswer for an error status or a body that is not JSON."""
         timeout = aiohttp.ClientTimeout(total=self.timeout_s + wait_s)
+        assert self.session is not None, "made without a session: nothing is fetched"
         async with self.session.get(url + path, params=params or None, timeout=timeout) as r:
             if r.status != 200:
                 raise BadAnswer(f"GET {path} answered HTTP {r.status}")

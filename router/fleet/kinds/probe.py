@@ -59,7 +59,8 @@ async def served_model(http: EngineHTTP, url: str) -> ServedModel:
 
 async def tokenizer_fingerprint(http: EngineHTTP, url: str, model: str, tokenizer: Tokenizer) -> str:
     """The router's fingerprint when the engine's /tokenize agrees (or cannot be asked), else why not."""
-    checks = [("completion", {"model": model, "prompt": PROBE_TEXT}, tokenizer.encode(PROBE_TEXT))]
+    checks: list[tuple[str, dict[str, object], list[int]]] = [
+        ("completion", {"model": model, "prompt": PROBE_TEXT}, tokenizer.encode(PROBE_TEXT))]
     if tokenizer.chat_template is not None:
         checks.append(("chat", {"model": model, "messages": PROBE_CHAT, "add_generation_prompt": True},
                        tokenizer.encode_chat(PROBE_CHAT)))
