@@ -91,6 +91,17 @@ def test_environment_variables_of_every_kind():
     assert parse("router", [], {**env, "KVROUTE_ROUTER_ADMIN_KEY": "own"}).admin_key == "own"  # its own name first
 
 
+def test_a_flag_taking_several_items_extends_and_its_variable_splits_them():
+    """--lora-modules as vLLM's: several NAME=DIR after one flag, the flag repeated, or the variable."""
+    args = parse("engine", ["--lora-modules", "a=/x", "b=/y", "--lora-modules", "c=/z"], {})
+    assert args.lora_modules == ("a=/x", "b=/y", "c=/z")
+    assert parse("engine", [], {"KVROUTE_ENGINE_LORA_MODULES": "a=/x b=/y"}).lora_modules == ("a=/x", "b=/y")
+    config = build(EngineConfig, backend="sim", lora_modules=["a", "b"], max_loras=2)
+    assert config.runner.lora_modules == ("a", "b") and config.runner.adapter_slots == 2
+    with pytest.raises(ValueError, match="is the base model's"):
+        build(EngineConfig, backend="sim", lora_modules=("m",), served_model_name="m")
+
+
 @pytest.mark.parametrize("var, value, said", [
     ("KVROUTE_ROUTER_PORT", "eighty", "$KVROUTE_ROUTER_PORT: --port takes an integer, got 'eighty'"),
     ("KVROUTE_ROUTER_PORT", "70000", "$KVROUTE_ROUTER_PORT: --port must be between 0 and 65535, got 70000"),
