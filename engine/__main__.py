@@ -1,5 +1,6 @@
 import sys
 
 from kvroute.engine.service.cli import main
+from kvroute.router.contract.interrupt import run_command
 
-sys.exit(main())
+sys.exit(run_command("kvroute engine", main))

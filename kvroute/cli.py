@@ -9,6 +9,8 @@ import importlib
 import os
 import sys
 
+from kvroute.router.contract.interrupt import interrupted, run_command
+
 SUBCOMMANDS = {
     "engine": ("kvroute.engine.service.cli", "Run an engine server (paged KV cache, prefix caching, KV events)."),
     "router": ("kvroute.router.service.cli", "Run the KV-cache-aware OpenAI-compatible router."),
@@ -65,7 +67,9 @@ def _main(argv: list[str] | None) -> int:
     except ModuleNotFoundError as e:
         print(f"kvroute {name}: not available ({e})", file=sys.stderr)
         return 2
-    return int(module.main(rest) or 0)
+    except KeyboardInterrupt:  # Ctrl-C while a heavy import (torch) loads
+        return interrupted(f"kvroute {name}")
+    return run_command(f"kvroute {name}", module.main, rest)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,13 @@ from kvroute.loadgen.cli import check_load_args
 from kvroute.loadgen.client import TargetError, probe_target
 from kvroute.loadgen.load_flags import LoadFlags
 from kvroute.loadgen.local_cluster import ClusterSpec, LocalCluster
+from kvroute.loadgen.out_dir import ForceFlag, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import Run, markdown_table, verdict, write_report, write_run
 from kvroute.loadgen.runner import run_load
 from kvroute.loadgen.workloads import knob_flags
 from kvroute.router.contract.cli_parser import Command, SettingsParser
+from kvroute.router.contract.interrupt import interrupted
 
 PROG = "kvroute bench"
 
@@ -63,7 +65,8 @@ PD_RANDOM = {"input_tokens": 2048, "min_input_tokens": 128, "output_tokens": 128
 
 
 COMMAND = Command(prog=PROG, description="Compare routing policies on a local cluster, same workload and seed.",
-                  env_prefix="KVROUTE_BENCH_", sections=(BenchFlags, LoadFlags, knob_flags), doc="docs/loadgen.md")
+                  env_prefix="KVROUTE_BENCH_", sections=(BenchFlags, ForceFlag, LoadFlags, knob_flags),
+                  doc="docs/loadgen.md")
 
 
 def build_parser(prog: str = PROG) -> SettingsParser:
@@ -220,6 +223,7 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
         raise ValueError(f"--tier-runs must list device first, then any of {', '.join(TIER_RUNS[1:])}")
     extras = parse_targets(args.extra_target)
     check_load_args(args)
+    check_out_dir(args.out, args.force)
     return args, policies, extras
 
 
@@ -253,8 +257,7 @@ def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, s
     try:
         runs = asyncio.run(bench(args, policies, extras))
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; all processes stopped", file=sys.stderr)
-        return 130
+        return interrupted(prog, "interrupted; all processes stopped")
     except (RuntimeError, OSError, TargetError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import dataclasses
 import math
-import pathlib
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -23,6 +22,7 @@ from kvroute.loadgen.adapters import parse_adapters, with_adapters
 from kvroute.loadgen.arrivals import ArrivalConfig, count_within
 from kvroute.loadgen.client import TargetError, normalize_target, probe_target
 from kvroute.loadgen.load_flags import LoadFlags
+from kvroute.loadgen.out_dir import ForceFlag, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import write_run
 from kvroute.loadgen.runner import LoadConfig, LoadResult, run_load
@@ -30,6 +30,7 @@ from kvroute.loadgen.summary import format_summary
 from kvroute.loadgen.tenants import parse_tenant, run_tenants, tenant_summary, workload_of
 from kvroute.loadgen.workloads import knob_flags, knob_names, make_workload, split_name
 from kvroute.router.contract.cli_parser import Command, SettingsParser
+from kvroute.router.contract.interrupt import INTERRUPTED, interrupted
 from kvroute.router.contract.settings import setting
 
 PROG = "kvroute loadgen"
@@ -50,7 +51,8 @@ class LoadgenRun:
 
 
 COMMAND = Command(prog=PROG, description="Drive an OpenAI-compatible endpoint with a workload and measure it.",
-                  env_prefix="KVROUTE_LOADGEN_", sections=(LoadgenRun, LoadFlags, knob_flags), doc="docs/loadgen.md")
+                  env_prefix="KVROUTE_LOADGEN_", sections=(LoadgenRun, ForceFlag, LoadFlags, knob_flags),
+                  doc="docs/loadgen.md")
 
 
 def build_parser() -> SettingsParser:
@@ -113,8 +115,7 @@ def check_load_args(args: argparse.Namespace, target: str = "") -> tuple[LoadCon
 
 
 def _check(args: argparse.Namespace) -> tuple[LoadConfig, object, int]:
-    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} exists and is not a directory")
+    check_out_dir(args.out, args.force)
     if args.tenant:
         if args.workload:
             raise ValueError("give --workload or --tenant specs, not both")
@@ -223,8 +224,7 @@ def _in_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> tuple[T | None, int 
         print(f"{PROG}: {e}", file=sys.stderr)
         return None, 1
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return None, 130
+        return None, interrupted(PROG)
 
 
 def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) -> int:
@@ -239,7 +239,7 @@ def _finish(args: argparse.Namespace, config: LoadConfig, result: LoadResult) ->
     print(format_summary(summary))
     if result.interrupted:
         print(f"{PROG}: interrupted; wrote the {len(result.records)} requests that finished", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     if result.records and summary["completed"] == 0:
         print(f"{PROG}: all {len(result.records)} requests failed: {next(iter(summary['error_kinds']))}",
               file=sys.stderr)

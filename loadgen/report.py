@@ -115,7 +115,8 @@ def _markdown(runs: Sequence[Run]) -> str:
 
 
 def verdict(runs: Sequence[Run], *, subject: str | None = None, baseline: str | None = None) -> str | None:
-    """One line: the subject run's TTFT p90 against the baseline run's, and every run's cached-token share.
+    """One line: the subject run's TTFT p90 against the baseline run's (and its p99 when that points the other
+    way: better at p90 but worse at p99, or the reverse), and every run's cached-token share.
 
     `subject` and `baseline` name runs; left out, they are the last run and the first.
     """
@@ -130,8 +131,17 @@ def verdict(runs: Sequence[Run], *, subject: str | None = None, baseline: str | 
     if not b or c is None:
         return None
     cached = ", ".join(f"{r.name} {_cell(r.summary, 'cached_token_ratio', 100, 0, '%')}" for r in runs)
-    return (f"{best.name}'s TTFT p90 is {c / b:.2f}x {base.name}'s ({c * 1000:.0f} ms vs {b * 1000:.0f} ms); "
-            f"cached tokens: {cached}")
+    return (f"{best.name}'s TTFT p90 is {c / b:.2f}x {base.name}'s ({c * 1000:.0f} ms vs {b * 1000:.0f} ms)"
+            f"{_p99_against(best, base, c > b)}; cached tokens: {cached}")
+
+
+def _p99_against(subject: Run, baseline: Run, worse_at_p90: bool) -> str:
+    """", but its TTFT p99 is ..." when the subject's p99 compares with the baseline's the other way
+    from its p90 (a tail the p90 hides); "" when they agree or a p99 is missing."""
+    b, c = baseline.summary.get("ttft_p99_s"), subject.summary.get("ttft_p99_s")
+    if not b or c is None or c == b or (c > b) == worse_at_p90:
+        return ""
+    return f", but its TTFT p99 is {c / b:.2f}x ({c * 1000:.0f} ms vs {b * 1000:.0f} ms)"
 
 
 def write_report(out_dir: str | pathlib.Path, items: Sequence[Run | tuple | Mapping]) -> dict[str, pathlib.Path]:

@@ -1,5 +1,6 @@
 import sys
 
+from kvroute.router.contract.interrupt import run_command
 from kvroute.router.service.cli import main
 
-sys.exit(main())
+sys.exit(run_command("kvroute router", main))

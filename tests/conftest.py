@@ -8,6 +8,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.support.loopback import LoopbackServer  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
+# the test process's memory: what a test leaves for the cyclic collector goes before the next one; the run ends
+# with its peak RSS per process (--rss-top N, --rss-each-test, --rss-limit-mb M)
+pytest_plugins = ("tests.support.process_memory",)
+
 FOLDER_MARKERS = ("unit", "process")  # tests/unit: in-process; tests/process: start processes or redis-server
 
 
@@ -71,7 +75,7 @@ async def http():
 async def start_router():
     """Start router apps on loopback over given engine URLs; yields (base URL, server)."""
     from kvroute.router.contract.settings_values import build
-    from kvroute.router.service.app import create_app, site_for
+    from kvroute.router.service.app import create_app
     from kvroute.router.service.config import RouterConfig
 
     servers = []
@@ -81,13 +85,22 @@ async def start_router():
         overrides.setdefault("load_interval_s", 0.05)
         overrides.setdefault("events_timeout_s", 0.5)
         overrides.setdefault("seed", 0)
-        if os.environ.get("KVROUTE_TEST_HTTP_SERVER"):  # aiohttp: every router test without the lean front
-            overrides.setdefault("http_server", os.environ["KVROUTE_TEST_HTTP_SERVER"])
         config = build(RouterConfig, engines=tuple(engines), port=0, **overrides)
-        server = await LoopbackServer(create_app(config), site=site_for(config)).start()
+        server = await LoopbackServer(create_app(config)).start()
         servers.append(server)
         return server.url, server
 
     yield start
     for server in servers:
         await server.close()
+
+
+@pytest.fixture
+async def picker(start_router):
+    """Routers with their endpoint picker on (tests/support/picker_fleet.py): `await picker(engines, **kw)`
+    gives (router URL, server, gRPC channel)."""
+    from tests.support.picker_fleet import PickerFleets  # grpc: only for the tests that use it
+
+    fleets = PickerFleets(start_router)
+    yield fleets.start
+    await fleets.close()

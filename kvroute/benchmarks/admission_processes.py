@@ -1,6 +1,6 @@
 """The real-process overload runs of docs/admission.md, and their table.
 
-    python -m kvroute.benchmarks.admission_processes OUT_DIR [--router-flags "--http-server lean --workers 2"]
+    python -m kvroute.benchmarks.admission_processes OUT_DIR [--router-flags "--workers 2"]
     python -m kvroute.benchmarks.admission_processes OUT_DIR --table-only
 
 Per run, a fresh fleet on loopback (the process harness, loadgen/processes.py): 4 `kvroute engine

@@ -17,11 +17,12 @@ from kvroute.loadgen.chaos.config import ChaosConfig
 from kvroute.loadgen.chaos.rows import markdown
 from kvroute.loadgen.chaos.runner import run_chaos
 from kvroute.loadgen.chaos.scenarios import SCENARIOS, chosen
+from kvroute.loadgen.out_dir import ForceFlag, check_out_dir
 from kvroute.router.contract.cli_parser import Command, SettingsParser, given
-from kvroute.router.contract.settings_values import build
+from kvroute.router.contract.settings_values import build, pick
 
 COMMAND = Command(prog="kvroute chaos", description=__doc__.split("\n")[0], env_prefix="KVROUTE_CHAOS_",
-                  sections=(ChaosConfig,), doc="docs/loadgen.md",
+                  sections=(ChaosConfig, ForceFlag), doc="docs/loadgen.md",
                   epilog="scenarios: " + "; ".join(f"{n}: {s.summary}" for n, s in SCENARIOS.items()))
 
 
@@ -31,7 +32,7 @@ def build_parser() -> SettingsParser:
 
 def config_from(args: argparse.Namespace) -> ChaosConfig:
     """The settings given; with --quick, its smaller fleet and sample for those not given."""
-    values = {name: getattr(args, name) for name in given(args)}
+    values = pick(ChaosConfig, {name: getattr(args, name) for name in given(args)})
     if args.quick:
         values = {**ChaosConfig.quick_defaults(), **values}
     config = build(ChaosConfig, **values)
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from(args)
+        if config.out:
+            check_out_dir(config.out, args.force)
     except ValueError as e:
         print(f"kvroute chaos: {e}", file=sys.stderr)
         return 2

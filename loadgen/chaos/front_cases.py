@@ -1,6 +1,6 @@
-"""Hostile and odd request bytes, each with the one answer both of the router's HTTP fronts must give
-(router/service/lean_server.py and aiohttp's server): the statuses in order (interim `100 Continue`
-included) and what becomes of the connection after the last one.
+"""Hostile and odd request bytes, each with the one answer the router's HTTP server must give (aiohttp's,
+under the connection rules of router/contract/connections.py): the statuses in order (interim
+`100 Continue` included) and what becomes of the connection after the last one.
 
     open     kept alive (no close within the settle time)
     closed   closed right after the answer (a 400 for a malformed head; an answer sent before the
@@ -10,8 +10,8 @@ included) and what becomes of the connection after the last one.
 Findings of the third hostile round (issue 36): 4 (a stalled body), 5 (upgrades and CONNECT,
 alone and pipelined after a normal request), 11 (Host, header count, bare LF, trailing space in
 Authorization, `Expect: 100-continue` with a 50 MB body); plus the framing cases of request
-smuggling and the plain ones. The router under test runs with `--api-key KEY`; tests and the
-`fronts-agree` chaos scenario send every case to both fronts.
+smuggling and the plain ones. The router under test runs with `--api-key KEY`; tests
+(tests/unit/test_front_cases.py) and the `front-cases` chaos scenario send every case.
 """
 
 from __future__ import annotations

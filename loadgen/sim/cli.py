@@ -113,11 +113,16 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
         raise ValueError("--routers > 1 takes no --pd-sweep, --planner or --suite")
     if args.pd_sweep and (len(policies) != 1 or config.instances < 2 or args.records):
         raise ValueError("--pd-sweep takes one --policy, at least 2 --instances and no --records")
+    _check_files(args)
+    return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    """--out and --records name files that can be written, before any work."""
     for flag in ("out", "records"):
         path = getattr(args, flag)
         if path is not None and (Path(path).is_dir() or not Path(path).absolute().parent.is_dir()):
             raise ValueError(f"--{flag} {path}: not a file in an existing directory")
-    return config, policies, ArrivalConfig(rate=args.rate, burstiness=args.burstiness)
 
 
 def sim_tenant(text: str) -> tuple[TenantLoad, float, int | None]:
@@ -209,18 +214,21 @@ def _describe(workload, args: argparse.Namespace) -> dict:
     return workload.info() if hasattr(workload, "info") else {"workload": workload.name}
 
 
+def _profile(args: argparse.Namespace) -> dict:
+    """--profile: one engine's prefill and decode capacities for the cost model, at --slo-tpot."""
+    if args.slo_tpot is None:
+        raise ValueError("--profile needs --slo-tpot")
+    _check_files(args)
+    config = _config(args)
+    return profile(get_cost_model(config.runner.cost_model), args.slo_tpot, args.profile_context,
+                   config.batch.max_batched_tokens, config.batch.max_running)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        if args.profile:
-            if args.slo_tpot is None:
-                raise ValueError("--profile needs --slo-tpot")
-            config = _config(args)
-            print(json.dumps(profile(get_cost_model(config.runner.cost_model), args.slo_tpot, args.profile_context,
-                                     config.batch.max_batched_tokens, config.batch.max_running), indent=2))
-            return 0
-        out = run(args)
+        out = _profile(args) if args.profile else run(args)
     except SystemExit as e:  # --help, or a usage error (said on stderr)
         return int(e.code or 0)
     except ValueError as e:
@@ -228,9 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(out, indent=2)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    if args.json:
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            print(f"{PROG}: cannot write {args.out}: {e}", file=sys.stderr)
+            return 1
+    if args.json or args.profile:
         print(text)
     else:
         print(format_suite(out) if args.suite else format_sweep(out) if "pd_sweep" in out else format_table(out))

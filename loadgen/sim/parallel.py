@@ -24,6 +24,7 @@ from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.runner import SimConfig, simulate
 from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.contract.interrupt import ignore_interrupts
 from kvroute.router.planner.decide import PlannerConfig
 
 
@@ -58,17 +59,30 @@ def run_policies(run: PolicyRun, policies: list[str],
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         outcomes = [_simulate_one(run, name) for name in policies]
     else:
-        global _RUN
-        _RUN = run
-        try:
-            fork = multiprocessing.get_context("fork")
-            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=fork) as pool:
-                outcomes = list(pool.map(_simulate_forked, policies))
-        finally:
-            _RUN = None
+        outcomes = _in_children(run, policies, workers)
     summaries = {name: summary for name, (summary, _) in zip(policies, outcomes)}
     records = {name: recs for name, (_, recs) in zip(policies, outcomes) if recs is not None}
     return summaries, records
+
+
+def _in_children(run: PolicyRun, policies: list[str], workers: int) -> list[tuple[dict, list[RequestRecord] | None]]:
+    """Every policy in a forked child, up to `workers` at a time. The children ignore Ctrl-C, which
+    reaches the terminal's whole process group: on any exception here (KeyboardInterrupt too) this
+    process stops them at once instead of waiting for their simulations to end (interrupt.py)."""
+    global _RUN
+    _RUN = run
+    before = set(multiprocessing.active_children())
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                                  initializer=ignore_interrupts)
+    try:
+        return list(pool.map(_simulate_forked, policies))
+    except BaseException:
+        for child in set(multiprocessing.active_children()) - before:
+            child.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _RUN = None
 
 
 def _simulate_forked(name: str) -> tuple[dict, list[RequestRecord] | None]:
@@ -83,8 +97,7 @@ def _simulate_one(run: PolicyRun, name: str) -> tuple[dict, list[RequestRecord] 
     collection; refcounting still frees them) -- a command's process, not a library call."""
     started = time.perf_counter()
     if run.progress:
-        print(f"{run.prog}: {name} on {run.config.instances} instances, {len(run.specs)} requests ...",
-              file=sys.stderr, flush=True)
+        _say(f"{run.prog}: {name} on {run.config.instances} instances, {len(run.specs)} requests ...")
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -95,5 +108,11 @@ def _simulate_one(run: PolicyRun, name: str) -> tuple[dict, list[RequestRecord] 
         if was_enabled:
             gc.enable()
     if run.progress:
-        print(f"{run.prog}: {name} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        _say(f"{run.prog}: {name} done in {time.perf_counter() - started:.1f} s")
     return summary, result.records if run.keep_records else None
+
+
+def _say(line: str) -> None:
+    """One progress line on stderr in one write: the policies' children share it, and print's separate
+    write of the newline let their lines run into each other."""
+    print(line + "\n", end="", file=sys.stderr, flush=True)

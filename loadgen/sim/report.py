@@ -17,6 +17,7 @@ COLUMNS = (  # (header, summary key, scale, digits)
     ("ttft p99 ms", "ttft_p99_s", 1e3, 1),
     ("tpot p50 ms", "tpot_p50_s", 1e3, 2),
     ("cached %", "cached_token_ratio", 100, 1),
+    ("instances used", "instances_used", 1, 0),
     ("goodput %", "goodput", 100, 1),
     ("decide us", "decision_us_mean", 1, 1),
     ("decide p99 us", "decision_us_p99", 1, 1),
@@ -25,6 +26,13 @@ COLUMNS = (  # (header, summary key, scale, digits)
     ("index entries", "index_entries", 1, 0),
     ("wall s", "sim_wall_s", 1, 1),
 )
+
+
+DERIVED = {"instances_used": lambda s: len(s["instance_requests"]) if s.get("instance_requests") else None}
+
+
+def _value(s: Mapping[str, Any], key: str) -> Any:
+    return DERIVED[key](s) if key in DERIVED else s.get(key)
 
 
 def relative_to_oracle(results: Mapping[str, Mapping[str, Any]]) -> dict | None:
@@ -57,7 +65,7 @@ def format_table(out: Mapping[str, Any]) -> str:
         headers += ["cached / oracle", "ttft p90 / oracle"]
     rows = []
     for name, s in results.items():
-        row = [name, *(_cell(s.get(key), scale, digits) for _, key, scale, digits in COLUMNS)]
+        row = [name, *(_cell(_value(s, key), scale, digits) for _, key, scale, digits in COLUMNS)]
         if rel:
             row += [_cell(rel[name]["cached_token_ratio"], 1, 3), _cell(rel[name]["ttft_p90"], 1, 3)]
         rows.append(row)
@@ -68,6 +76,9 @@ def format_table(out: Mapping[str, Any]) -> str:
         "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    note = oracle_note(results, out["config"]["instances"])
+    if note:
+        lines.append(note)
     lines += loss_lines(results)
     for name, s in results.items():
         for message, count in (s.get("error_kinds") or {}).items():
@@ -94,6 +105,28 @@ def loss_lines(results: Mapping[str, Mapping[str, Any]], reference: str = ORACLE
             lines.append(f"  gap to {reference} {gap['gap']:+.1%} = " + " ".join(
                 f"{c} {gap[c]:+.1%}" for c in CAUSES) + f" (sum {parts:+.1%})")
     return lines
+
+
+def oracle_note(results: Mapping[str, Mapping[str, Any]], instances: int) -> str | None:
+    """Why the oracle's TTFT p90 can be above another policy's, when it is (docs/loadgen.md#the-oracle-and-the-tail).
+
+    The oracle gives each request the lowest TTFT it can have when it arrives (its prediction is exact),
+    so it never pays a cold prefill to copy a prefix to another instance: it keeps sending a prefix's
+    requests to the instances that hold it, and their bigger batches slow every later request there a
+    little (a higher p50 and p90, and TPOT) where a spreading policy slows a few requests a lot (p99)."""
+    oracle = results.get(ORACLE) or {}
+    p90 = oracle.get("ttft_p90_s")
+    lower = {n: s["ttft_p90_s"] for n, s in results.items()
+             if n != ORACLE and p90 is not None and s.get("ttft_p90_s") is not None and s["ttft_p90_s"] < p90}
+    if p90 is None or not lower:
+        return None
+    below = ", ".join(f"{n}'s {v * 1e3:.1f} ms" for n, v in lower.items())
+    busiest = max((oracle.get("instance_share") or {0: 0.0}).values())
+    return (f"note: the oracle's TTFT p90 ({p90 * 1e3:.1f} ms) is above {below}: it minimises each request's "
+            f"own TTFT on arrival, so it never pays a cold prefill to spread a prefix; it served from "
+            f"{_value(oracle, 'instances_used')} of {instances} instances, the busiest taking {busiest:.1%} of the "
+            f"requests (an even share: {1 / instances:.1%}), whose bigger batches slow later requests a little "
+            f"instead of a few a lot: compare the p99 column (docs/loadgen.md, the oracle and the tail)")
 
 
 def format_suite(out: Mapping[str, Any]) -> str:

@@ -10,7 +10,8 @@ instances of 1,024 blocks, the bench's sizing, 5 ms request overhead) over:
     random          1,088-token prompts sharing nothing, 24 req/s
     hot-prefix      one 3,072-token prompt shared by every request, 100 req/s: more than one
                     instance can serve, so the prefix must be copied (replication)
-    mooncake        the Mooncake trace (../shared/traces/, scaled as `trace` does by default)
+    mooncake        the Mooncake FAST'25 synthetic trace, shipped in the package (loadgen/data/,
+                    3,993 requests), scaled as `trace` does by default
     pressure-D      doc-qa with D = 16, 32, 48, 64, 96 documents of 2,400 tokens, Zipf 0.9,
                     40-token questions, 8 output tokens, 24 req/s: the same pools under more
                     and more pressure (48 documents nearly fill the fleet's 8,192 blocks)
@@ -48,7 +49,7 @@ STRONGER = "oracle_future"
 SUITE_POLICIES = ("round_robin", "least_load", "prefix_hash", "kv_aware", ORACLE, STRONGER)
 TARGET = {"policy": "kv_aware", "ttft_p90": 1.25, "cached_token_ratio": 0.98}
 PRESSURE_DOCUMENTS = (16, 32, 48, 64, 96)
-DEFAULT_TRACE = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+DEFAULT_TRACE = pathlib.Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl.gz"
 KEPT = ("requests", "errors", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "cached_token_ratio",
         "goodput", "preemptions", "decision_us_mean", "sim_wall_s", "routing_loss")
 
@@ -78,7 +79,7 @@ def suite_cases(trace: str | pathlib.Path | None = DEFAULT_TRACE) -> tuple[list[
     if trace is not None and pathlib.Path(trace).is_file():
         cases.append(Case("mooncake", f"trace:{trace}", {}, None))
     else:
-        skipped.append(f"mooncake: skipped, no trace file at {trace} (see ../shared/traces/README.md)")
+        skipped.append(f"mooncake: skipped, no trace file at {trace}")
     for documents in PRESSURE_DOCUMENTS:
         cases.append(Case(f"pressure-{documents}", "doc-qa", dict(
             num_requests=3000, documents=documents, doc_tokens=2400, question_tokens=40, output_tokens=8,

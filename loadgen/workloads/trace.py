@@ -1,4 +1,4 @@
-"""trace:FILE: replay a Mooncake-format JSONL trace with synthetic content, scaled to a small machine.
+"""trace:FILE: replay a Mooncake-format JSONL trace (plain or .gz) with synthetic content, scaled to a small machine.
 
 Each line is {"timestamp": ms, "input_length": tokens, "output_length": tokens,
 "hash_ids": [...]}; each hash id stands for one 512-token block of prompt content,
@@ -15,9 +15,11 @@ rate). `num_requests` takes the first N lines. `info()` says how it scaled.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import pathlib
+from typing import IO
 
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.loadgen.workloads.content import check_int, check_number, keyed_tokens
@@ -51,22 +53,34 @@ class TraceConfig:
 def read_trace(path: str, limit: int | None = None) -> list[dict]:
     """The first `limit` lines of a Mooncake trace, checked; ValueError names the bad line."""
     lines: list[dict] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if limit is not None and len(lines) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                entry = {"timestamp": float(row["timestamp"]), "input_length": int(row["input_length"]),
-                         "output_length": int(row["output_length"]), "hash_ids": [int(h) for h in row["hash_ids"]]}
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path} line {n}: not a Mooncake trace line ({e})") from None
-            lines.append(entry)
+    try:
+        with _open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                if limit is not None and len(lines) >= limit:
+                    break
+                if line.strip():
+                    lines.append(_entry(path, n, line))
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # unreadable, a broken .gz, not text
+        raise ValueError(f"cannot read trace file {path!r}: {e}") from None
     if not lines:
         raise ValueError(f"trace file {path!r} has no requests")
     return lines
+
+
+def _entry(path: str, n: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+        return {"timestamp": float(row["timestamp"]), "input_length": int(row["input_length"]),
+                "output_length": int(row["output_length"]), "hash_ids": [int(h) for h in row["hash_ids"]]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} line {n}: not a Mooncake trace line ({e})") from None
+
+
+def _open_text(path: str) -> IO[str]:
+    """The file as text, gunzipped when its name ends in .gz (the packaged sample is)."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
 
 
 class TraceWorkload:

@@ -28,9 +28,8 @@ all, or holds connections from many addresses, is closed; the healthy ones are s
 
 `GuardedRunner` is `web.AppRunner` with these rules; the limits come from the app
 (`app[CONNECTION_LIMITS]`, defaults when absent) and what it closed is in `app[CONNECTION_GUARD]`.
-aiohttp's side is router/contract/guarded_handler.py, the router's lean front
-router/service/lean_server.py; tests/process/test_connections.py and
-tests/unit/test_front_parity.py hold both to the behaviour.
+aiohttp's side is router/contract/guarded_handler.py; tests/process/test_connections.py and
+tests/unit/test_front_cases.py hold the servers to the behaviour.
 """
 
 from __future__ import annotations

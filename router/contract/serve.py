@@ -16,6 +16,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from kvroute.router.contract.connections import GuardedRunner
+from kvroute.router.contract.interrupt import INTERRUPTED
 from kvroute.router.contract.settings import check_settings, setting
 
 log = logging.getLogger(__name__)
@@ -88,21 +89,19 @@ SHUTDOWN = web.AppKey("shutdown", asyncio.Event)  # an app may set it to stop it
 
 
 def run_app(app: web.Application, sock: socket.socket, name: str,
-            on_sigterm: Callable[[], None] | None = None,
-            site: Callable[[web.AppRunner, socket.socket], web.BaseSite] | None = None) -> int:
+            on_sigterm: Callable[[], None] | None = None) -> int:
     """Serve `app` on a socket from `bind_socket` until SIGINT, SIGTERM (or what `on_sigterm`
     does instead: a drain, which ends by setting app[SHUTDOWN]) or app[SHUTDOWN] is set.
-    `site` makes the listening site from the runner and the socket (None: aiohttp's). Logs "<name> listening on
-    URL" once it is up."""
+    Logs "<name> listening on URL" once it is up. The exit status: 0, or 130 when SIGINT (Ctrl-C) stopped
+    it (interrupt.py)."""
     install_uvloop()
     try:
-        return asyncio.run(_serve(app, sock, name, on_sigterm, site))
-    except KeyboardInterrupt:
-        return 0
+        return asyncio.run(_serve(app, sock, name, on_sigterm))
+    except KeyboardInterrupt:  # before the loop took SIGINT over
+        return INTERRUPTED
 
 
-async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigterm: Callable[[], None] | None,
-                 site: Callable[[web.AppRunner, socket.socket], web.BaseSite] | None) -> int:
+async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigterm: Callable[[], None] | None) -> int:
     if SHUTDOWN not in app:
         app[SHUTDOWN] = asyncio.Event()
     stop = app[SHUTDOWN]
@@ -111,16 +110,24 @@ async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigter
     runner = GuardedRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
-        await (site or web.SockSite)(runner, sock).start()
+        await web.SockSite(runner, sock).start()
     except OSError as e:
         print(f"kvroute: cannot serve on {url}: {e}", file=sys.stderr)
         await runner.cleanup()
         return 1
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
+    interrupted = asyncio.Event()
+
+    def on_sigint() -> None:
+        interrupted.set()
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
     loop.add_signal_handler(signal.SIGTERM, on_sigterm or stop.set)
     log.info("%s listening on %s", name, url)
     settle_gc()
     await stop.wait()
+    if interrupted.is_set():
+        log.info("%s interrupted (SIGINT); stopping", name)
     await runner.cleanup()
-    return 0
+    return INTERRUPTED if interrupted.is_set() else 0

@@ -129,6 +129,8 @@ class Declared:
     def check(self, value: Any) -> None:
         if value is None and self.optional or value == self.default:  # the declared default is allowed
             return
+        if self.repeat and isinstance(value, str):  # a config made in code: each character would be an item
+            raise ValueError(f"{self.flag} takes a tuple of values, got the string {value!r}")
         for item in (value if self.repeat else (value,)):
             choices = self.choices()
             if choices is not None and item not in choices:

@@ -162,6 +162,8 @@ class Cluster(Generic[Settings, Metrics]):
             inst.needs_resync = True
             log.info("instance %s at %s: model=%s role=%s block_size=%d", info.instance_id, inst.url, info.model,
                      info.role, info.block_size)
+            if inst.without_kv_events:
+                log.warning("instance %s at %s is %s", info.instance_id, inst.url, inst.without_kv_events)
 
     def problems_of(self, info: EngineInfo) -> list[str]:
         return self.shape.problems_of(info)
@@ -202,7 +204,7 @@ class Cluster(Generic[Settings, Metrics]):
         try:
             if inst.info is None:
                 await self.discover(inst)
-                self._recovered(inst)
+                self._first_contact(inst)
                 return
             await self._check_health(inst)
         except (TimeoutError, aiohttp.ClientError, ValueError) as e:
@@ -261,6 +263,12 @@ class Cluster(Generic[Settings, Metrics]):
     def _recovered(self, inst: Instance) -> None:
         if inst.last_error is not None:
             log.warning("engine %s (%s) reachable again; it was: %s", inst.url, inst.id, inst.last_error)
+            inst.last_error = None
+
+    def _first_contact(self, inst: Instance) -> None:
+        """Discovered for the first time: failures before it were an engine still starting, not a recovery."""
+        if inst.last_error is not None:
+            log.info("engine %s (%s) reached; until now: %s", inst.url, inst.id, inst.last_error)
             inst.last_error = None
 
     def _may_take_out(self, inst: Instance) -> bool:

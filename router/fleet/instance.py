@@ -162,6 +162,14 @@ class Instance:
         return self.engine_feed and self.kv_feed is None
 
     @property
+    def without_kv_events(self) -> str | None:
+        """Why the router sees nothing of this discovered engine's cache (it routes it on load alone):
+        a vLLM or SGLang engine with no --kv-event-source. None when its KV events come."""
+        if self.info is None or self.engine_feed or self.kv_feed is not None:
+            return None
+        return f"a {self.kind} engine without --kv-event-source: no KV events, routed on load alone"
+
+    @property
     def routable(self) -> bool:
         return self.info is not None and self.healthy and self.reachable and not self.draining and not self.stalled
 
@@ -286,5 +294,6 @@ class Instance:
             "kind": self.kind,
             "engine": dict(self.kind_state),
             "kv_events": self.kv_feed.to_dict() if self.kv_feed is not None else None,
+            "without_kv_events": self.without_kv_events,
             "kv_store": self.tier_costs.store or None if self.tier_costs else None,
         }

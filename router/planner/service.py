@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+import kvroute.router.contract.metric_buckets  # noqa: F401  (turns off *_created series)
 from kvroute.router.contract.http import json_response
 from kvroute.router.contract.protocol import ROLES
 from kvroute.router.fleet.upstream_errors import describe_failure

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import logging
 import os
 import random
 import time
-from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -38,7 +36,7 @@ from kvroute.router.index.instrumented import InstrumentedIndex
 from kvroute.router.index.split import SplitIndex
 from kvroute.router.kvevents.engine_feed import EventSync, PollFollower, RedisFollower
 from kvroute.router.kvevents.follower import ZmqFollower
-from kvroute.router.service import admin, lean_server, tenant_admin
+from kvroute.router.service import admin, route_api, tenant_admin
 from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.admission_metrics import AdmissionMetrics
 from kvroute.router.service.admission_store import RedisLedger
@@ -47,8 +45,11 @@ from kvroute.router.service.app_keys import (
     CONFIG,
     DISAGG,
     ENTRY,
+    EXT_PROC_PORT,
     GATE,
     METRICS,
+    PATH,
+    PICKER,
     PROXY,
     ROUTER,
     SHARED,
@@ -57,10 +58,13 @@ from kvroute.router.service.app_keys import (
 )
 from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation
+from kvroute.router.service.endpoints import Endpoints
 from kvroute.router.service.entry import Entry
 from kvroute.router.service.fleet_admission import SharedAdmission, replica_id
 from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.service.picker import Picker
 from kvroute.router.service.proxy import Proxy
+from kvroute.router.service.request_path import RequestPath
 from kvroute.router.service.routing import Router
 from kvroute.router.service.routing_loss import RoutingLoss
 from kvroute.router.service.silent_miss_alarms import SilentMissAlarms
@@ -134,9 +138,11 @@ async def _router_ctx(app: web.Application):
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke,
                     loss=RoutingLoss(metrics.registry, on_sample=alarms.observe))
     app[CLUSTER], app[ROUTER] = cluster, router
-    app[PROXY] = proxy = Proxy(router, cluster, session)
+    app[PATH] = path = RequestPath(router, cluster, gate)
+    app[PROXY] = proxy = Proxy(path, session)
     app[DISAGG] = disagg = Disaggregation(proxy, config.pd_min_uncached, rng, secret_from(config.kv_secret))
-    app[ENTRY] = Entry(router, cluster, proxy, disagg, gate)
+    app[ENTRY] = Entry(path, cluster, proxy, disagg)
+    app[PICKER] = Picker(path, cluster, Endpoints())
     on_sighup = tenant_admin.reload_on_signal(app[TENANTS])
     zmq_sources = config.foreign_engines()[1]
     app[ZMQ] = zmq_follower = ZmqFollower(cluster.instances, zmq_index, zmq_sources, config.kv_event_topic,
@@ -177,6 +183,21 @@ async def _router_ctx(app: web.Application):
     await session.close()
     proxy.upstream.close()
     pool.close()
+
+
+async def _ext_proc_ctx(app: web.Application):
+    """The endpoint picker's gRPC server (--ext-proc-port), over the same picker as POST /v1/route."""
+    from kvroute.router.service.ext_proc.exchange import Exchange  # grpc and the protos: only with the flag
+    from kvroute.router.service.ext_proc.server import ExtProcServer
+
+    config, cluster, picker, book = app[CONFIG], app[CLUSTER], app[PICKER], app[TENANTS]
+    assert config.ext_proc_port is not None  # this context runs only with the flag
+    server = ExtProcServer(lambda: Exchange(picker, book, cluster.max_body_bytes),
+                           lambda: any(inst.routable for inst in cluster.instances), config.host, config.ext_proc_port)
+    await server.start()
+    app[EXT_PROC_PORT] = server.port
+    yield
+    await server.stop()
 
 
 async def _index_size_loop(cluster: Cluster, metrics: RouterMetrics) -> None:
@@ -257,20 +278,12 @@ async def handle_explain(request: web.Request) -> web.Response:
     roles = request.app[CLUSTER].colocated_roles(prepared.model)
     choice = await router.decide(prepared, record=False, roles=roles)
     out = router.explain(prepared, choice)
-    ticket = request.app[ENTRY].ticket(request, body)
+    ticket = request.app[PATH].ticket(body, request.headers, request.get(TENANT_KEY))
     out["admission"] = request.app[GATE].explain(ticket, await router.predict(prepared, roles))
     return json_response(out)
 
 
 PROXY_ROUTES = {"/v1/completions": handle_completions, "/v1/chat/completions": handle_chat}
-
-
-def site_for(config: RouterConfig) -> Callable[..., web.BaseSite] | None:
-    """How the app is served (run_app's `site`): the proxy path on the lean front with
-    --http-server lean and httptools, else None (aiohttp alone)."""
-    if config.http_server == "lean" and lean_server.available():
-        return functools.partial(lean_server.LeanSite, handlers=PROXY_ROUTES)
-    return None
 
 
 def create_app(config: RouterConfig) -> web.Application:
@@ -284,6 +297,8 @@ def create_app(config: RouterConfig) -> web.Application:
     app[CONNECTION_LIMITS] = config.connections
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
+    if config.ext_proc_port is not None:
+        app.cleanup_ctx.append(_ext_proc_ctx)
     for path, handler in PROXY_ROUTES.items():
         add_body_route(app, path, handler)
     app.router.add_get("/v1/models", handle_models)
@@ -295,4 +310,5 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/router/stats", handle_stats)
     admin.add_routes(app)
     tenant_admin.add_routes(app)
+    route_api.add_routes(app)
     return app

@@ -18,6 +18,17 @@ def build_parser() -> SettingsParser:
     return COMMAND.parser()
 
 
+def _check_gateway_extra() -> None:
+    """--ext-proc-port's packages (grpcio, grpcio-health-checking, xds-protos), or a ValueError saying so."""
+    try:
+        import grpc  # noqa: F401
+        from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # noqa: F401
+        from grpc_health.v1 import health  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"--ext-proc-port needs grpcio, grpcio-health-checking and xds-protos ({e}): "
+                         "pip install 'kvroute[gateway]'") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -27,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         from kvroute.router.contract.tokenizer import load_tokenizer
 
         load_tokenizer(config.tokenizer)
+        if config.ext_proc_port is not None:
+            _check_gateway_extra()
         TenantBook(config.tenants, config.tenant_keys(), config.tenant_header, config.trust_tenant_header)
     except (ValueError, OSError) as e:
         print(f"kvroute router: {e}", file=sys.stderr)
@@ -42,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"kvroute router: {e}", file=sys.stderr)
         return 1
-    from kvroute.router.service.app import create_app, site_for
+    from kvroute.router.service.app import create_app
 
-    return run_app(create_app(config), sock, "router", site=site_for(config))
+    return run_app(create_app(config), sock, "router")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from kvroute.router.contract.settings import check_settings, section, setting
 from kvroute.router.decision.admission import AdmissionConfig
 
 EVENT_SOURCES = ("poll", "redis")
-HTTP_SERVERS = ("lean", "aiohttp")
 
 
 def _policies() -> list[str]:
@@ -131,10 +130,15 @@ class RouterConfig:
                                                 "capacity (else 4x its own)", check=at_least(1))
     workers: int = setting(1, "router processes on one port (SO_REUSEPORT), for more than one core; each keeps its "
                               "own index (or shares --index redis) fed by the same events", check=Range(1, 64))
-    # a 413 sent before the body closes the connection on lean (aiohttp reads the body first)
-    http_server: str = setting("lean", "lean: POST /v1/completions and /v1/chat/completions on a lean httptools "
-                                       "protocol, the rest on aiohttp (same port; aiohttp for all when httptools is "
-                                       "missing); aiohttp: all", choices=HTTP_SERVERS)
+    # The endpoint picker (router/service/ext_proc/): Envoy's ext_proc gRPC service beside the HTTP proxy
+    ext_proc_port: int | None = setting(None, "also serve Envoy's ext_proc gRPC service on PORT: kvroute as the "
+                                              "endpoint picker of a gateway (the Gateway API Inference Extension; "
+                                              "docs/gateway.md); needs kvroute[gateway]", check=Range(0, 65535),
+                                        metavar="PORT", default_text="off")
+    # the GIE protocol's list, tried in order by gateways that implement it
+    ext_proc_fallbacks: int = setting(0, "next-best endpoints after the choice in x-gateway-destination-endpoint, for "
+                                         "gateways that try the list in order (0: the choice alone, as plain Envoy's "
+                                         "ORIGINAL_DST cluster needs)", check=Range(0, 16), metavar="N")
     seed: int | None = setting(None, "seed the policies' random tie-breaks", default_text="random")
 
     def __post_init__(self) -> None:

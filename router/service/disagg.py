@@ -46,6 +46,7 @@ from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.charges import Charges, Dispatch
 from kvroute.router.service.prefilled import first_chunk, parse_prefilled, usage_chunk, valid_handle
 from kvroute.router.service.proxy import INSTANCE_HEADER, RETRYABLE, Proxy
+from kvroute.router.service.request_path import Flight
 from kvroute.router.service.routing import Choice, Prepared
 from kvroute.router.service.steering import with_token_ids
 
@@ -98,10 +99,10 @@ class Disaggregation:
             out["prefill"] = self.router.explain(prepared, prefill)
         return out
 
-    async def handle(self, request: web.Request, body: dict, prepared: Prepared,
-                     charges: Charges) -> web.StreamResponse:
-        """Serve the request in two stages; each stage's charge on its engine is `charges`'
-        (router/service/charges.py), released by it whatever fails."""
+    async def handle(self, request: web.Request, body: dict, flight: Flight) -> web.StreamResponse:
+        """Serve the request in two stages; each stage's charge on its engine is the flight's
+        (router/service/request_path.py), released by it whatever fails."""
+        prepared, charges = flight.prepared, flight.charges
         tried: list[str] = []
         for _ in range(self.cluster.config.max_retries + 1):
             prefill = await self.plan(prepared, exclude=tuple(tried))
@@ -115,12 +116,12 @@ class Disaggregation:
                 # would otherwise all pick the decode engine that was idlest back then.
                 decode = pick_decode(self.cluster, prepared.model, self.rng)
                 if not prepared.request.stream:
-                    return await self._decode_whole(request, body, prepared, decode, result, charges)
+                    return await self._decode_whole(request, body, flight, decode, result)
                 return await self._decode(request, body, prepared, prefill.instance, decode, result, charges)
             tried.append(prefill.instance.id)
             self.router.metrics.retries.inc()
         # Short uncached prompt, or no prefill engine could take it: whole on a decode engine.
-        return await self.proxy.forward(request, orjson.dumps(body), prepared, DECODE_ROLES, charges)
+        return await self.proxy.forward(request, orjson.dumps(body), flight, DECODE_ROLES)
 
     async def _prefill(self, request: web.Request, body: dict, prepared: Prepared, choice: Choice,
                        charges: Charges) -> dict | web.StreamResponse | None:
@@ -130,12 +131,12 @@ class Disaggregation:
         p_body = {**body, "stream": False, "kv_transfer_params": grant}
         if self.proxy._tokenizes_like_us(inst, prepared):  # the prefill engine need not tokenize again
             p_body = orjson.loads(with_token_ids(p_body, prepared.request.kind, prepared.token_ids))
-        self.proxy._observe_choice(prepared, choice)
+        self.router.observe_choice(prepared, choice)
         dispatch = charges.dispatch(self.router, prepared, choice)
         wait = self.cluster.config.first_byte_timeout_s
         try:
             async with asyncio.timeout(wait):
-                async with self.proxy.session.post(inst.url + request.path, json=p_body,
+                async with self.proxy.client.post(inst.url + request.path, json=p_body,
                                                    timeout=self.proxy.client_timeout()) as r:
                     data = await r.read()
                     status = r.status
@@ -187,12 +188,13 @@ class Disaggregation:
         await write_client(resp)
         return resp
 
-    async def _decode_whole(self, request: web.Request, body: dict, prepared: Prepared, decode: Instance,
-                            prefilled: dict, charges: Charges) -> web.StreamResponse:
+    async def _decode_whole(self, request: web.Request, body: dict, flight: Flight, decode: Instance,
+                            prefilled: dict) -> web.StreamResponse:
         """A whole (non-streamed) answer from a decode engine. One that fails before answering is
         replaced, as a colocated attempt is, by the next decode engine by decode load among those not
         tried; the handle goes with it while it is valid (a decode engine whose pull finds the blocks
         gone computes the prompt itself), else the request goes whole."""
+        prepared = flight.prepared
         last: KVRouteError | None = None
         tried: list[str] = []
         for attempt in range(self.cluster.config.max_retries + 1):
@@ -204,8 +206,7 @@ class Disaggregation:
                 self.router.metrics.retries.inc()
             params = valid_handle(prefilled)
             raw = orjson.dumps({**body, "kv_transfer_params": params} if params else body)
-            result = await self.proxy.attempt(request, raw, prepared, _decode_choice(prepared, decode, params),
-                                              charges)
+            result = await self.proxy.attempt(request, raw, flight, _decode_choice(prepared, decode, params))
             if isinstance(result, web.StreamResponse):
                 return result
             tried.append(decode.id)
@@ -247,7 +248,7 @@ class Disaggregation:
     async def _decode_stream(self, request: web.Request, d_body: bytes, decode: Instance,
                              resp: web.StreamResponse, dispatch: Dispatch) -> str:
         async with asyncio.timeout(self.cluster.config.first_byte_timeout_s):
-            r = await self.proxy.session.post(decode.url + request.path, data=d_body,
+            r = await self.proxy.client.post(decode.url + request.path, data=d_body,
                                               timeout=self.proxy.client_timeout(),
                                               headers={"Content-Type": "application/json"})
         try:

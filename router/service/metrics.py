@@ -24,7 +24,6 @@ turns into the counter (`count_request`, the tally's `count`); the per-request s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -177,20 +176,15 @@ class RequestSeries:
 
 class _RequestTally:
     """kvroute_router_requests_total{instance, policy, status}, counted as plain numbers by the
-    request path and written as a counter (with its _created samples) at scrape time."""
+    request path and written as a counter at scrape time (no _created series, as every other metric)."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str, str], int] = {}
-        self.created: dict[tuple[str, str, str], float] = {}
 
     def count(self, instance: str, policy: str, status: str) -> None:
         """One request ended at `instance` with `status`."""
         key = (instance, policy, status)
-        n = self.counts.get(key)
-        if n is None:
-            self.created[key] = time.time()
-            n = 0
-        self.counts[key] = n + 1
+        self.counts[key] = self.counts.get(key, 0) + 1
 
     def describe(self):
         return []
@@ -199,7 +193,7 @@ class _RequestTally:
         family = CounterMetricFamily("kvroute_router_requests", "Requests routed, by instance, policy and outcome.",
                                      labels=["instance", "policy", "status"])
         for key, n in list(self.counts.items()):
-            family.add_metric(key, n, created=self.created[key])
+            family.add_metric(key, n)
         yield family
 
 

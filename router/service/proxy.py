@@ -13,7 +13,9 @@ Blame: upstream reads and client writes are kept apart. A client that leaves (a
 write to its closed connection, or the handler cancelled by aiohttp) ends the
 request as `cancelled` and never counts against the engine.
 Router-side load (in flight, queued prefill tokens) is charged per attempt through the
-request's owner of charges (router/service/charges.py), which releases whatever a failure leaves.
+request's flight (router/service/request_path.py), whose owner of charges releases whatever a
+failure leaves. Each attempt's decision is recorded before it is sent: the HTTP client knows
+nothing of routing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.parse
-from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -34,11 +35,11 @@ from kvroute.router.contract.http import (
     sse_error,
     write_client,
 )
-from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.attempt_deadlines import Deadlines
-from kvroute.router.service.charges import Charges, Dispatch
-from kvroute.router.service.routing import Choice, Forecast, Prepared, Router
+from kvroute.router.service.charges import Dispatch
+from kvroute.router.service.request_path import Flight, RequestPath
+from kvroute.router.service.routing import Choice, Prepared
 from kvroute.router.service.steering import with_token_ids
 from kvroute.router.service.upstream import Upstream
 
@@ -49,50 +50,26 @@ RELAYED_HEADERS = ("Content-Type", "Cache-Control", "Retry-After")  # of the eng
 RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
-class Routing:
-    """What a decision records (`Router.routed`, the proxy's cache metrics), run once its request is
-    on the wire, so the engine starts on it while the router does this bookkeeping. The upstream
-    client calls it right after the write, or before its first wait when it cannot write at once
-    (a new connection), and the proxy once more after the attempt (a no-op by then, unless the
-    attempt ended before sending): always before anything is awaited after the decision, so no
-    other decision comes in between and every decision is the one recording at once would make."""
-
-    __slots__ = ("proxy", "prepared", "choice")
-
-    def __init__(self, proxy: Proxy, prepared: Prepared, choice: Choice) -> None:
-        self.proxy, self.prepared = proxy, prepared
-        self.choice: Choice | None = choice
-
-    def __call__(self) -> None:
-        choice = self.choice
-        if choice is None:
-            return
-        self.choice = None
-        self.proxy.router.routed(self.prepared, choice)
-        self.proxy._observe_choice(self.prepared, choice)
-
-
-def _nothing() -> None:
-    return None
-
-
 class Proxy:
-    def __init__(self, router: Router, cluster: Cluster, session: aiohttp.ClientSession) -> None:
-        self.router = router
-        self.cluster = cluster
+    """The proxy's stages: decide (the request path's, once per attempt), send, relay."""
+
+    def __init__(self, path: RequestPath, session: aiohttp.ClientSession | None) -> None:
+        self.path = path
+        self.router = path.router
+        self.cluster = path.cluster
         self.session = session
         self.deadlines = Deadlines()  # the attempts' deadlines, on one timer (router/service/attempt_deadlines.py)
         self.upstream = Upstream()  # plain-http engines: the lean client (router/service/upstream.py)
         self._addresses: dict[str, tuple[str, int, str] | None] = {}  # engine URL -> (host, port, path prefix)
-        self.metrics = router.metrics
-        self.config = cluster.config
+        self.metrics = path.router.metrics
+        self.config = path.cluster.config
 
-    async def forward(self, request: web.Request, raw: bytes, prepared: Prepared, roles: tuple[str, ...] | None,
-                      charges: Charges, forecast: Forecast | None = None) -> web.StreamResponse:
-        """Send the request whole to one instance (of `roles`), retrying on the next-best. An engine
-        that tokenizes as the router does gets the router's token ids. `forecast`: the first attempt's
-        decision, made by admission just now (Router.decide). Each attempt's charge on its instance is
-        `charges`' until it ends (router/service/charges.py)."""
+    async def forward(self, request: web.Request, raw: bytes, flight: Flight,
+                      roles: tuple[str, ...] | None) -> web.StreamResponse:
+        """Send the request whole to one instance (of `roles`), retrying on the next-best: each attempt
+        decided (recorded before it is sent), charged on its instance (the flight's until it ends),
+        sent and relayed. An engine that tokenizes as the router does gets the router's token ids."""
+        prepared = flight.prepared
         tried: list[str] = []
         bodies = {False: raw}
         last_error: KVRouteError | None = None
@@ -100,13 +77,11 @@ class Proxy:
             if attempt:
                 self.metrics.retries.inc()
             try:
-                choice = await self.router.decide(prepared, exclude=tried, record=True, roles=roles,
-                                                  forecast=None if attempt else forecast, route_later=True)
+                choice = await self.path.decide(flight, roles, exclude=tried)
             except Unavailable as e:
                 last_error = e if not attempt else last_error
                 break
-            result = await self.attempt(request, self._body_for(choice.instance, prepared, bodies), prepared, choice,
-                                        charges)
+            result = await self.attempt(request, self._body_for(choice.instance, prepared, bodies), flight, choice)
             if isinstance(result, web.StreamResponse):
                 return result
             tried.append(choice.instance.id)
@@ -114,20 +89,15 @@ class Proxy:
         self.metrics.errors.labels("upstream").inc()
         raise last_error or Unavailable("no instance could take the request")
 
-    async def attempt(self, request: web.Request, raw: bytes, prepared: Prepared, choice: Choice,
-                      charges: Charges) -> web.StreamResponse | KVRouteError:
+    async def attempt(self, request: web.Request, raw: bytes, flight: Flight,
+                      choice: Choice) -> web.StreamResponse | KVRouteError:
         """One attempt on `choice`'s instance: the answer, or the error to retry elsewhere on (the
-        attempt's charge released, the policy told); the policy learns the choice once the request is
-        on the wire (`Routing`)."""
-        routed = Routing(self, prepared, choice)
-        dispatch = charges.dispatch(self.router, prepared, choice, whole_body=not prepared.request.stream)
-        try:
-            result = await self._attempt(request, raw, prepared, dispatch, routed)
-        finally:
-            routed()  # a no-op once the request was on the wire
+        attempt's charge released, the policy told)."""
+        dispatch = self.path.charge(flight, choice)
+        result = await self._attempt(request, raw, flight.prepared, dispatch)
         if isinstance(result, KVRouteError):
             dispatch.end("retried")
-            self.router.policy.on_failed(prepared.route, choice.instance.id)
+            self.router.policy.on_failed(flight.prepared.route, choice.instance.id)
         return result
 
     def _body_for(self, inst, prepared: Prepared, bodies: dict[bool, bytes]) -> bytes:
@@ -143,13 +113,11 @@ class Proxy:
                 and prepared.request.prompt_ids is None and bool(prepared.token_ids)
                 and not prepared.keys.images and prepared.keys.hashable_tokens < 0)  # image runs: the engine's
 
-    def _observe_choice(self, prepared: Prepared, choice: Choice) -> None:
-        self.router.loss.decided(prepared.trace, choice, self.router.loss_matches(prepared, choice))
-        cached = choice.cached_tokens
-        prepared.trace.predicted_cached = cached
-        self.metrics.prompt_tokens.inc(prepared.num_tokens)
-        self.metrics.cached_tokens.inc(cached)
-        self.metrics.cached_ratio.observe(cached / prepared.num_tokens if prepared.num_tokens else 0.0)
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        """The app's HTTP client session (a proxy made without one, in a test, never sends)."""
+        assert self.session is not None
+        return self.session
 
     def client_timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
@@ -163,26 +131,22 @@ class Proxy:
                                     if u.scheme == "http" and u.hostname else None)  # no host: aiohttp says so
         return self._addresses[url]
 
-    async def _post(self, url: str, path: str, raw: bytes, stream: bool, on_sent: Callable[[], None] = _nothing):
+    async def _post(self, url: str, path: str, raw: bytes, stream: bool):
         """POST to an engine; the answer's head is in. Non-streamed answers arrive whole at the end,
-        so only a stream's reads are bounded by --read-timeout-s (a whole body by the caller).
-        `on_sent`: called once the request is written, or before the first wait (see `Routing`)."""
+        so only a stream's reads are bounded by --read-timeout-s (a whole body by the caller)."""
         address = self._address(url)
         if address is None:
-            on_sent()
             timeout = self.client_timeout() if stream else aiohttp.ClientTimeout(
                 total=None, connect=self.config.connect_timeout_s)
-            return await self.session.post(url + path, data=raw, timeout=timeout,
+            return await self.client.post(url + path, data=raw, timeout=timeout,
                                            headers={"Content-Type": "application/json"})
         host, port, prefix = address
         read_timeout = self.config.read_timeout_s if stream else None  # a whole body: the attempt's deadline
-        return await self.upstream.post(host, port, prefix + path, raw, self.config.connect_timeout_s, read_timeout,
-                                        on_sent)
+        return await self.upstream.post(host, port, prefix + path, raw, self.config.connect_timeout_s, read_timeout)
 
-    async def _attempt(self, request: web.Request, raw: bytes, prepared: Prepared, dispatch: Dispatch,
-                       on_sent: Callable[[], None] = _nothing) -> web.StreamResponse | KVRouteError:
-        """Relay one attempt; a KVRouteError return means "try the next instance". `on_sent`: called
-        once the request is written, before anything is awaited (see `Routing`)."""
+    async def _attempt(self, request: web.Request, raw: bytes, prepared: Prepared,
+                       dispatch: Dispatch) -> web.StreamResponse | KVRouteError:
+        """Send and relay one attempt; a KVRouteError return means "try the next instance"."""
         inst, stream = dispatch.inst, prepared.request.stream
         wait = self.config.first_byte_timeout_s if stream else self.config.request_timeout_s
         upstream = None
@@ -194,11 +158,11 @@ class Proxy:
         try:
             with deadline:
                 if not stream:
-                    upstream, body = await self._fetch_whole(inst, request.path, raw, on_sent)
+                    upstream, body = await self._fetch_whole(inst, request.path, raw)
                     if isinstance(body, KVRouteError):
                         return body
                 else:
-                    upstream = await self._post(inst.url, request.path, raw, stream, on_sent)
+                    upstream = await self._post(inst.url, request.path, raw, stream)
                     if upstream.status >= 500:
                         return await self._server_error(inst, upstream)
                     if upstream.status != 200:
@@ -240,11 +204,11 @@ class Proxy:
         finally:
             upstream.close()
 
-    async def _fetch_whole(self, inst, path: str, raw: bytes, on_sent: Callable[[], None] = _nothing):
+    async def _fetch_whole(self, inst, path: str, raw: bytes):
         """(upstream, body) of a non-streamed answer, or (upstream, the error) for a 5xx."""
         upstream = None
         try:
-            upstream = await self._post(inst.url, path, raw, False, on_sent)
+            upstream = await self._post(inst.url, path, raw, False)
             if upstream.status >= 500:
                 return upstream, await self._server_error(inst, upstream)
             return upstream, await upstream.read()

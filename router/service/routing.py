@@ -176,16 +176,13 @@ class Router:
         return await self.pool.run(plan.finish, chars=plan.missing_chars, idle=self.cluster.idle, tenant=tenant)
 
     async def decide(self, prepared: Prepared, exclude: Sequence[str] = (), record: bool = True,
-                     roles: Sequence[str] | None = None, forecast: Forecast | None = None,
-                     route_later: bool = False) -> Choice:
+                     roles: Sequence[str] | None = None, forecast: Forecast | None = None) -> Choice:
         """Pick among routable instances (of `roles`, if given) not in `exclude`: the index lookup
         here, the rest in `RouteDecision` (router/decision/route.py), the simulator's decision too.
-        `record=False` (POST /router/explain) always shows every instance and records nothing.
-        `forecast`: the choice admission predicted from in this same event-loop step (nothing
-        awaited since), taken as it is instead of looked up and chosen again.
-        `route_later`: the policy learns the choice only when the caller calls `routed`, which it
-        must do before it next awaits anything, so no other decision comes in between (the proxy
-        does it once the request is on the wire: the engine starts while the router records)."""
+        `record=False` (POST /router/explain) always shows every instance and records nothing;
+        `record=True` records the choice at once (the policy, the recent senders), before the caller
+        sends anything. `forecast`: the choice admission predicted from in this same event-loop step
+        (nothing awaited since), taken as it is instead of looked up and chosen again."""
         group = self.group(prepared.model, roles)
         if self.decision.overloaded(group) and not exclude:
             raise self._overloaded()  # before the lookup it would waste
@@ -198,14 +195,19 @@ class Router:
             raise Unavailable(f"no healthy instance serves {prepared.model!r} that was not tried already") from None
         routed, matches = forecast.routed, forecast.matches
         if record:
-            if not route_later:
-                self.decision.routed(prepared.route, routed.member.id, self.clock())
+            self.decision.routed(prepared.route, routed.member.id, self.clock())
             self.decided(prepared)
         return self.choice(prepared, routed, matches)
 
-    def routed(self, prepared: Prepared, choice: Choice) -> None:
-        """What `decide(record=True)` records of its choice, for a caller that passed `route_later`."""
-        self.decision.routed(prepared.route, choice.instance.id, self.clock())
+    def observe_choice(self, prepared: Prepared, choice: Choice) -> None:
+        """The cache metrics of a choice made for sending (the predicted cached tokens go on its trace),
+        and its routing-loss figures (router/service/routing_loss.py) at decision time."""
+        self.loss.decided(prepared.trace, choice, self.loss_matches(prepared, choice))
+        cached = choice.cached_tokens
+        prepared.trace.predicted_cached = cached
+        self.metrics.prompt_tokens.inc(prepared.num_tokens)
+        self.metrics.cached_tokens.inc(cached)
+        self.metrics.cached_ratio.observe(cached / prepared.num_tokens if prepared.num_tokens else 0.0)
 
     async def forecast(self, prepared: Prepared, roles: Sequence[str] | None = None) -> Forecast | None:
         """The decision as it would be made now, without its bookkeeping (admission's prediction,

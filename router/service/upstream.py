@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable
 
 import aiohttp
 
@@ -328,19 +327,14 @@ class Upstream:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
 
     async def post(self, host: str, port: int, path: str, body: bytes, connect_timeout_s: float,
-                   read_timeout_s: float | None, on_sent: Callable[[], None] | None = None) -> Response:
-        """POST `body` (JSON) and wait for the answer's head; its body is read from the Response.
-        `on_sent()`: run right after the request is written to a kept-alive connection, or before
-        connecting when there is none, so before anything here is awaited."""
+                   read_timeout_s: float | None) -> Response:
+        """POST `body` (JSON) and wait for the answer's head; its body is read from the Response."""
         request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
         key = (host, port)
         conn = self._take(key)
         if conn is not None:
             response = await self._send(conn, request, read_timeout_s)
-            if on_sent is not None:
-                on_sent()
-                on_sent = None
             try:
                 await response._head()
                 return response
@@ -348,8 +342,6 @@ class Upstream:
                 response.close()
                 if response.received_any:
                     raise
-        if on_sent is not None:
-            on_sent()
         conn = await self._connect(key, connect_timeout_s)
         response = await self._send(conn, request, read_timeout_s)
         try:

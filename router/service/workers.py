@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+from kvroute.router.contract.interrupt import INTERRUPTED
+
 log = logging.getLogger(__name__)
 
 LISTEN_FD = "KVROUTE_LISTEN_FD"
@@ -88,6 +90,7 @@ def bind_reuseport(host: str, port: int, n: int) -> list[socket.socket]:
 def supervise(argv: list[str], socks: list[socket.socket]) -> int:
     """Run one worker per socket until SIGTERM/SIGINT; restart workers that die."""
     stopping = False
+    code_out = 0  # 1 when a worker cannot start, 130 when SIGINT stopped them (interrupt.py)
     procs: list[subprocess.Popen | None] = [None] * len(socks)
 
     def start(i: int) -> subprocess.Popen:
@@ -95,8 +98,10 @@ def supervise(argv: list[str], socks: list[socket.socket]) -> int:
         return subprocess.Popen([sys.executable, "-m", "kvroute.router", *argv], env=env, pass_fds=(socks[i].fileno(),))
 
     def stop(signum, _frame) -> None:
-        nonlocal stopping
+        nonlocal stopping, code_out
         stopping = True
+        if signum == signal.SIGINT:
+            code_out = INTERRUPTED
         for p in procs:
             if p is not None and p.poll() is None:
                 p.send_signal(signum)
@@ -115,7 +120,6 @@ def supervise(argv: list[str], socks: list[socket.socket]) -> int:
     for i in range(len(socks)):
         procs[i] = start(i)
     print(f"kvroute router: {len(socks)} workers on http://{host}:{port}", file=sys.stderr, flush=True)
-    code_out = 0
     while True:
         alive = False
         for i, p in enumerate(procs):

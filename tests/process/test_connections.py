@@ -4,8 +4,6 @@ normal requests keep answering meanwhile (router/contract/connections.py)."""
 import asyncio
 import time
 
-import pytest
-
 from kvroute.router.contract.connections import CONNECTION_GUARD
 from kvroute.router.service.app import CLUSTER
 
@@ -114,13 +112,11 @@ async def _stall(port: int, address: str, length: int, sent: int) -> tuple[async
     return reader, writer
 
 
-@pytest.mark.parametrize("front", ["lean", "aiohttp"])
-async def test_stalled_connections_from_many_addresses_cannot_keep_a_client_out(start_engine, start_router, http,
-                                                                              front):
+async def test_stalled_connections_from_many_addresses_cannot_keep_a_client_out(start_engine, start_router, http):
     """200 connections from 200 loopback addresses, each stalled in its body, filled --max-connections
     200 and a normal client was reset; now the newcomer displaces the one waiting longest on its
     client, and a connection serving a request is never the one displaced."""
-    url, server = await _router(start_engine, start_router, http_server=front, max_connections=200,
+    url, server = await _router(start_engine, start_router, max_connections=200,
                                 body_timeout_s=30.0)
     port = int(url.rsplit(":", 1)[1])
     stalled = [await _stall(port, f"127.0.0.{2 + i}", 1 << 20, 1000) for i in range(200)]
@@ -136,11 +132,10 @@ async def test_stalled_connections_from_many_addresses_cannot_keep_a_client_out(
         writer.close()
 
 
-@pytest.mark.parametrize("front", ["lean", "aiohttp"])
-async def test_bodies_being_received_are_capped_together_and_released(start_engine, start_router, http, front):
+async def test_bodies_being_received_are_capped_together_and_released(start_engine, start_router, http):
     """Stalled bodies hold at most --body-buffer-bytes together: past it a body gets 503 with
     Retry-After; the stalled ones get 408 at --body-timeout-s and their bytes are released."""
-    url, server = await _router(start_engine, start_router, http_server=front, body_buffer_bytes=1 << 20,
+    url, server = await _router(start_engine, start_router, body_buffer_bytes=1 << 20,
                                 body_timeout_s=1.0)
     port = int(url.rsplit(":", 1)[1])
     guard = server.app[CONNECTION_GUARD]

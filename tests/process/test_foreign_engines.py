@@ -1,6 +1,7 @@
 """The router in front of vLLM- and SGLang-shaped engines: kinds, discovery, load, ZeroMQ events."""
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -111,6 +112,29 @@ async def test_kinds_are_detected(stubs, start_engine, start_router, http):
     view = await instances(http, router)
     assert [view[u]["kind"] for u in (v, s, k)] == ["vllm", "sglang", "kvroute"]
     assert view[s]["engine"]["engine_block_size"] == 16 and view[s]["kv_events"] is None
+    assert view[k]["without_kv_events"] is None  # a kvroute engine's events come from /kv/events
+
+
+async def test_a_foreign_engine_without_an_event_source_is_flagged_once(stubs, publishers, start_router, http,
+                                                                        caplog):
+    caplog.set_level(logging.WARNING, logger="kvroute.router.fleet.cluster")
+    (_, v), (_, s), (_, fed) = await stubs("vllm"), await stubs("sglang"), await stubs("vllm")
+    pub = publishers()
+    router, _ = await start_router([v, s, fed], engine_kinds=(f"{v}=vllm", f"{fed}=vllm"),  # s: detected
+                                   kv_event_sources=(f"{fed}={pub.endpoint}",))
+
+    async def discovered():
+        return all(i["routable"] for i in (await instances(http, router)).values())
+
+    await until(discovered)
+    await asyncio.sleep(0.5)  # more health probes: still one line per engine
+    view = await instances(http, router)
+    assert view[v]["without_kv_events"] == "a vllm engine without --kv-event-source: no KV events, routed on load alone"
+    assert view[s]["without_kv_events"].startswith("a sglang engine without --kv-event-source")
+    assert view[fed]["without_kv_events"] is None
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING and "without --kv-event-source" in r.getMessage()]
+    assert len(warned) == 2 and any(v in w for w in warned) and any(s in w for w in warned), warned
 
 
 async def test_sglang_load_from_metrics_or_get_load(stubs, start_router, http):

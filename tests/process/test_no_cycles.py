@@ -70,11 +70,10 @@ async def cycles_left(url: str) -> tuple[int, list[str]]:
     return found, kinds
 
 
-@pytest.mark.parametrize("server", ["aiohttp", "lean"])
-async def test_router_requests_leave_nothing_for_the_cyclic_collector(sim_engine, start_router, server):
+async def test_router_requests_leave_nothing_for_the_cyclic_collector(sim_engine, start_router):
     from kvroute.router.service.app import CLUSTER
 
-    url, router = await start_router([sim_engine], http_server=server)
+    url, router = await start_router([sim_engine])
     await wait_for(lambda: all(i.routable for i in router.app[CLUSTER].instances), timeout=30)
     found, kinds = await cycles_left(url)
     # the load and event polls in the background may leave a little; a cycle per request leaves >= REQUESTS

@@ -26,7 +26,7 @@ async def wait_for(predicate, timeout=5.0):
 
 
 async def test_refused_engine_logged_once_then_recovery(start_engine, start_router, http, caplog):
-    caplog.set_level(logging.WARNING, logger="kvroute.router.fleet.cluster")
+    caplog.set_level(logging.INFO, logger="kvroute.router.fleet.cluster")
     port = free_port()
     url, _ = await start_router([f"http://127.0.0.1:{port}"], health_interval_s=0.05)
     await asyncio.sleep(0.4)  # several failed probes
@@ -35,10 +35,24 @@ async def test_refused_engine_logged_once_then_recovery(start_engine, start_rout
     lines = [r.getMessage() for r in caplog.records]
     assert sum("unreachable: connection refused" in m for m in lines) == 1, lines
     assert not any("ClientConnectorError" in m or "ConnectionKey" in m for m in lines)
-    await start_engine(port=port, time_scale=0.01)
+    _, engine = await start_engine(port=port, time_scale=0.01)
     assert await wait_for(lambda: _routable(http, url))
     assert (await instances(http, url))[0]["last_error"] is None
-    assert any("reachable again; it was: connection refused" in r.getMessage() for r in caplog.records)
+    # never reached before: a first contact (INFO), not a recovery (WARNING)
+    first = [r for r in caplog.records if "reached; until now: connection refused" in r.getMessage()]
+    assert [r.levelno for r in first] == [logging.INFO], [r.getMessage() for r in caplog.records]
+    assert not any("reachable again" in r.getMessage() for r in caplog.records)
+
+    await engine.close()  # reached, then lost, then back: that is a recovery
+    assert await wait_for(lambda: _unroutable(http, url))
+    await start_engine(port=port, time_scale=0.01)
+    assert await wait_for(lambda: _routable(http, url))
+    again = [r for r in caplog.records if "reachable again; it was: connection refused" in r.getMessage()]
+    assert [r.levelno for r in again] == [logging.WARNING], [r.getMessage() for r in caplog.records]
+
+
+async def _unroutable(http, url) -> bool:
+    return not (await instances(http, url))[0]["routable"]
 
 
 async def _routable(http, url) -> bool:

@@ -8,21 +8,15 @@ from kvroute.router.contract.connections import GuardedRunner
 class LoopbackServer:
     """An aiohttp app served the way `kvroute` serves it, on 127.0.0.1 and a free port."""
 
-    def __init__(self, app, site=None):
-        """`site(runner, host=, port=)`: how the app is served (router/service/app.py `site_for`);
-        None: aiohttp alone."""
+    def __init__(self, app):
         self.app = app
-        self.site = site
         self.runner = None
         self.url = ""
 
     async def start(self, port: int = 0):
         self.runner = GuardedRunner(self.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        if self.site is None:
-            site = web.TCPSite(self.runner, "127.0.0.1", port)
-        else:
-            site = self.site(self.runner, host="127.0.0.1", port=port)
+        site = web.TCPSite(self.runner, "127.0.0.1", port)
         await site.start()
         self.listening = site
         port = site._server.sockets[0].getsockname()[1]

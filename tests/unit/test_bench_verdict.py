@@ -39,3 +39,19 @@ def test_pd_compares_disaggregated_with_colocated_not_an_extra_target():
     runs = [_run("colocated", 0.1, 0.0), _run("disaggregated 1P+1D", 0.12, 0.0), _run("other", 0.5, 0.0)]
     assert bench.verdict_line(args, policies, runs).startswith(
         "disaggregated 1P+1D's TTFT p90 is 1.20x colocated's")
+
+
+def _tail(name: str, p90: float, p99: float) -> Run:
+    return Run(name, {"requests": 10, "errors": 0, "ttft_p90_s": p90, "ttft_p99_s": p99, "cached_token_ratio": 0.5})
+
+
+def test_verdict_names_p99_when_it_disagrees_with_p90():
+    args, policies, _ = bench.parse(["--policies", "round_robin,kv_aware"])
+    better_p90_worse_p99 = [_tail("round_robin", 0.2, 0.3), _tail("kv_aware", 0.05, 0.45)]
+    line = bench.verdict_line(args, policies, better_p90_worse_p99)
+    assert line.startswith("kv_aware's TTFT p90 is 0.25x round_robin's (50 ms vs 200 ms), "
+                           "but its TTFT p99 is 1.50x (450 ms vs 300 ms); cached tokens:")
+    worse_p90_better_p99 = [_tail("round_robin", 0.2, 0.9), _tail("kv_aware", 0.3, 0.45)]
+    assert ", but its TTFT p99 is 0.50x (450 ms vs 900 ms);" in bench.verdict_line(args, policies, worse_p90_better_p99)
+    agreeing = [_tail("round_robin", 0.2, 0.9), _tail("kv_aware", 0.05, 0.45)]
+    assert "p99" not in bench.verdict_line(args, policies, agreeing)

@@ -10,6 +10,7 @@ import json
 import aiohttp
 import pytest
 
+from kvroute.router.decision.route import RouteDecision
 from kvroute.router.service import disagg, proxy, routing
 from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.app import CLUSTER, ROUTER
@@ -49,7 +50,7 @@ COLOCATED = [
     ("admission", AdmissionGate, "enter", True, BOTH),
     ("body rewrite", proxy, "with_token_ids", False, BOTH),
     ("sending", proxy.Proxy, "_post", True, BOTH),
-    ("policy record", routing.Router, "routed", False, BOTH),
+    ("policy record", RouteDecision, "routed", False, BOTH),
     ("first byte", Dispatch, "first_byte", False, BOTH),
     ("trace of the first byte", RequestTrace, "first", False, STREAM),
     ("trace of a whole answer", RequestTrace, "body", False, WHOLE),
@@ -57,7 +58,7 @@ COLOCATED = [
 ]
 DISAGGREGATED = COLOCATED[:2] + [
     ("grant", disagg, "make_grant", False, BOTH),
-    ("prefill choice metrics", proxy.Proxy, "_observe_choice", False, BOTH),
+    ("prefill choice metrics", routing.Router, "observe_choice", False, BOTH),
     ("prefill answer", disagg, "parse_prefilled", False, BOTH),
     ("decode choice", disagg, "pick_decode", False, BOTH),
     ("handle check", disagg, "valid_handle", False, WHOLE),

@@ -1,6 +1,6 @@
 """The connection guard's decisions on their own (router/contract/connections.py): whom a new
 connection displaces at the cap, the cap on bodies being received and when the heap is trimmed,
-the once-per-window log of malformed requests, and the lean front's bare-LF check."""
+and the once-per-window log of malformed requests."""
 
 import asyncio
 import logging
@@ -10,7 +10,6 @@ import pytest
 from kvroute.router.contract import connections
 from kvroute.router.contract.connections import MIB, ConnectionGuard, ConnectionLimits
 from kvroute.router.contract.malformed import MalformedLog, reason_of
-from kvroute.router.service.lean_head import bare_lf
 
 
 class Conn:
@@ -98,16 +97,3 @@ def test_malformed_requests_are_counted_each_and_logged_once_per_window_and_reas
     assert "Duplicate 'Host'" in lines[2] and "[999 more since the last such line]" in lines[2]
     assert malformed.counts == {"bad_http_message": 1001, "bad_status_line": 1}
     assert reason_of(BadStatusLine("x")) == "bad_status_line"
-
-
-@pytest.mark.parametrize("before,data,bare", [
-    (b"", b"POST / HTTP/1.1\r\nHost: x\r\n\r\n", False),
-    (b"", b"POST / HTTP/1.1\nHost: x\n\n", True),
-    (b"", b"POST / HTTP/1.1\r\nHost: x\n", True),
-    (b"\r", b"\nHost: x\r\n", False),  # a CRLF split between two reads
-    (b"\n", b"Host: x\r\n", False),  # the LF before was judged with its own read
-    (b"x", b"\nHost: x\r\n", True),
-    (b"", b"no line end yet", False),
-])
-def test_bare_lf_is_found_across_reads(before, data, bare):
-    assert bare_lf(before, data) is bare

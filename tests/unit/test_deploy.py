@@ -24,17 +24,67 @@ def containers(doc: dict) -> list[dict]:
     return spec.get("containers", [])
 
 
-@pytest.mark.parametrize("doc", docs(DEPLOY / "k8s" / "kvroute.yaml"),
-                         ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+MANIFESTS = ("kvroute.yaml", "gateway.yaml")
+CRDS = DEPLOY / "k8s" / "crds"  # custom resources' schemas, vendored: nothing is fetched at test time
+
+
+def k8s_docs() -> list[dict]:
+    return [d for name in MANIFESTS for d in docs(DEPLOY / "k8s" / name)]
+
+
+def custom_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> the openAPIV3Schema of each vendored CRD's served versions."""
+    out = {}
+    for path in CRDS.glob("*.yaml"):
+        for crd in docs(path):
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                if version.get("served"):
+                    key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                    out[key] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
+@pytest.mark.parametrize("doc", k8s_docs(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
 def test_k8s_manifest_is_valid(doc):
     import kubernetes_validate
 
-    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    custom = custom_schemas().get((doc["apiVersion"], doc["kind"]))
+    if custom is not None:
+        jsonschema.validate(doc, custom)  # the CRD's structural schema (its CEL rules: test_inference_pool)
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     for c in containers(doc):
         assert c["imagePullPolicy"] == "IfNotPresent", c["name"]  # a locally built kvroute:latest is used as is
         assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], c["name"]
         if c["image"].startswith("kvroute"):
             assert "startupProbe" in c and "livenessProbe" in c, c["name"]
+
+
+def test_the_inference_pool_selects_the_engines_and_names_the_endpoint_pickers_service():
+    """What the CRD's CEL rules and the API server would check, and what makes the pool work: its
+    selector matches the engine pods and its target port is theirs; its endpoint picker is a Service
+    with that port, in front of a kvroute router started with --ext-proc-port on it."""
+    by_kind: dict[str, dict[str, dict]] = {}
+    for d in k8s_docs():
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    (pool,) = by_kind["InferencePool"].values()
+    engines = by_kind["StatefulSet"]["kvroute-engine"]["spec"]["template"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= engines["metadata"]["labels"].items()
+    engine_ports = {p["containerPort"] for c in engines["spec"]["containers"] for p in c["ports"]}
+    ports = [p["number"] for p in pool["spec"]["targetPorts"]]
+    assert len(set(ports)) == len(ports) and set(ports) <= engine_ports
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref.get("kind", "Service") == "Service" and "port" in ref  # the CRD's rule
+    service = by_kind["Service"][ref["name"]]
+    grpc = next(p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"])
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"
+    picker = next(d for d in by_kind["Deployment"].values()
+                  if service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items())
+    (container,) = containers(picker)
+    args = container["args"]
+    assert args[0] == "router" and args[args.index("--ext-proc-port") + 1] == str(grpc.get("targetPort", grpc["port"]))
+    assert container["readinessProbe"]["grpc"] == {"port": grpc["port"], "service": "readiness"}
 
 
 def test_servicemonitors_point_at_named_service_ports():
@@ -59,7 +109,7 @@ def test_compose_file_matches_the_compose_spec():
 def kvroute_commands() -> list[list[str]]:
     out = [s["command"] for s in yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"].values()
            if s.get("image", "").startswith("kvroute")]
-    for doc in docs(DEPLOY / "k8s" / "kvroute.yaml"):
+    for doc in k8s_docs():
         out += [[a.replace("$(POD_NAME)", "pod-0") for a in c["args"]] for c in containers(doc)
                 if c["image"].startswith("kvroute")]
     return out

@@ -1,7 +1,9 @@
 """kvroute loadgen: workloads, arrivals, client timing, summaries, reports and the CLI (real loopback servers)."""
 
 import asyncio
+import gzip
 import json
+import pathlib
 import socket
 
 import numpy as np
@@ -194,6 +196,18 @@ def test_mooncake_trace_replays_scaled(mooncake_trace):
     assert common_prefix(specs[0].prompt_ids, specs[1].prompt_ids) == 0  # different system prompts
 
 
+def test_a_gzipped_trace_replays_as_the_plain_one(mooncake_trace, tmp_path):
+    path, _ = mooncake_trace
+    packed = tmp_path / "mooncake.jsonl.gz"
+    packed.write_bytes(gzip.compress(pathlib.Path(path).read_bytes()))
+    plain = make_workload("trace:" + path, trace_block_tokens=8).requests()
+    assert make_workload(f"trace:{packed}", trace_block_tokens=8).requests() == plain
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match="cannot read trace file"):
+        make_workload(f"trace:{broken}")
+
+
 @pytest.mark.parametrize("name, knobs, message", [
     ("nope", {}, "unknown workload 'nope'"),
     ("random", {"groups": 3}, "has no knob 'groups'"),
@@ -343,6 +357,22 @@ async def test_cli_against_sim_engine_measures_cache_hits(start_engine, tmp_path
     lines = (tmp_path / "shared" / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 24 and json.loads(lines[0])["output_tokens"] == 8
     assert "TTFT" in capsys.readouterr().out
+
+
+async def test_out_refuses_an_earlier_run_unless_forced(stub, tmp_path, capsys):
+    url, _ = await stub(first_delay=0.0, gap=0.0, tokens=1)
+    out = tmp_path / "run1"
+    argv = ["--target", url, "--workload", "random", "--rate", "200", "--num-requests", "4", "--input-tokens", "8",
+            "--output-tokens", "1", "--no-progress", "--out", str(out)]
+    assert await asyncio.to_thread(main, argv) == 0
+    first = (out / "requests.jsonl").read_bytes()
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, [*argv, "--num-requests", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not empty" in err and "--force" in err
+    assert (out / "requests.jsonl").read_bytes() == first
+    assert await asyncio.to_thread(main, [*argv, "--num-requests", "2", "--force"]) == 0
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 2
 
 
 # --- summary and report ------------------------------------------------------------------------

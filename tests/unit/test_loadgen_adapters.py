@@ -56,11 +56,12 @@ def test_bench_gives_every_engine_the_adapters(tmp_path):
     args = engine_args(("a",), "torch", str(tmp_path), max_loras=1)
     assert args[:2] == ("--lora-modules", f"a={tmp_path}/adapters/a") and args[-2:] == ("--max-loras", "1")
     assert json.loads((tmp_path / "adapters" / "a" / "adapter_config.json").read_text())["r"] == 8
-    parsed, policies, _ = bench.parse(["--adapters", "a,b,c", "--quick", "--out", str(tmp_path)])
+    out = str(tmp_path / "bench")  # a fresh --out (tmp_path holds the adapters written above)
+    parsed, policies, _ = bench.parse(["--adapters", "a,b,c", "--quick", "--out", out])
     spec = dict(bench.cluster_specs(parsed, policies))["kv_aware"]
     assert spec.engine_args[-6:] == ("--lora-modules", "a", "b", "c", "--max-loras", "3")
     with pytest.raises(ValueError, match="--max-loras needs --adapters"):
-        bench.parse(["--max-loras", "2", "--out", str(tmp_path)])
+        bench.parse(["--max-loras", "2", "--out", out])
 
 
 def test_the_simulator_keys_adapters_apart_and_charges_their_loads():

@@ -1,4 +1,4 @@
-"""The proxy's per-request record and its client (router/service/proxy.py `Dispatch`, `_observe_choice`,
+"""The proxy's per-request record and its client (router/service/proxy.py `Dispatch`, `Router.observe_choice`,
 `_post`), on a live router over loopback stubs: a dispatch ends once and sees its first byte once, a
 streamed or unflagged one never waits in the non-streamed set, the instance that answered is the
 one the request's trace and duration carry, the predicted cached tokens reach the metrics and the

@@ -150,6 +150,8 @@ def test_a_config_made_in_code_is_checked_by_the_same_declarations():
         RouterConfig(engines=("http://e:1",), policy="kv_awre")
     with pytest.raises(ValueError, match=r"^--kv-events-replay needs --kv-events-zmq$"):
         build(EngineConfig, kv_events_replay="tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match=r"^--api-key takes a tuple of values, got the string 'k'$"):
+        RouterConfig(engines=("http://e:1",), api_key="k")  # not the keys 'k' one character each
 
 
 def test_build_gives_each_section_its_own_settings():

@@ -38,6 +38,7 @@ from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation, pick_decode
 from kvroute.router.service.metrics import RouterMetrics
 from kvroute.router.service.proxy import Proxy
+from kvroute.router.service.request_path import RequestPath
 from kvroute.router.service.request_trace import RequestTrace
 from kvroute.router.service.routing import Prepared, Router
 
@@ -71,8 +72,8 @@ class RealSide:
         clock = lambda: sim.now  # noqa: E731
         self.policy = make_policy(policy_name, rng=random.Random(seed), clock=clock)
         self.router = Router(self.cluster, self.policy, None, RouterMetrics(), policy_name, clock=clock)
-        self.disagg = Disaggregation(Proxy(self.router, self.cluster, None), min_uncached, random.Random(seed)) \
-            if min_uncached is not None else None
+        proxy = Proxy(RequestPath(self.router, self.cluster, None), None)
+        self.disagg = Disaggregation(proxy, min_uncached, random.Random(seed)) if min_uncached is not None else None
         self.by_id = {inst.id: inst for inst in self.cluster.instances}
         self.pending: dict[str, tuple[str, int]] = {}  # request id -> (instance, queued prefill tokens)
 

@@ -3,6 +3,7 @@
 import json
 import pathlib
 
+import kvroute.loadgen
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim import SimConfig, main, simulate
 from kvroute.loadgen.sim.oracle_future import FutureUses
@@ -22,8 +23,8 @@ def test_suite_table_has_every_workload_and_every_policy(tmp_path, capsys):
     assert main([*SMALL, "--out", str(out)]) == 0
     printed = capsys.readouterr().out.splitlines()
     data = json.loads(out.read_text())
-    rows = ROWS if pathlib.Path(DEFAULT_TRACE).is_file() else [r for r in ROWS if r != "mooncake"]
-    assert [case["case"] for case in data["cases"]] == rows
+    rows = ROWS  # the Mooncake row too: its trace is in the package
+    assert [case["case"] for case in data["cases"]] == rows and data["skipped"] == []
     assert data["config"]["instances"] == 2 and data["config"]["num_blocks"] == 256  # flags override the suite's
     for case in data["cases"]:
         assert list(case["results"]) == list(SUITE_POLICIES)
@@ -37,6 +38,15 @@ def test_suite_table_has_every_workload_and_every_policy(tmp_path, capsys):
         assert any(line.split()[0] == row for line in printed if line.strip())
     assert sorted(data["targets"]["met"] + data["targets"]["missed"]) == sorted(rows)
     assert any(line.startswith("kv_aware: p90 <= 1.25x") for line in printed)
+
+
+def test_the_default_trace_is_package_data_and_replays():
+    package = pathlib.Path(kvroute.loadgen.__file__).resolve().parent
+    assert DEFAULT_TRACE.is_file() and DEFAULT_TRACE.is_relative_to(package)
+    workload = make_workload(f"trace:{DEFAULT_TRACE}", seed=0)
+    info = workload.info()
+    assert info["requests"] == 3993 and round(info["mean_input_source"]) == 15325
+    assert len(workload.requests()) == 3993
 
 
 def test_suite_skips_a_missing_trace_with_a_line(tmp_path, capsys):

@@ -1,7 +1,6 @@
 """The router's lean HTTP/1.1 client (router/service/upstream.py) against real aiohttp servers on loopback."""
 
 import asyncio
-import functools
 
 import aiohttp
 import pytest
@@ -147,31 +146,6 @@ async def test_a_slow_reader_pauses_the_engine_and_gets_every_byte():
             total += len(chunk)
         r.close()
         assert total == size
-    finally:
-        up.close()
-        await server.close()
-
-
-async def test_on_sent_runs_before_anything_is_awaited_on_fresh_and_pooled_connections():
-    """The proxy records a routing decision in `on_sent` (router/service/proxy.py `Routing`): it must
-    run before the first wait, or another request's decision could come in between. A callback
-    queued before the call runs only at the first wait: it must come after `on_sent`."""
-
-    async def whole(request):
-        return web.json_response({"ok": True})
-
-    server = await serve({"/whole": whole})
-    up = Upstream()
-    try:
-        host, port = address(server)
-        for pooled in (False, True):  # the first post connects; the second reuses that connection
-            assert bool(up._idle.get((host, port))) is pooled
-            order = []
-            asyncio.get_running_loop().call_soon(order.append, "another step")
-            r = await up.post(host, port, "/whole", b"{}", 1.0, 5.0, on_sent=functools.partial(order.append, "sent"))
-            assert order == ["sent", "another step"]
-            assert await r.read() == b'{"ok": true}'
-            r.close()
     finally:
         up.close()
         await server.close()

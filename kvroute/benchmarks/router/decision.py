@@ -103,18 +103,15 @@ async def hold_prefixes(index, ids: list[int], holders: int) -> None:
 
 async def time_decisions(router, bodies, kind: str) -> tuple[list[float], list[float], list[float]]:
     """Per body: (prepare = limits + tokenize + hash, decide = lookup + candidates + score + the policy
-    learning its choice, the last part alone), seconds. The proxy has the policy learn the choice once
-    the request is on the wire (`route_later`): decide less that part is what a request waits for
-    before it is sent."""
+    learning its choice, the part after the send: none since the decide stage records its choice
+    before the request is sent, router/service/request_path.py), seconds."""
     prep, dec, after = [], [], []
     for body in bodies:
         t0 = time.perf_counter()
         prepared = await router.prepare(body, kind)
         t1 = time.perf_counter()
-        choice = await router.decide(prepared, record=True, route_later=True)
-        t2 = time.perf_counter()
-        router.routed(prepared, choice)
-        t3 = time.perf_counter()
+        choice = await router.decide(prepared, record=True)  # recorded before the send: nothing after it
+        t2 = t3 = time.perf_counter()
         dec.append(t3 - t1)
         prep.append(t1 - t0)
         after.append(t3 - t2)

@@ -11,8 +11,7 @@ import tempfile
 from kvroute.benchmarks.router.routers import load, router_commands
 from kvroute.loadgen.processes import Processes, free_port, kvroute_argv
 
-INSTRUCTION_VARIANTS = {"kv_aware": (), "round_robin": ("--policy", "round_robin"),
-                        "kv_aware --http-server aiohttp": ("--http-server", "aiohttp")}
+INSTRUCTION_VARIANTS = {"kv_aware": (), "round_robin": ("--policy", "round_robin")}
 
 
 def callgrind_totals(pattern: str) -> int:

@@ -9,16 +9,18 @@ import sys
 
 from kvroute.loadgen.processes import free_port, kvroute_argv
 
-SGLANG_ROUTER = "/work/venv-sglang-router/bin/python"  # a venv with sglang-router 0.3.2
-VLLM_ROUTER = "/work/venv-vllm-router/bin/vllm-router"  # a venv with vllm-router 0.1.17
+# a venv with sglang-router 0.3.2 and one with vllm-router 0.1.17 (elsewhere: these environment variables)
+SGLANG_ROUTER = os.environ.get("KVROUTE_SGLANG_ROUTER", "/work/venv-sglang-router/bin/python")
+VLLM_ROUTER = os.environ.get("KVROUTE_VLLM_ROUTER", "/work/venv-vllm-router/bin/vllm-router")
 PROMPT = ("Summarise what a KV-cache-aware router does for a fleet of LLM engines, in two sentences. " * 11)[:1024]
 
 
 def load(url: str, concurrency: int, requests: int | None = None, duration: float | None = None,
-         warmup: int = 0) -> dict:
-    """kvroute/benchmarks/http_load.py in its own process: the client does not share the router's interpreter."""
-    body = json.dumps({"model": "kvroute-tiny", "prompt": PROMPT, "max_tokens": 1})
-    cmd = [sys.executable, "-m", "kvroute.benchmarks.http_load", "--url", url + "/v1/completions", "--body", body,
+         warmup: int = 0, body: dict | None = None) -> dict:
+    """kvroute/benchmarks/http_load.py in its own process: the client does not share the router's interpreter.
+    `body`: the completion request sent (None: PROMPT, one token)."""
+    text = json.dumps(body or {"model": "kvroute-tiny", "prompt": PROMPT, "max_tokens": 1})
+    cmd = [sys.executable, "-m", "kvroute.benchmarks.http_load", "--url", url + "/v1/completions", "--body", text,
            "--concurrency", str(concurrency), "--warmup", str(warmup)]
     cmd += ["--requests", str(requests)] if requests else ["--duration", str(duration)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -52,7 +54,6 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
     out["kvroute kv_aware"] = ([*kv], {})
     out["kvroute round_robin"] = ([*kv, "--policy", "round_robin"], {})
     out["kvroute kv_aware --workers 2"] = ([*kv, "--workers", "2"], {})
-    out["kvroute kv_aware --http-server aiohttp"] = ([*kv, "--http-server", "aiohttp"], {})
     for server in ("aiohttp", "raw"):  # no routing at all: what the HTTP server and upstream client cost
         out[f"floor: {server} server + upstream.py"] = (
             [sys.executable, "-m", "kvroute.benchmarks.proxy_floor", "--server", server, "--port", str(port),

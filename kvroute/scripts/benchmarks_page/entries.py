@@ -46,8 +46,8 @@ ENTRIES = (
           out="sim-pressure-80.json", render=render.sim),
     Entry(name="sim-suite", title="Simulator: every workload against the oracle",
           about="Every policy with its defaults on one cluster (8 x 1,024 blocks, 5 ms request overhead) over the "
-                "shared-prefix, multi-turn, doc-qa, random and hot-prefix workloads, the Mooncake trace (skipped "
-                "when ../shared/traces/ lacks it) and the KV pressure sweep. Cells: TTFT p90 and cached share, "
+                "shared-prefix, multi-turn, doc-qa, random and hot-prefix workloads, the Mooncake trace (the "
+                "package's sample, loadgen/data/) and the KV pressure sweep. Cells: TTFT p90 and cached share, "
                 "each relative to the oracle's. oracle_future adds the price of exactly the victims the "
                 "workload's future asks for again.",
           args=(*CLI, "sim", "--suite", "--out", "{out}"), out="sim-suite.json", render=render.suite),
@@ -150,6 +150,12 @@ ENTRIES = (
                 "CPU does); user space only, so the syscalls every router makes are not in it.",
           args=("-m", "kvroute.benchmarks.router", "instructions", "--out", "{out}"), out="instructions.json",
           render=render.instructions),
+    Entry(name="gateway", title="Gateway: Envoy + endpoint picker against the proxy", full_only=True,
+          about="4 sim engines with near-zero model time; whole answers (1 KB prompt, 16 tokens) and 256-token "
+                "streams; each router started fresh, added p50 at c=1 against one engine direct, then c=32 for "
+                "10 s with the CPU of each of its processes (Envoy and kvroute apart) per request served, also "
+                "less what each burns idle (load and event polls, which weigh most on the slow stream runs).",
+          args=("-m", "kvroute.benchmarks.gateway", "--out", "{out}"), out="gateway.json", render=render.gateway),
     Entry(name="decision-scale", title="Decision time against fleet size (simulator)", full_only=True,
           about="Index lookup + candidates + kv_aware score with every pool full, all candidates and fast path.",
           args=("-m", "kvroute.benchmarks.sim_scale", "--out", "{out}"), out="sim-scale-decisions.json"),

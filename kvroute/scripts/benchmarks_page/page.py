@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,10 @@ def machine_line() -> str:
 def run_entry(entry: Entry, work: pathlib.Path) -> dict:
     """Run one entry; {ok, seconds, data | error}."""
     out = work / entry.out
+    if out.is_dir():  # an earlier run's: the commands refuse a non-empty --out, and stale files would pass as new
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
     argv = [sys.executable, *(a.replace("{out}", str(out)) for a in entry.args)]
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=root(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -143,6 +143,18 @@ def latency(out: Mapping[str, Any]) -> str:
     return table(head, rows)
 
 
+def gateway(out: Mapping[str, Any]) -> str:
+    """python -m kvroute.benchmarks.gateway: per router and workload, req/s, added p50, CPU per request by process."""
+    rows = [[r.get("router"), r.get("workload"), num(r.get("rps"), digits=0), num(r.get("added_p50_us"), digits=0),
+             num(r.get("cpu_us_per_request_total"), digits=0),
+             ", ".join(f"{k} {num(v, digits=0)}" for k, v in r.get("cpu_us_per_request", {}).items()),
+             num(r.get("cpu_us_per_request_less_idle_total"), digits=0)] for r in out.get("rows", [])]
+    c = out.get("concurrency", 32)
+    head = ["router", "workload", f"req/s at c={c}", "added p50 at c=1, us", "CPU per request, us",
+            "by process, us", "less idle CPU, us"]
+    return table(head, rows)
+
+
 def instructions(out: Mapping[str, Any]) -> str:
     """kvroute.benchmarks.router instructions: user-space instructions per request by router variant."""
     rows = [[r.get("router"), num(r.get("instructions_per_request"), 1e-6, 3)] for r in out.get("instructions", [])]

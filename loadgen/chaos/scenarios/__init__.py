@@ -10,7 +10,7 @@ from kvroute.loadgen.chaos.scenarios.boundaries import (
     RogueRegistry,
     SlowClients,
 )
-from kvroute.loadgen.chaos.scenarios.connections import FrontsAgree, StalledBodies, Upgrades
+from kvroute.loadgen.chaos.scenarios.connections import FrontCases, StalledBodies, Upgrades
 from kvroute.loadgen.chaos.scenarios.engine_faults import ENGINE_HANG, ENGINE_KILL
 from kvroute.loadgen.chaos.scenarios.feeds import FeedFlood, FeedPoison
 from kvroute.loadgen.chaos.scenarios.fuzzing import Fuzz
@@ -32,7 +32,7 @@ SCENARIOS = {s.name: s for s in (Fuzz(), ENGINE_KILL, ENGINE_HANG, REDIS_KILL, R
                                  RouterRestart(), FeedPoison(), FeedFlood(), SlowClients(), IntrospectionAuth(),
                                  RogueRegistry(), EngineHangWhole(), HandleReplay(), EngineStuckStep(),
                                  RegistryReplay(), PoisonedBodies(), SloHeader(), TenantLimits(), KeyBoundTenant(),
-                                 PdDecodeKill(), TokenizerFlood(), StalledBodies(), Upgrades(), FrontsAgree())}
+                                 PdDecodeKill(), TokenizerFlood(), StalledBodies(), Upgrades(), FrontCases())}
 QUICK_SCENARIOS = ("fuzz", "engine-kill")
 
 

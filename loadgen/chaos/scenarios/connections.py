@@ -1,20 +1,20 @@
-"""Each phase of a connection bounded, and the router's two HTTP fronts answering alike (issue 36,
+"""Each phase of a connection bounded, and hostile bytes answered as the table says (issue 36,
 findings 4, 5 and 11), on routers of the scenario's own:
 
-stalled-bodies  at a router with --max-connections 200 and --body-timeout-s 5, lean then aiohttp:
+stalled-bodies  at a router with --max-connections 200 and --body-timeout-s 5:
                 200 connections each send a head and all but one byte of a 1 MiB body and stop; then
                 200 from 200 other loopback addresses send a head and 1 KB and stop, and a normal
                 client sends 5 requests. Every stalled one is closed within the body timeout + the
                 2 s of lingering + 1 s, the 5 are answered 200, and the router's RSS is back within
                 24 MB of where it began (its peak above it within the bodies being received, 64 MiB,
                 plus 256 KiB of read-ahead per connection, plus 32 MB)
-upgrades        at a lean router with --idle-timeout-s 3: 20 each of an h2c upgrade (what
+upgrades        at a router with --idle-timeout-s 3: 20 each of an h2c upgrade (what
                 `curl --http2` sends), a websocket upgrade, CONNECT, and an h2c upgrade pipelined
                 after a normal request: every one answered as aiohttp answers it, the pipelined ones
                 closed by the idle timeout within 3 + 2 s, not left open
-fronts-agree    every case of loadgen/chaos/front_cases.py to a lean and an aiohttp router: the
-                case's statuses and connection behaviour on both; then 2,000 malformed heads to
-                each: counted, and under 20 KB of log with no traceback
+front-cases     every case of loadgen/chaos/front_cases.py to a router: the case's statuses and
+                connection behaviour; then 2,000 malformed heads: counted, and under 20 KB of log
+                with no traceback
 """
 
 from __future__ import annotations
@@ -86,17 +86,15 @@ class StalledBodies:
 
     async def run(self, ctx: Context) -> Outcome:
         out = Outcome()
-        for front in ("lean", "aiohttp"):
-            proc = _router(ctx, f"router-stall-{front}", "--http-server", front, "--max-connections", str(STALLED),
-                           "--body-timeout-s", str(BODY_TIMEOUT_S))
-            try:
-                await until_up(ctx, proc, routable=1)
-                await self._front(ctx, out, proc, front)
-            finally:
-                proc.terminate(grace_s=5.0)
+        proc = _router(ctx, "router-stall", "--max-connections", str(STALLED), "--body-timeout-s", str(BODY_TIMEOUT_S))
+        try:
+            await until_up(ctx, proc, routable=1)
+            await self._stalled(ctx, out, proc)
+        finally:
+            proc.terminate(grace_s=5.0)
         return out
 
-    async def _front(self, ctx: Context, out: Outcome, proc, front: str) -> None:
+    async def _stalled(self, ctx: Context, out: Outcome, proc) -> None:
         bound = BODY_TIMEOUT_S + LINGER_S + 1.0
         memory = read_memory(proc.pid)
         assert memory is not None  # it runs (until_up saw it)
@@ -119,13 +117,13 @@ class StalledBodies:
         for kind, results in (("1 MiB bodies", big), ("from 200 addresses", spread)):
             late = [r for r in results if r[1] is None or r[1] > bound]
             out.require(not late, "stalled-bodies-closed", self.name,
-                        f"{front}, {kind}: {len(late)} of {len(results)} not closed within {bound:g}s")
-        out.require(normal == [200] * 5, "normal-client-served", self.name, f"{front}: answered {normal}")
+                        f"{kind}: {len(late)} of {len(results)} not closed within {bound:g}s")
+        out.require(normal == [200] * 5, "normal-client-served", self.name, f"answered {normal}")
         out.require(after - before <= MEMORY_BACK_MB * MB and peak - before <= MEMORY_PEAK, "memory-returns",
-                    self.name, f"{front}: RSS {before / MB:.0f} -> peak {peak / MB:.0f} -> {after / MB:.0f} MB")
+                    self.name, f"RSS {before / MB:.0f} -> peak {peak / MB:.0f} -> {after / MB:.0f} MB")
         for kind, results in (("200 x 1 MiB stalled", big), ("200 stalled from 200 addresses", spread)):
             closed = [t for _, t in results if t is not None]
-            out.rows.append(Row(scenario=self.name, traffic=f"{kind} -> {front} router", sent=len(results),
+            out.rows.append(Row(scenario=self.name, traffic=f"{kind} -> router", sent=len(results),
                                 ok=sum(t <= bound for t in closed), statuses=_count(a for a, _ in results),
                                 p50_ms=_ms(closed, 0.5), p99_ms=_ms(closed, 0.99),
                                 detail={"rss_mb_before_peak_after": [round(before / MB), round(peak / MB),
@@ -150,7 +148,7 @@ def _case(name: str) -> FrontCase:
 
 class Upgrades:
     name = "upgrades"
-    summary = "h2c and websocket upgrades, CONNECT, alone and pipelined, at the lean front: all answered"
+    summary = "h2c and websocket upgrades, CONNECT, alone and pipelined: all answered"
 
     async def run(self, ctx: Context) -> Outcome:
         out = Outcome()
@@ -165,44 +163,40 @@ class Upgrades:
                 good = len(seen) - len(bad)
                 out.require(not bad, "upgrades-answered", self.name,
                             f"{name}: {len(bad)} of {len(seen)} not {case.statuses} then {case.after}, e.g. {bad[:1]}")
-                out.rows.append(Row(scenario=self.name, traffic=f"20 x {name} -> lean router", sent=len(seen), ok=good,
+                out.rows.append(Row(scenario=self.name, traffic=f"20 x {name} -> router", sent=len(seen), ok=good,
                                     statuses=_count("+".join(map(str, s)) + f" {a}" for s, a in seen)))
         finally:
             proc.terminate(grace_s=5.0)
         return out
 
 
-class FrontsAgree:
-    name = "fronts-agree"
-    summary = "every hostile raw-byte case to a lean and an aiohttp router: the same answer on both"
+class FrontCases:
+    name = "front-cases"
+    summary = "every hostile raw-byte case to a router: the answer the table gives"
 
     async def run(self, ctx: Context) -> Outcome:
         out = Outcome()
         flags = ("--api-key", KEY, "--header-timeout-s", "1", "--body-timeout-s", "1", "--idle-timeout-s", "2")
-        procs = {front: _router(ctx, f"router-{front}-front", "--http-server", front, *flags)
-                 for front in ("lean", "aiohttp")}
+        proc = _router(ctx, "router-front-cases", *flags)
         try:
-            for proc in procs.values():
-                await until_up(ctx, proc)
-            for front, proc in procs.items():
-                log_size = os.path.getsize(proc.log_path)
-                await self._table(out, proc, front)
-                await self._malformed(ctx, out, proc, front, log_size)
+            await until_up(ctx, proc)
+            log_size = os.path.getsize(proc.log_path)
+            await self._table(out, proc)
+            await self._malformed(ctx, out, proc, log_size)
         finally:
-            for proc in procs.values():
-                proc.terminate(grace_s=5.0)
+            proc.terminate(grace_s=5.0)
         return out
 
-    async def _table(self, out: Outcome, proc, front: str) -> None:
+    async def _table(self, out: Outcome, proc) -> None:
         seen = await asyncio.gather(*(observe("127.0.0.1", proc.port, case, 2.0) for case in CASES))
         wrong = [f"{c.name}: {s}" for c, s in zip(CASES, seen) if s != (c.statuses, c.after)]
-        out.require(not wrong, "fronts-agree", self.name, f"{front}: " + "; ".join(wrong))
-        out.rows.append(Row(scenario=self.name, traffic=f"{len(CASES)} raw cases -> {front} router", sent=len(CASES),
+        out.require(not wrong, "front-cases", self.name, "; ".join(wrong))
+        out.rows.append(Row(scenario=self.name, traffic=f"{len(CASES)} raw cases -> router", sent=len(CASES),
                             ok=len(CASES) - len(wrong), detail={"wrong": wrong}))
 
-    async def _malformed(self, ctx: Context, out: Outcome, proc, front: str, log_size: int) -> None:
+    async def _malformed(self, ctx: Context, out: Outcome, proc, log_size: int) -> None:
         """2,000 heads without Host after the table (whose malformed cases logged their reasons):
-        counted each, and the log of both, from before the table, small and without a traceback."""
+        counted each, and the log, from before the table, small and without a traceback."""
         name = "kvroute_router_malformed_requests_total"
         counted_before = await metric(ctx.session, proc.url, name) or 0
         bad = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"  # no Host
@@ -217,8 +211,8 @@ class FrontsAgree:
             written = f.read()
         out.require(statuses == [400] * len(statuses) and counted == len(statuses) and len(written) < 20_000
                     and b"Traceback" not in written, "malformed-logged-once", self.name,
-                    f"{front}: {len(statuses)} malformed heads, {statuses.count(400)} answered 400, {counted} counted, "
+                    f"{len(statuses)} malformed heads, {statuses.count(400)} answered 400, {counted} counted, "
                     f"{len(written):,} bytes of log")
-        out.rows.append(Row(scenario=self.name, traffic=f"{len(statuses):,} malformed heads -> {front} router",
+        out.rows.append(Row(scenario=self.name, traffic=f"{len(statuses):,} malformed heads -> router",
                             sent=len(statuses), ok=statuses.count(400), statuses=_count(map(str, statuses)),
                             detail={"log_bytes": len(written), "counted": counted}))

@@ -1,0 +1,115 @@
+"""The ext_proc messages the endpoint picker sends Envoy (envoy.service.ext_proc.v3, from the
+xds-protos wheel), and what it reads of Envoy's: headers, the body mode, metadata.
+
+Names from the Endpoint Picker Protocol (gateway-api-inference-extension,
+docs/proposals/004-endpoint-picker-protocol): the choice goes in the request header
+`x-gateway-destination-endpoint` (`ip:port`, fallbacks after it, comma-separated) and under the
+same key in the `envoy.lb` dynamic metadata namespace; the data plane's subset hint comes in the
+filter metadata `envoy.lb.subset_hint` / `x-gateway-destination-endpoint-subset`, and the endpoint
+that served a response in `envoy.lb` / `x-gateway-destination-endpoint-served`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TypeAlias
+
+import orjson
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import json_format, struct_pb2
+from multidict import CIMultiDict
+
+from kvroute.router.contract.errors import KVRouteError, Overloaded
+from kvroute.router.contract.http import status_of
+
+DESTINATION = "x-gateway-destination-endpoint"
+SERVED = "x-gateway-destination-endpoint-served"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+INSTANCE_HEADER = "x-kvroute-instance"
+BODY_CHUNK = 62000  # an echoed body in chunks under the 64 KiB some data planes allow per message
+
+Mode = processing_mode_pb2.ProcessingMode
+FULL_DUPLEX = Mode.FULL_DUPLEX_STREAMED
+BUFFERED_MODES = (Mode.BUFFERED, Mode.BUFFERED_PARTIAL)
+ProcessingRequest: TypeAlias = pb.ProcessingRequest
+ProcessingResponse: TypeAlias = pb.ProcessingResponse
+
+
+def headers_of(message) -> CIMultiDict:
+    """An HttpHeaders or HttpTrailers message's headers (Envoy sends raw_value; older ones value)."""
+    out: CIMultiDict = CIMultiDict()
+    for h in message.headers.headers:
+        out.add(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+    return out
+
+
+def metadata_value(request, namespace: str, key: str):
+    """A value of Envoy's filter metadata on this message (None when absent), as plain Python."""
+    if not request.HasField("metadata_context"):
+        return None
+    fields = request.metadata_context.filter_metadata
+    if namespace not in fields or key not in fields[namespace].fields:
+        return None
+    return json_format.MessageToDict(fields[namespace].fields[key])
+
+
+def _set_headers(pairs) -> pb.HeaderMutation:
+    return pb.HeaderMutation(set_headers=[
+        base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
+                                   append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+        for k, v in pairs])
+
+
+def destination(endpoints: list[str], instance: str, phase: str, length: int | None = None,
+                body: bytes | None = None) -> ProcessingResponse:
+    """The choice, in the request header and the `envoy.lb` metadata alike, answering the request's
+    headers (`phase` "request_headers") or its buffered body ("request_body"). `length`: the body's
+    new Content-Length when the picker dropped fields of it; `body`: the new body (buffered modes)."""
+    value = ",".join(endpoints)
+    pairs = [(DESTINATION, value), (INSTANCE_HEADER, instance)]
+    if length is not None:
+        pairs.append(("content-length", str(length)))
+    common = pb.CommonResponse(header_mutation=_set_headers(pairs), clear_route_cache=True)
+    if body is not None:
+        common.body_mutation.body = body
+    metadata = struct_pb2.Struct()
+    metadata.update({LB_NAMESPACE: {DESTINATION: value}})
+    answer = pb.HeadersResponse(response=common) if phase == "request_headers" else pb.BodyResponse(response=common)
+    return pb.ProcessingResponse(dynamic_metadata=metadata, **{phase: answer})
+
+
+def carry_on(phase: str) -> ProcessingResponse:
+    """Go on unchanged (`phase`: the message answered)."""
+    kind = {"request_headers": pb.HeadersResponse, "response_headers": pb.HeadersResponse,
+            "request_body": pb.BodyResponse, "response_body": pb.BodyResponse,
+            "request_trailers": pb.TrailersResponse, "response_trailers": pb.TrailersResponse}[phase]
+    return pb.ProcessingResponse(**{phase: kind()})
+
+
+def response_headers(instance: str) -> ProcessingResponse:
+    """The answer's head goes on, naming the instance as the proxy does (`x-kvroute-instance`)."""
+    common = pb.CommonResponse(header_mutation=_set_headers(((INSTANCE_HEADER, instance),)))
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
+
+
+def echoed(body: bytes, end: bool, phase: str = "request_body") -> list[ProcessingResponse]:
+    """A body handed back in full-duplex mode, in streamed chunks; `end`: the last one ends the stream."""
+    chunks = [body[i:i + BODY_CHUNK] for i in range(0, len(body), BODY_CHUNK)] or [b""]
+    return [pb.ProcessingResponse(**{phase: pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(
+        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end and i == len(chunks) - 1))))})
+        for i, chunk in enumerate(chunks)]
+
+
+def refusal(error: KVRouteError) -> ProcessingResponse:
+    """The answer Envoy sends the client at once: the proxy's status, Retry-After and OpenAI error body."""
+    pairs = [("content-type", "application/json")]
+    if isinstance(error, Overloaded):
+        pairs.append(("retry-after", str(max(1, math.ceil(error.retry_after)))))
+    return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=status_of(error)), headers=_set_headers(pairs),
+        body=orjson.dumps(error.to_dict()), details=f"kvroute_{error.code or 'error'}"))

@@ -1,0 +1,87 @@
+"""The endpoint picker's gRPC server on --ext-proc-port: Envoy's
+`envoy.service.ext_proc.v3.ExternalProcessor/Process` and the gRPC health service, on grpcio's
+asyncio server in the router's own event loop, over the router's own decision, index, feeds and
+admission (router/service/picker.py).
+
+Health (grpc.health.v1.Health): `liveness` is SERVING while the process answers; `readiness`, the
+ext_proc service's name and "" are SERVING while the router has a routable instance, NOT_SERVING
+otherwise (checked every HEALTH_INTERVAL_S), as the Endpoint Picker Protocol asks.
+
+This module is imported only with --ext-proc-port: `kvroute router` without it needs no grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvroute.router.service.ext_proc.exchange import Exchange
+
+log = logging.getLogger(__name__)
+
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+HEALTH_INTERVAL_S = 1.0
+STOP_GRACE_S = 5.0  # streams in flight get this long when the router stops (as its HTTP requests do)
+
+
+class Processor(pb_grpc.ExternalProcessorServicer):
+    """One ext_proc stream per HTTP request: Envoy's messages through its `Exchange`, answers back."""
+
+    def __init__(self, exchange: Callable[[], Exchange]) -> None:
+        self.exchange = exchange
+
+    async def Process(self, request_iterator, context):  # noqa: N802 - the gRPC method's name
+        exchange = self.exchange()
+        try:
+            async for request in request_iterator:
+                for answer in await exchange.on(request):
+                    yield answer
+        finally:
+            exchange.close()
+
+
+class ExtProcServer:
+    """The gRPC server's life: `start` binds and serves (the port bound is `port`), `stop` ends it."""
+
+    def __init__(self, exchange: Callable[[], Exchange], ready: Callable[[], bool], host: str, port: int) -> None:
+        self.exchange, self.ready, self.host, self.port = exchange, ready, host, port
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self._watch: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+        pb_grpc.add_ExternalProcessorServicer_to_server(Processor(self.exchange), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.port = self.server.add_insecure_port(f"{host}:{self.port}")
+        if not self.port:
+            raise OSError(f"cannot listen for ext_proc on {host}:{self.port}")
+        await self.health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
+        await self._mark()
+        await self.server.start()
+        self._watch = asyncio.create_task(self._watch_loop(), name="ext-proc-health")
+        log.info("ext_proc endpoint picker listening on %s:%d", host, self.port)
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        if self.server is not None:
+            await self.health.enter_graceful_shutdown()
+            await self.server.stop(STOP_GRACE_S)
+
+    async def _mark(self) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if self.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", "readiness", SERVICE):
+            await self.health.set(name, status)
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            await self._mark()
