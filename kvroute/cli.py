@@ -57,7 +57,10 @@ def _main(argv: list[str] | None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"kvroute: unknown command {name!r}; choose from {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        from kvroute.router.contract.settings import did_you_mean
+
+        print(f"kvroute: unknown command {name!r}{did_you_mean(name, SUBCOMMANDS)}; choose from "
+              f"{', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
     try:
         module = importlib.import_module(SUBCOMMANDS[name][0])

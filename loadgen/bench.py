@@ -18,6 +18,7 @@ import aiohttp
 
 from kvroute.loadgen.adapters import engine_args as adapter_engine_args
 from kvroute.loadgen.adapters import parse_adapters
+from kvroute.loadgen.bench_flags import BenchFlags
 from kvroute.loadgen.bench_tiers import (
     STORM_DEFAULTS,
     TIER_RUNS,
@@ -29,18 +30,19 @@ from kvroute.loadgen.bench_tiers import (
     tier_stores,
     tier_table,
 )
-from kvroute.loadgen.cli import UsageError, _Parser, add_load_args, check_load_args
+from kvroute.loadgen.cli import check_load_args
 from kvroute.loadgen.client import TargetError, probe_target
+from kvroute.loadgen.load_flags import LoadFlags
 from kvroute.loadgen.local_cluster import ClusterSpec, LocalCluster
-from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
+from kvroute.loadgen.out_dir import ForceFlag, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import Run, markdown_table, verdict, write_report, write_run
 from kvroute.loadgen.runner import run_load
-from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.loadgen.workloads import knob_flags
+from kvroute.router.contract.cli_parser import Command, SettingsParser
 from kvroute.router.contract.interrupt import interrupted
 
 PROG = "kvroute bench"
-DEFAULT_POLICIES = "round_robin,least_load,prefix_hash,kv_aware"
 
 # Sizing chosen so the groups' shared prefixes fit the cluster's aggregate KV cache but
 # not one engine's: a router that scatters a group re-prefills it everywhere and thrashes
@@ -62,33 +64,14 @@ PD_SIZING = {"engines": 2, "num_requests": 120, "rate": 3.0, "num_blocks": 2048}
 PD_RANDOM = {"input_tokens": 2048, "min_input_tokens": 128, "output_tokens": 128, "min_output_tokens": 16}
 
 
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, formatter_class=HelpFormatter,
-                description="Compare routing policies on a local cluster, same workload and seed.")
-    p.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes with sim engines)")
-    p.add_argument("--backend", choices=("sim", "torch"), default="sim", help="engine backend of the local cluster")
-    p.add_argument("--engines", type=int, default=None, help="default: 8 sim or 4 torch engines")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated router policies")
-    p.add_argument("--extra-target", action="append", default=[], metavar="NAME=URL",
-                   help="another OpenAI endpoint to run the same workload against")
-    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per engine")
-    p.add_argument("--engine-arg", action="append", default=[], help="extra flag passed to every engine")
-    p.add_argument("--router-arg", action="append", default=[], help="extra flag passed to the router")
-    p.add_argument("--pd", action="store_true",
-                   help="compare colocated engines against prefill + decode engines (same engines, workload)")
-    p.add_argument("--prefill-engines", type=int, default=None, help="with --pd: prefill engines (default half)")
-    p.add_argument("--tiers", action="store_true",
-                   help="the session-recovery storm on the same engines: device only, + host pool, "
-                        "+ host + Redis store, + host + file store")
-    p.add_argument("--host-blocks", type=int, default=None, help="with --tiers: host pool blocks per engine")
-    p.add_argument("--tier-runs", default=",".join(TIER_RUNS),
-                   help="with --tiers: the setups to run, device first (the reference of the output comparison)")
-    p.add_argument("--max-loras", type=int, default=None,
-                   help="with --adapters: each engine's adapter slots (default: all of them)")
-    p.add_argument("--out", default="kvroute-bench", help="output directory")
-    p.add_argument("--force", action="store_true", help=FORCE_HELP)
-    add_load_args(p, workload_required=False)
-    return p
+COMMAND = Command(prog=PROG, description="Compare routing policies on a local cluster, same workload and seed.",
+                  env_prefix="KVROUTE_BENCH_", sections=(BenchFlags, ForceFlag, LoadFlags, knob_flags),
+                  doc="docs/loadgen.md")
+
+
+def build_parser(prog: str = PROG) -> SettingsParser:
+    env_prefix = "KVROUTE_" + prog.removeprefix("kvroute ").upper() + "_"  # kvroute demo: KVROUTE_DEMO_
+    return dataclasses.replace(COMMAND, prog=prog, env_prefix=env_prefix).parser()
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -231,8 +214,8 @@ def parse(argv: list[str] | None, prog: str = PROG) -> tuple[argparse.Namespace,
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
     if args.engines < 1:
         raise ValueError(f"--engines must be at least 1, got {args.engines}")
-    if args.max_loras is not None and (args.max_loras < 1 or not args.adapters):
-        raise ValueError("--max-loras needs --adapters and must be at least 1")
+    if args.max_loras is not None and not args.adapters:
+        raise ValueError("--max-loras needs --adapters")
     if args.tiers and (args.pd or args.extra_target or args.host_blocks < 1):
         raise ValueError("--tiers runs its own four setups: no --pd or --extra-target, and --host-blocks >= 1")
     args.tier_runs = [r.strip() for r in args.tier_runs.split(",") if r.strip()]
@@ -297,9 +280,9 @@ def run(args: argparse.Namespace, policies: list[str], extras: list[tuple[str, s
 def main(argv: list[str] | None = None) -> int:
     try:
         args, policies, extras = parse(argv)
-    except SystemExit as e:
+    except SystemExit as e:  # --help, or a usage error (said on stderr)
         return int(e.code or 0)
-    except (UsageError, ValueError) as e:
+    except ValueError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     return run(args, policies, extras)

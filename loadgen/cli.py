@@ -18,120 +18,51 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from kvroute.loadgen.adapters import ASSIGNMENTS, parse_adapters, with_adapters
+from kvroute.loadgen.adapters import parse_adapters, with_adapters
 from kvroute.loadgen.arrivals import ArrivalConfig, count_within
-from kvroute.loadgen.client import APIS, PROMPT_FORMATS, TargetError, normalize_target, probe_target
-from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
+from kvroute.loadgen.client import TargetError, normalize_target, probe_target
+from kvroute.loadgen.load_flags import LoadFlags
+from kvroute.loadgen.out_dir import ForceFlag, check_out_dir
 from kvroute.loadgen.progress import Progress
 from kvroute.loadgen.report import write_run
 from kvroute.loadgen.runner import LoadConfig, LoadResult, run_load
 from kvroute.loadgen.summary import format_summary
 from kvroute.loadgen.tenants import parse_tenant, run_tenants, tenant_summary, workload_of
-from kvroute.loadgen.workloads import CONFIGS, knob_names, make_workload, split_name, workload_names
-from kvroute.router.contract.cli_help import HelpFormatter
+from kvroute.loadgen.workloads import knob_flags, knob_names, make_workload, split_name
+from kvroute.router.contract.cli_parser import Command, SettingsParser
 from kvroute.router.contract.interrupt import INTERRUPTED, interrupted
+from kvroute.router.contract.settings import setting
 
 PROG = "kvroute loadgen"
 CLOSED_LOOP_CAP = 10_000  # requests generated for --concurrency with --duration and no --num-requests
-KNOB_HELP = {
-    "groups": "number of groups",
-    "prefix_tokens": "tokens of each group's shared system prompt",
-    "question_tokens": "tokens of each question",
-    "output_tokens": "output tokens per request (max_tokens with ignore_eos)",
-    "input_tokens": "prompt tokens",
-    "min_input_tokens": "draw prompt lengths uniformly from here to --input-tokens",
-    "min_output_tokens": "draw output lengths uniformly from here to --output-tokens",
-    "turns": "turns per session",
-    "system_tokens": "tokens of a system prompt shared by all sessions",
-    "answer_tokens": "synthetic answer tokens appended after each turn",
-    "think_time": "seconds between a turn's end and the next turn",
-    "documents": "number of documents",
-    "doc_tokens": "tokens per document",
-    "zipf": "Zipf exponent of document popularity (0 = uniform)",
-    "sessions": "sessions that go idle and come back",
-    "context_tokens": "tokens of a session's first turn (its reusable context)",
-    "min_context_tokens": "draw context lengths uniformly from here to --context-tokens",
-    "session_rate": "first turns per second",
-    "idle_requests": "unrelated requests between the phases (push the sessions out of device memory)",
-    "idle_tokens": "tokens of each idle request",
-    "idle_rate": "idle requests per second",
-    "burst": "sessions that return at once (the storm)",
-    "burst_spread": "seconds over which the returning sessions arrive",
-    "gap": "seconds between the phases",
-    "trace_block_tokens": "tokens per hash id (the trace's blocks are 512)",
-    "trace_time_scale": "multiply timestamps by this (2 = half the rate)",
-    "trace_max_input": "truncate prompts to this many tokens",
-    "trace_max_output": "cap output lengths at this many tokens",
-}
 
 
-class UsageError(Exception):
-    pass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoadgenRun:
+    """target and output"""
+
+    target: str = setting(help="base URL, e.g. http://127.0.0.1:8000", metavar="URL")
+    out: str = setting(help="directory for requests.jsonl and summary.json", metavar="DIR")
+    tenant: tuple[str, ...] = setting((), "run several tenants at once instead of --workload: name=A,workload=W,"
+                                          "rate=R,duration=S[,priority=P][,key=KEY][,header=VALUE][,start=S]"
+                                          "[,KNOB=VALUE...] (loadgen/tenants.py)", metavar="SPEC")
+    tenant_header: str | None = setting(None, "with --tenant: send each tenant's name (or its header=) in this header",
+                                        metavar="NAME")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(message)
+COMMAND = Command(prog=PROG, description="Drive an OpenAI-compatible endpoint with a workload and measure it.",
+                  env_prefix="KVROUTE_LOADGEN_", sections=(LoadgenRun, ForceFlag, LoadFlags, knob_flags),
+                  doc="docs/loadgen.md")
 
 
-def _knob_defaults() -> dict[str, tuple[type, list[str]]]:
-    knobs: dict[str, tuple[type, list[str]]] = {}
-    for name, config in CONFIGS.items():
-        for f in dataclasses.fields(config):
-            if f.name not in ("num_requests", "path"):
-                knobs.setdefault(f.name, (type(f.default), []))[1].append(name)
-    return knobs
-
-
-def add_load_args(p: argparse.ArgumentParser, workload_required: bool = True) -> None:
-    """Workload, arrival and SLO flags, shared by `kvroute loadgen` and `kvroute bench`."""
-    p.add_argument("--workload", required=workload_required, help=f"one of {workload_names()}")
-    p.add_argument("--rate", type=float, help="open loop: requests/s (session starts for multi-turn)")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1.0 = Poisson")
-    p.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
-    p.add_argument("--duration", type=float, help="stop sending after this many seconds")
-    p.add_argument("--num-requests", type=int, help="requests to generate (trace: the first N lines)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the arrival process")
-    p.add_argument("--slo-ttft", type=float, help="goodput SLO on TTFT, seconds")
-    p.add_argument("--slo-tpot", type=float, help="goodput SLO on TPOT, seconds")
-    p.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
-    p.add_argument("--api", choices=list(APIS), default="completions", help="which OpenAI endpoint to call")
-    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="tokens",
-                   help="tokens: token-id lists (exact sharing); text: decoded text (re-tokenization may "
-                        "shift a few boundary tokens)")
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature to send (0 = greedy: outputs comparable across runs); "
-                        "default: the server's")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--adapters", default=None, metavar="A,B,...",
-                   help="LoRA adapters to spread the requests over: each request's model names one "
-                        "(loadgen/adapters.py)")
-    p.add_argument("--adapter-assign", choices=ASSIGNMENTS, default="group",
-                   help="with --adapters: group: one adapter per prefix group (seeded); request: round-robin")
-    for name, (kind, workloads) in _knob_defaults().items():
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, metavar=kind.__name__.upper(),
-                       help=f"{KNOB_HELP.get(name, name)} [{', '.join(workloads)}]")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, formatter_class=HelpFormatter,
-                description="Drive an OpenAI-compatible endpoint with a workload and measure it.")
-    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--out", required=True, help="directory for requests.jsonl and summary.json")
-    p.add_argument("--force", action="store_true", help=FORCE_HELP)
-    p.add_argument("--tenant", action="append", default=[], metavar="SPEC",
-                   help="run several tenants at once instead of --workload: name=A,workload=W,rate=R,duration=S"
-                        "[,priority=P][,key=KEY][,header=VALUE][,start=S][,KNOB=VALUE...] (loadgen/tenants.py)")
-    p.add_argument("--tenant-header", default=None, metavar="NAME",
-                   help="with --tenant: send each tenant's name (or its header=) in this header")
-    add_load_args(p, workload_required=False)
-    return p
+def build_parser() -> SettingsParser:
+    return COMMAND.parser()
 
 
 def _knobs(args: argparse.Namespace, workload: str) -> dict:
     allowed = set(knob_names(workload))
-    given = {k: v for k, v in vars(args).items() if k in _knob_defaults() and v is not None}
+    knobs = {d.name for d in knob_flags()}
+    given = {k: v for k, v in vars(args).items() if k in knobs and v is not None}
     for name in given:
         if name not in allowed:
             flags = ", ".join("--" + k.replace("_", "-") for k in knob_names(workload) if k != "num_requests")
@@ -172,9 +103,6 @@ def _sized_workload(args: argparse.Namespace, arrival: ArrivalConfig):
 def check_load_args(args: argparse.Namespace, target: str = "") -> tuple[LoadConfig, object, int]:
     """Validate the shared flags; the load config (for `target`), the workload and its size."""
     split_name(args.workload)
-    for flag in ("slo_ttft", "slo_tpot"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
-            raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     arrival = ArrivalConfig(rate=args.rate, burstiness=args.burstiness, concurrency=args.concurrency)
     workload = build_workload(args, arrival)
     config = LoadConfig(target=normalize_target(target) if target else "", arrival=arrival, duration_s=args.duration,
@@ -263,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         config, workload, n = _check(args)
-    except SystemExit as e:  # --help
+    except SystemExit as e:  # --help, or a usage error (said on stderr)
         return int(e.code or 0)
-    except (UsageError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if args.tenant:

@@ -7,14 +7,15 @@ where the plots are. Takes 2-3 minutes on a 2-core machine.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from kvroute.loadgen import bench
-from kvroute.loadgen.cli import UsageError
 
 PROG = "kvroute demo"
 
 DEMO_ARGS = ["--quick", "--backend", "torch", "--out", "kvroute-demo"]
+COMMAND = dataclasses.replace(bench.COMMAND, prog=PROG, env_prefix="KVROUTE_DEMO_", doc="")  # bench's flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:  # every flag is checked before the banner and before anything starts
         args, policies, extras = bench.parse(DEMO_ARGS + argv, PROG)
-    except SystemExit as e:
+    except SystemExit as e:  # a usage error (said on stderr)
         return int(e.code or 0)
-    except (UsageError, ValueError) as e:
+    except ValueError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     print(f"{PROG}: {args.engines} {args.backend} engines (tiny model) + router; comparing "

@@ -7,10 +7,20 @@ same name and nothing else is removed (a directory is never emptied on a user's 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 
+from kvroute.router.contract.settings import setting
+
 FORCE_HELP = "write into a non-empty --out directory: the run's files replace those of the same name"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ForceFlag:
+    """output directory"""
+
+    force: bool = setting(False, FORCE_HELP)
 
 
 def check_out_dir(path: str | os.PathLike[str], force: bool) -> None:

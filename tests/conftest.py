@@ -46,6 +46,7 @@ async def start_engine():
     """Start engine apps on loopback; yields a factory returning (base URL, server)."""
     from kvroute.engine.config import EngineConfig
     from kvroute.engine.service.server import create_app
+    from kvroute.router.contract.settings_values import build
 
     servers = []
 
@@ -53,7 +54,7 @@ async def start_engine():
         overrides.setdefault("instance_id", f"e{len(servers)}")
         overrides.setdefault("backend", "sim")
         overrides.setdefault("num_threads", 1)
-        server = await LoopbackServer(create_app(EngineConfig(port=port, **overrides))).start(port)
+        server = await LoopbackServer(create_app(build(EngineConfig, port=port, **overrides))).start(port)
         servers.append(server)
         return server.url, server
 
@@ -73,6 +74,7 @@ async def http():
 @pytest.fixture
 async def start_router():
     """Start router apps on loopback over given engine URLs; yields (base URL, server)."""
+    from kvroute.router.contract.settings_values import build
     from kvroute.router.service.app import create_app
     from kvroute.router.service.config import RouterConfig
 
@@ -83,7 +85,7 @@ async def start_router():
         overrides.setdefault("load_interval_s", 0.05)
         overrides.setdefault("events_timeout_s", 0.5)
         overrides.setdefault("seed", 0)
-        config = RouterConfig(engines=tuple(engines), port=0, **overrides)
+        config = build(RouterConfig, engines=tuple(engines), port=0, **overrides)
         server = await LoopbackServer(create_app(config)).start()
         servers.append(server)
         return server.url, server

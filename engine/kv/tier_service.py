@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -33,6 +33,7 @@ from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo
+from kvroute.engine.kv.config import TierConfig
 from kvroute.engine.kv.link_estimate import DeviceCosts, describe_links
 from kvroute.engine.kv.load_queue import Load
 from kvroute.engine.kv.store import check_reachable, make_store
@@ -42,12 +43,9 @@ from kvroute.engine.kv.store.guard import GuardedStore
 from kvroute.engine.kv.store_probe import measure_store
 from kvroute.engine.kv.store_writes import StoreWrites
 from kvroute.engine.kv.tier_metrics import TierMetrics
-from kvroute.engine.kv.tier_setup import model_name, namespace
+from kvroute.engine.kv.tier_setup import TierSite, namespace
 from kvroute.engine.kv.tiers import CacheTiers
 from kvroute.router.contract.protocol import EventType
-
-if TYPE_CHECKING:  # the engine's config sits above its parts: they read its fields, and name it only here
-    from kvroute.engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -293,15 +291,15 @@ class TierService:
         return out
 
 
-def build_service(config: EngineConfig, info: RunnerInfo, wiring: TierWiring,
+def build_service(tiers: TierConfig, site: TierSite, info: RunnerInfo, wiring: TierWiring,
                   registry: CollectorRegistry) -> TierService:
     """The engine's tier I/O over `wiring.tiers`, with its store (if configured) behind a guard."""
-    metrics = TierMetrics(registry, model_name(config, info))
+    metrics = TierMetrics(registry, site.model)
     store = None
-    if config.kv_store:
-        raw = make_store(config.kv_store, namespace(config, info), config.kv_store_id, config.kv_store_timeout_s)
-        store = GuardedStore(raw, config.kv_store_timeout_s,
+    if tiers.kv_store:
+        raw = make_store(tiers.kv_store, namespace(site, info), tiers.kv_store_id, tiers.kv_store_timeout_s)
+        store = GuardedStore(raw, tiers.kv_store_timeout_s,
                              on_error=metrics.store_error,
                              on_state=lambda up: metrics.store_up.set(1 if up else 0))
-    measure = None if config.kv_store_link else config.kv_store_timeout_s  # a named link is taken as given
-    return TierService(wiring, store, namespace(config, info), metrics, measure)
+    measure = None if tiers.kv_store_link else tiers.kv_store_timeout_s  # a named link is taken as given
+    return TierService(wiring, store, namespace(site, info), metrics, measure)

@@ -13,15 +13,13 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvroute.engine.core.config import BatchConfig
 from kvroute.engine.core.work import SamplingParams, SeqWork
+from kvroute.engine.runners.config import RunnerConfig
 from kvroute.engine.runners.cost_model import CostModel
-
-if TYPE_CHECKING:  # the engine's config sits above its parts: they read its fields, and name it only here
-    from kvroute.engine.config import EngineConfig
 
 PREFILLS = [(64, 0), (256, 0), (512, 0), (1024, 0), (2048, 0), (256, 1024), (512, 1536), (256, 1792), (1024, 1024)]
 DECODES = [(1, 128), (1, 1024), (4, 256), (8, 256), (16, 512), (32, 256), (32, 1024)]
@@ -65,15 +63,16 @@ def fit(rows: Sequence[tuple[tuple[float, ...], float]]) -> np.ndarray:
         active.pop(int(np.argmin(coef)))
 
 
-def run_calibration(config: EngineConfig, out_path: str | None = None, repeats: int = 5) -> int:
+def run_calibration(config: RunnerConfig, batch: BatchConfig, out_path: str | None = None, repeats: int = 5) -> int:
+    from kvroute.engine.kv.config import TierConfig
     from kvroute.engine.runners.registry import RUNNERS
     from kvroute.engine.runners.torch_runner import TorchRunner
 
-    runner = RUNNERS["torch"](dataclasses.replace(config, backend="torch", num_blocks=max(config.num_blocks, 4096),
-                                                  num_threads=config.num_threads or 1))
+    runner = RUNNERS["torch"](dataclasses.replace(config, backend="torch", num_threads=config.num_threads or 1),
+                              dataclasses.replace(batch, num_blocks=max(batch.num_blocks, 4096)), TierConfig())
     assert isinstance(runner, TorchRunner)  # what it times: execute_sync
     probe = CostModel("probe", 0.0, 0.0, 0.0, 0.0, 0.0)
-    bs = config.block_size
+    bs = batch.block_size
     rows = []
     cases = [("prefill", n, c, [prefill_work(n, c, bs)]) for n, c in PREFILLS]
     cases += [("decode", b, ctx, decode_works(b, ctx, bs)) for b, ctx in DECODES]

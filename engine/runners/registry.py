@@ -4,43 +4,44 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from kvroute.engine.core.config import BatchConfig
 from kvroute.engine.core.work import ModelRunner, RunnerInfo
+from kvroute.engine.kv.config import TierConfig
+from kvroute.engine.runners.config import BACKENDS, RunnerConfig
 from kvroute.engine.runners.cost_model import get_cost_model
 from kvroute.engine.runners.model.config import ModelConfig
 
-if TYPE_CHECKING:  # the engine's config sits above its parts: they read its fields, and name it only here
-    from kvroute.engine.config import EngineConfig
+
+def model_config(runner: RunnerConfig) -> ModelConfig:
+    mc = ModelConfig.from_hf_dir(runner.model) if runner.model else ModelConfig.tiny()
+    return dataclasses.replace(mc, dtype=runner.dtype) if runner.dtype else mc
 
 
-def model_config(config: EngineConfig) -> ModelConfig:
-    mc = ModelConfig.from_hf_dir(config.model) if config.model else ModelConfig.tiny()
-    return dataclasses.replace(mc, dtype=config.dtype) if config.dtype else mc
-
-
-def _torch(config: EngineConfig) -> ModelRunner:
+def _torch(runner: RunnerConfig, batch: BatchConfig, tiers: TierConfig) -> ModelRunner:
     from kvroute.engine.runners.lora_config import read_adapters
     from kvroute.engine.runners.torch_runner import TorchRunner
 
-    return TorchRunner(model_config(config), config.num_blocks, config.block_size, model_dir=config.model,
-                       device=config.device, num_threads=config.num_threads, seed=config.seed,
-                       host_blocks=config.host_blocks, max_running=config.max_running, cuda_graphs=config.cuda_graphs,
-                       adapters=read_adapters(config.adapter_dirs, config.max_lora_rank), max_loras=config.max_loras)
+    return TorchRunner(model_config(runner), batch.num_blocks, batch.block_size, model_dir=runner.model,
+                       device=runner.device, num_threads=runner.num_threads, seed=runner.seed,
+                       host_blocks=tiers.host_blocks, max_running=batch.max_running, cuda_graphs=runner.cuda_graphs,
+                       adapters=read_adapters(runner.adapter_dirs, runner.max_lora_rank), max_loras=runner.max_loras)
 
 
-def _sim(config: EngineConfig) -> ModelRunner:
+def _sim(runner: RunnerConfig, batch: BatchConfig, tiers: TierConfig) -> ModelRunner:
     from kvroute.engine.runners.sim import SimRunner
 
-    mc = model_config(config)
+    mc = model_config(runner)
     info = RunnerInfo(model=mc.name, vocab_size=mc.vocab_size, max_model_len=mc.max_position_embeddings,
                       eos_token_id=mc.eos_token_id, dtype=mc.dtype, num_layers=mc.num_layers,
                       num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
     from kvroute.engine.kv.tier_setup import host_link_name, store_link_name
 
-    return SimRunner(get_cost_model(config.cost_model), info, seed=config.seed, time_scale=config.time_scale,
-                     block_size=config.block_size, link=config.kv_link, host_link=host_link_name(config),
-                     store_link=store_link_name(config))
+    return SimRunner(get_cost_model(runner.cost_model), info, seed=runner.seed, time_scale=runner.time_scale,
+                     block_size=batch.block_size, link=runner.kv_link, host_link=host_link_name(tiers, runner.device),
+                     store_link=store_link_name(tiers))
 
 
-RUNNERS: dict[str, Callable[[EngineConfig], ModelRunner]] = {"torch": _torch, "sim": _sim}
+# A runner from its own section, the pool's sizes (batch) and the tiers' (a host pool, the sim's links).
+RUNNERS: dict[str, Callable[[RunnerConfig, BatchConfig, TierConfig], ModelRunner]] = {"torch": _torch, "sim": _sim}
+assert tuple(RUNNERS) == BACKENDS  # the --backend choices

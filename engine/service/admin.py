@@ -15,10 +15,10 @@ import logging
 
 from aiohttp import web
 
-from kvroute.engine.config import ROLES
 from kvroute.engine.service.app_keys import CONFIG, DRAIN, ENGINE, REGISTRATION
 from kvroute.router.contract.errors import BadRequest, Forbidden, Unauthorized
 from kvroute.router.contract.http import json_response, read_json
+from kvroute.router.contract.protocol import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,13 @@ def check_admin(request: web.Request, key: str | None) -> None:
 
 
 async def handle_drain(request: web.Request) -> web.Response:
-    check_admin(request, request.app[CONFIG].admin_key)
+    check_admin(request, request.app[CONFIG].server.admin_key)
     request.app[DRAIN].start("POST /admin/drain")
     return json_response({"status": "draining", "running": len(request.app[ENGINE].requests)}, status=202)
 
 
 async def handle_role(request: web.Request) -> web.Response:
-    check_admin(request, request.app[CONFIG].admin_key)
+    check_admin(request, request.app[CONFIG].server.admin_key)
     body = await read_json(request)
     role = body.get("role")
     if role not in ROLES:

@@ -70,30 +70,33 @@ class LLMEngine:
         self.config = config
         self.runner = runner
         self.metrics = metrics
-        tiers = build_tiers(config, runner.info, runner.kv_bytes_per_block, runner.prefill_rate_hint)
-        self.block_manager = BlockManager(config.num_blocks, config.block_size, tiers)
-        self.core = EngineCore(CoreConfig(instance=config.instance, max_batched_tokens=config.max_batched_tokens,
-                                          max_running=config.max_running, max_waiting=config.max_waiting,
-                                          max_model_len=runner.info.max_model_len, max_loras=config.adapter_slots),
+        site = config.tier_site(runner.info)
+        tiers = build_tiers(config.tiers, site, runner.info, runner.kv_bytes_per_block, runner.prefill_rate_hint)
+        batch = config.batch
+        self.block_manager = BlockManager(batch.num_blocks, batch.block_size, tiers)
+        self.core = EngineCore(CoreConfig(instance=config.server.instance, max_batched_tokens=batch.max_batched_tokens,
+                                          max_running=batch.max_running, max_waiting=batch.max_waiting,
+                                          max_model_len=runner.info.max_model_len,
+                                          max_loras=config.runner.adapter_slots),
                                self.block_manager, stop_token_ids)
         self.scheduler = self.core.scheduler
-        self.events = KVEventLog(config.instance, capacity=config.event_buffer)
+        self.events = KVEventLog(config.server.instance, capacity=config.batch.event_buffer)
         self.requests: dict[str, RequestHandle] = {}
         self._aborts: dict[str, str] = {}  # request id -> finish reason
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.pinned = PinnedBlocks(config.kv_pin_ttl_s)
-        self.auth = KVAuth(secret_from(config.kv_secret), config.kv_peers, config.instance)
+        self.pinned = PinnedBlocks(config.server.kv_pin_ttl_s)
+        self.auth = KVAuth(secret_from(config.server.kv_secret), config.server.kv_peers, config.server.instance)
         self.remote = RemotePrefill(PullWiring(  # any role may become decode-capable at run time
             block_manager=self.block_manager, runner=runner, metrics=metrics,
-            admit_timeout_s=config.kv_admit_timeout_s, resume=self.resume, fail=self.fail_request,
+            admit_timeout_s=config.server.kv_admit_timeout_s, resume=self.resume, fail=self.fail_request,
             fail_overloaded=self.fail_overloaded))
         self.last_progress = time.monotonic()  # a step ended, or the loop went idle
-        self.role = config.role  # changes at run time (POST /admin/role); running requests keep theirs
+        self.role = config.server.role  # changes at run time (POST /admin/role); running requests keep theirs
         self.draining = False  # set by a drain: no new requests
         # host pool / shared store I/O (engine/kv/tier_service.py); None without tiers
-        self.kv = None if tiers is None else build_service(config, runner.info, TierWiring(
-            tiers=tiers, device=self.block_manager, runner=runner, store_url=config.kv_store,
+        self.kv = None if tiers is None else build_service(config.tiers, site, runner.info, TierWiring(
+            tiers=tiers, device=self.block_manager, runner=runner, store_url=config.tiers.kv_store,
             max_fresh=self.core.max_fresh, wake=self.wake, publish=self._publish_remote), metrics.registry)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -105,7 +108,7 @@ class LLMEngine:
         costs = await asyncio.to_thread(self.runner.warm_up, self.kv is not None)
         if self.kv is not None:
             if costs is not None:
-                self.kv.use_measured(costs, host_link=not self.config.kv_host_link)
+                self.kv.use_measured(costs, host_link=not self.config.tiers.kv_host_link)
             await self.kv.start()
         await self.remote.start(local_info)
         self._task = asyncio.create_task(self._run(), name="engine-loop")
@@ -116,7 +119,7 @@ class LLMEngine:
             done, _ = await asyncio.wait({self._task}, timeout=STOP_TIMEOUT_S)
             if not done:  # a loop that lost its cancel must not hold the shutdown forever
                 log.error("engine %s: the step loop did not stop within %.0f s of its cancel; shutting down without it",
-                          self.config.instance, STOP_TIMEOUT_S)
+                          self.config.server.instance, STOP_TIMEOUT_S)
             elif not self._task.cancelled() and (error := self._task.exception()) is not None:
                 raise error
         await self.remote.stop()
@@ -164,7 +167,7 @@ class LLMEngine:
                      hash_seed: int, adapter: str | None) -> RequestHandle:
         if self.core.queue_full:
             self.metrics.rejected.labels("queue_full").inc()
-            raise Overloaded(f"engine queue is full ({self.config.max_waiting} waiting requests)", retry_after=1)
+            raise Overloaded(f"engine queue is full ({self.config.batch.max_waiting} waiting requests)", retry_after=1)
         seq = Sequence(request_id, prompt_ids, sampling, hash_seed, arrival=time.monotonic(), adapter=adapter)
         handle = RequestHandle(seq)
         self.requests[request_id] = handle

@@ -41,6 +41,7 @@ from kvroute.router.contract.protocol import hash_seed
 from kvroute.router.contract.redact import redact
 from kvroute.router.contract.registry_record import EngineRecord
 from kvroute.router.contract.serve import SHUTDOWN
+from kvroute.router.contract.settings import flat
 from kvroute.router.contract.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -50,26 +51,26 @@ MAX_EVENTS_TIMEOUT_S = 30.0
 
 
 def model_name(app: web.Application) -> str:
-    return app[CONFIG].served_model_name or app[ENGINE].runner.info.model
+    return app[CONFIG].server.served_model_name or app[ENGINE].runner.info.model
 
 
 async def _engine_ctx(app: web.Application):
     config = app[CONFIG]
-    runner = RUNNERS[config.backend](config)
-    tokenizer = load_tokenizer(config.model)
-    name = config.served_model_name or runner.info.model
+    runner = RUNNERS[config.runner.backend](config.runner, config.batch, config.tiers)
+    tokenizer = load_tokenizer(config.runner.model)
+    name = config.server.served_model_name or runner.info.model
     metrics = EngineMetrics(name, max_model_len=runner.info.max_model_len)
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD), prefix="kvroute_engine"))
     stop_ids = frozenset(tokenizer.stop_token_ids) | (
         {runner.info.eos_token_id} if runner.info.eos_token_id is not None else set())
     engine = LLMEngine(config, runner, frozenset(stop_ids), metrics)
     app[TOKENIZER], app[METRICS], app[ENGINE] = tokenizer, metrics, engine
-    app[SERVICE] = CompletionService(engine, tokenizer, name, tuple(a for a, _ in config.adapter_dirs))
+    app[SERVICE] = CompletionService(engine, tokenizer, name, tuple(a for a, _ in config.runner.adapter_dirs))
     await engine.start(kv_info(app))
-    app[DRAIN] = Drain(engine, config.drain_timeout_s, app[SHUTDOWN], deregister=lambda: _leave_registry(app),
+    app[DRAIN] = Drain(engine, config.server.drain_timeout_s, app[SHUTDOWN], deregister=lambda: _leave_registry(app),
                        flush=lambda: _flush_events(app))
-    log.info("engine %s ready: backend=%s model=%s blocks=%d x %d", config.instance, config.backend, name,
-             config.num_blocks, config.block_size)
+    log.info("engine %s ready: backend=%s model=%s blocks=%d x %d", config.server.instance, config.runner.backend,
+             name, config.batch.num_blocks, config.batch.block_size)
     yield
     await engine.stop()
     app[SERVICE].pool.close()
@@ -78,11 +79,11 @@ async def _engine_ctx(app: web.Application):
 async def _zmq_ctx(app: web.Application):
     config = app[CONFIG]
     engine = app[ENGINE]
-    assert config.kv_events_zmq is not None  # this context is added only with it (create_app)
+    assert config.zmq.kv_events_zmq is not None  # this context is added only with it (create_app)
     publisher = ZmqEventPublisher(events=engine.events, blocks=engine.block_manager, model=model_name(app),
-                                  endpoint=config.kv_events_zmq, replay_endpoint=config.kv_events_replay,
-                                  encoding=config.kv_events_encoding, topic=config.kv_events_topic,
-                                  buffer_steps=config.kv_events_buffer_steps)
+                                  endpoint=config.zmq.kv_events_zmq, replay_endpoint=config.zmq.kv_events_replay,
+                                  encoding=config.zmq.kv_events_encoding, topic=config.zmq.kv_events_topic,
+                                  buffer_steps=config.zmq.kv_events_buffer_steps)
     app[ZMQ_PUBLISHER] = publisher
     await publisher.start()
     yield
@@ -91,7 +92,7 @@ async def _zmq_ctx(app: web.Application):
 
 async def _redis_ctx(app: web.Application):
     engine = app[ENGINE]
-    redis = app[CONFIG].redis
+    redis = app[CONFIG].server.redis
     assert redis is not None  # this context is added only with it (create_app)
     publisher = RedisEventPublisher(redis, events=engine.events, load=engine.load)
     await publisher.start()
@@ -102,12 +103,13 @@ async def _redis_ctx(app: web.Application):
 
 async def _registry_ctx(app: web.Application):
     config = app[CONFIG]
-    assert config.registry is not None  # this context is added only with it (create_app)
-    registration = Registration(config.registry, lambda: registry_record(app), config.registry_refresh_s,
-                                config.registry_ttl_s, secret_from(config.kv_secret))
+    server = config.server
+    assert server.registry is not None  # this context is added only with it (create_app)
+    registration = Registration(server.registry, lambda: registry_record(app), server.registry_refresh_s,
+                                server.registry_ttl_s, secret_from(server.kv_secret))
     await registration.start()
     app[REGISTRATION] = registration
-    log.info("registered as %s at %s in %s", config.instance, registry_record(app).url, redact(config.registry))
+    log.info("registered as %s at %s in %s", server.instance, registry_record(app).url, redact(server.registry))
     yield
     await registration.stop()
 
@@ -127,8 +129,9 @@ async def _flush_events(app: web.Application) -> None:
 def registry_record(app: web.Application) -> EngineRecord:
     """The engine's registry record now, unsigned (engine/service/registration.py signs it)."""
     config, engine = app[CONFIG], app[ENGINE]
-    return EngineRecord(instance_id=config.instance, url=config.advertise, role=engine.role, model=model_name(app),
-                        cluster_id=config.cluster, epoch=engine.events.epoch,
+    server = config.server
+    return EngineRecord(instance_id=server.instance, url=server.advertise, role=engine.role, model=model_name(app),
+                        cluster_id=server.cluster, epoch=engine.events.epoch,
                         state="draining" if engine.draining else "ready")
 
 
@@ -136,17 +139,17 @@ def kv_info(app: web.Application) -> dict:
     config, engine, tok = app[CONFIG], app[ENGINE], app[TOKENIZER]
     info = engine.runner.info
     return {
-        "instance_id": config.instance,
-        "cluster_id": config.cluster,
+        "instance_id": config.server.instance,
+        "cluster_id": config.server.cluster,
         "model": model_name(app),
-        "block_size": config.block_size,
+        "block_size": config.batch.block_size,
         "hash_seed": hash_seed(model_name(app)),
         "hash_algo": "xxh3_64-chained-u32le",
         "tokenizer": tok.fingerprint,
         "role": engine.role,
         "state": "draining" if engine.draining else "ready",
-        "backend": config.backend,
-        "num_blocks": config.num_blocks,
+        "backend": config.runner.backend,
+        "num_blocks": config.batch.num_blocks,
         "max_model_len": info.max_model_len,
         "vocab_size": info.vocab_size,
         "dtype": info.dtype,
@@ -155,7 +158,7 @@ def kv_info(app: web.Application) -> dict:
         "head_dim": info.head_dim,
         "epoch": engine.events.epoch,
         "adapters": list(app[SERVICE].adapters),  # LoRA adapters a request's model may name (keyed by the seed)
-        "max_loras": config.adapter_slots,
+        "max_loras": config.runner.adapter_slots,
         **_zmq_info(app),
         **({"kv_tiers": engine.kv.kv_tiers()} if engine.kv is not None else {}),
     }
@@ -166,7 +169,7 @@ def _zmq_info(app: web.Application) -> dict:
     if publisher is None:
         return {}
     return {"kv_events_zmq": publisher.endpoint, "kv_events_replay": publisher.replay_endpoint,
-            "kv_events_encoding": app[CONFIG].kv_events_encoding}
+            "kv_events_encoding": app[CONFIG].zmq.kv_events_encoding}
 
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
@@ -181,7 +184,7 @@ def model_card(app: web.Application, adapter: str | None = None) -> dict:
     """The base model's card, or an adapter's as vLLM lists `--lora-modules`: `parent` the base model."""
     config, base = app[CONFIG], model_name(app)
     card = {"id": adapter or base, "object": "model", "created": int(time.time()), "owned_by": "kvroute",
-            "root": (dict(config.adapter_dirs)[adapter] or adapter) if adapter else config.model or base,
+            "root": (dict(config.runner.adapter_dirs)[adapter] or adapter) if adapter else config.runner.model or base,
             "parent": base if adapter else None, "max_model_len": app[ENGINE].runner.info.max_model_len}
     return card
 
@@ -200,13 +203,13 @@ async def handle_health(request: web.Request) -> web.Response:
     """503 while draining or while the step loop is stuck (a hung model step): routers stop sending."""
     config, engine = request.app[CONFIG], request.app[ENGINE]
     if engine.draining:
-        return json_response({"status": "draining", "instance_id": config.instance,
+        return json_response({"status": "draining", "instance_id": config.server.instance,
                               "running": len(engine.requests)}, status=503)
     stalled = engine.stalled_for()
-    if stalled > config.stall_timeout_s:
-        return json_response({"status": "stalled", "instance_id": config.instance,
+    if stalled > config.server.stall_timeout_s:
+        return json_response({"status": "stalled", "instance_id": config.server.instance,
                               "stalled_s": round(stalled, 1)}, status=503)
-    return json_response({"status": "ok", "instance_id": config.instance})
+    return json_response({"status": "ok", "instance_id": config.server.instance})
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -226,7 +229,7 @@ async def handle_kv_info(request: web.Request) -> web.Response:
 async def handle_kv_snapshot(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     return json_response({
-        "instance": engine.config.instance,
+        "instance": engine.config.server.instance,
         "epoch": engine.events.epoch,
         "seq": engine.events.seq,
         "tiers": {"device": engine.block_manager.cached_hashes(), **(engine.kv.snapshot() if engine.kv else {})},
@@ -242,7 +245,7 @@ async def handle_kv_events(request: web.Request) -> web.Response:
     epoch = query_number(request, "epoch", None, int)
     batch = await engine.events.wait(since, timeout, epoch)
     return json_response({
-        "instance": engine.config.instance,
+        "instance": engine.config.server.instance,
         "epoch": batch.epoch,
         "seq": batch.seq,
         "resync": batch.resync,
@@ -267,14 +270,12 @@ async def handle_tokenize(request: web.Request) -> web.Response:
 
 async def handle_get_model_info(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
-    return json_response({"model_path": config.model or model_name(request.app),
-                          "tokenizer_path": config.model or "builtin", "is_generation": True})
+    return json_response({"model_path": config.runner.model or model_name(request.app),
+                          "tokenizer_path": config.runner.model or "builtin", "is_generation": True})
 
 
 async def handle_get_server_info(request: web.Request) -> web.Response:
-    import dataclasses
-
-    info = {k: v for k, v in dataclasses.asdict(request.app[CONFIG]).items()
+    info = {k: v for k, v in flat(request.app[CONFIG]).items()
             if k not in ("redis", "registry", "kv_secret", "admin_key", "kv_store")}  # may carry credentials
     info.update(kv_info(request.app), version="kvroute-0.1.0")
     return json_response(info)
@@ -291,11 +292,11 @@ def create_app(config: EngineConfig) -> web.Application:
     app[CONFIG] = config
     app[SHUTDOWN] = asyncio.Event()  # set when a drain is done: the server stops (router/contract/serve.py)
     app.cleanup_ctx.append(_engine_ctx)
-    if config.redis:
+    if config.server.redis:
         app.cleanup_ctx.append(_redis_ctx)
-    if config.registry:
+    if config.server.registry:
         app.cleanup_ctx.append(_registry_ctx)
-    if config.kv_events_zmq:
+    if config.zmq.kv_events_zmq:
         app.cleanup_ctx.append(_zmq_ctx)
     add_body_route(app, "/v1/completions", handle_completions)
     add_body_route(app, "/v1/chat/completions", handle_chat)

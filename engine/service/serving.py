@@ -50,11 +50,11 @@ class CompletionService:
         self.adapters = adapters  # LoRA adapters served (--lora-modules): a request's `model` may name one
         self.max_model_len = engine.runner.info.max_model_len
         self.vocab_size = engine.runner.info.vocab_size
-        self.limits = Limits.derive(self.max_model_len, self.vocab_size, config.max_prompt_chars,
-                                    config.max_body_bytes)
-        self.pool = TokenizePool(config.tokenize_workers, config.tokenize_queue)
+        limits = config.server.limits
+        self.limits = Limits.derive(self.max_model_len, self.vocab_size, limits.max_prompt_chars, limits.max_body_bytes)
+        self.pool = TokenizePool(limits.tokenize_workers, limits.tokenize_queue)
         self.pool_tokens = engine.block_manager.num_blocks * engine.block_manager.block_size
-        self.headers = {INSTANCE_HEADER: engine.config.instance}
+        self.headers = {INSTANCE_HEADER: engine.config.server.instance}
 
     def check_model(self, model: str | None) -> str | None:
         """The LoRA adapter `model` names (None: the base model, or no model given); 404 for another name."""
@@ -193,12 +193,12 @@ class CompletionService:
         seq = self.engine.pinned.get(handle.seq.request_id)
         if seq is None:
             return None
-        config, bs = self.engine.config, self.engine.block_manager.block_size
+        server, bs = self.engine.config.server, self.engine.block_manager.block_size
         full = tuple(seq.block_hashes[: seq.num_prompt // bs])
         tail = tail_hash(seq.token_ids[: seq.num_prompt], bs, seq.hash_seed, full[-1] if full else None)
-        transfer = TransferHandle(cluster_id=config.cluster, address=seq.transfer_address, request_id=seq.request_id,
+        transfer = TransferHandle(cluster_id=server.cluster, address=seq.transfer_address, request_id=seq.request_id,
                                   block_hashes=full, num_tokens=seq.num_prompt, first_token=seq.output_ids[0],
-                                  cached_tokens=seq.num_cached, expires=round(time.time() + config.kv_pin_ttl_s, 3),
+                                  cached_tokens=seq.num_cached, expires=round(time.time() + server.kv_pin_ttl_s, 3),
                                   tail_hash=tail)
         seq.transfer_signature = self.engine.auth.sign_handle(transfer.signed_fields())
         transfer = dataclasses.replace(transfer, signature=seq.transfer_signature)

@@ -34,6 +34,7 @@ from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.processes import kvroute_argv
 from kvroute.loadgen.sim.runner import SimConfig, simulate
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.settings_values import build
 
 ADAPTERS = ("sql", "chat", "code")
 POLICIES = ("round_robin", "kv_aware")
@@ -42,7 +43,7 @@ SETUPS = (("none", 1, ""), ("group", 1, "group"), ("request", 1, "request"), ("n
 
 def sim_rows(quick: bool) -> list[dict]:
     groups, requests = (8, 160) if quick else (16, 480)
-    config = SimConfig(instances=4, num_blocks=1024, adapters=ADAPTERS, max_loras=len(ADAPTERS),
+    config = build(SimConfig, instances=4, num_blocks=1024, adapters=ADAPTERS, max_loras=len(ADAPTERS),
                        request_overhead_s=0.005)
     rows = []
     for setup, scale, how in SETUPS:

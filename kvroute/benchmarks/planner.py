@@ -41,6 +41,7 @@ from kvroute.loadgen.sim.profile import profile
 from kvroute.loadgen.sim.runner import SimConfig, simulate
 from kvroute.loadgen.summary import meets_slo
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.settings_values import build
 from kvroute.router.planner.decide import PlannerConfig
 
 
@@ -73,8 +74,8 @@ def rivals(sweep: dict[int, float], first_share: float, beat: float) -> list[int
 
 def run_sim(args) -> dict:
     n = args.instances
-    config = SimConfig(instances=n, cost_model=args.cost_model, seed=args.seed, kv_link="nvlink",
-                       num_blocks=args.num_blocks, max_running=args.max_running)
+    config = build(SimConfig, instances=n, cost_model=args.cost_model, seed=args.seed, kv_link="nvlink",
+                   num_blocks=args.num_blocks, max_running=args.max_running)
     specs = make_workload("shift", seed=args.seed, num_requests=args.requests).requests()
     first = [s for s in specs if s.group == "prompt-heavy"]
     arrival = ArrivalConfig(rate=args.rate)

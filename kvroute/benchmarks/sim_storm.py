@@ -26,6 +26,7 @@ from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim import SimConfig, simulate
 from kvroute.loadgen.workloads import make_workload
 from kvroute.loadgen.workloads.session_storm import is_return
+from kvroute.router.contract.settings_values import build
 
 STORM = dict(sessions=1024, context_tokens=3072, min_context_tokens=2048, session_rate=150.0, idle_requests=2048,
              idle_tokens=3000, idle_rate=150.0, burst=1024, burst_spread=2.0, output_tokens=64)
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = make_workload("session-storm", seed=0, **STORM).requests()
     rows = {}
     for name, extra in RUNS.items():
-        config = SimConfig(instances=args.instances, cost_model="a100-llama2-7b", num_blocks=7000, **extra)
+        config = build(SimConfig, instances=args.instances, cost_model="a100-llama2-7b", num_blocks=7000, **extra)
         rows[name] = storm_row(simulate(config, "kv_aware", specs, ArrivalConfig()), args.slo_ttft)
         r = rows[name]
         print(f"{name:40} storm TTFT p50 {r['storm_ttft_p50_s'] * 1e3:6.0f} ms"

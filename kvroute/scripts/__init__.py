@@ -7,6 +7,7 @@
     mutation            mutation score per module (mutmut), docs/mutation.md
     planted_bugs        plants the bugs of planted_bugs.toml one at a time and sees which tests catch each
     vllm_key_fixtures   writes tests/unit/data/vllm_keys.json with vLLM's own hashing (run where vLLM imports)
+    flags_doc           writes every command's flags table into its docs page from the declared settings
 
 They write into the checkout they were imported from (kvroute/benchmarks/checkout.py), so they run
 from any directory; they are not part of the installed wheel (pyproject.toml).

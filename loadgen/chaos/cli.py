@@ -17,45 +17,25 @@ from kvroute.loadgen.chaos.config import ChaosConfig
 from kvroute.loadgen.chaos.rows import markdown
 from kvroute.loadgen.chaos.runner import run_chaos
 from kvroute.loadgen.chaos.scenarios import SCENARIOS, chosen
-from kvroute.loadgen.out_dir import FORCE_HELP, check_out_dir
+from kvroute.loadgen.out_dir import ForceFlag, check_out_dir
+from kvroute.router.contract.cli_parser import Command, SettingsParser, given
+from kvroute.router.contract.settings_values import build, pick
+
+COMMAND = Command(prog="kvroute chaos", description=__doc__.split("\n")[0], env_prefix="KVROUTE_CHAOS_",
+                  sections=(ChaosConfig, ForceFlag), doc="docs/loadgen.md",
+                  epilog="scenarios: " + "; ".join(f"{n}: {s.summary}" for n, s in SCENARIOS.items()))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvroute chaos", description=__doc__.split("\n")[0],
-                                epilog="scenarios: " + "; ".join(f"{n}: {s.summary}" for n, s in SCENARIOS.items()))
-    p.add_argument("--out", default=None, help="write results.json, results.md and the processes' logs here")
-    p.add_argument("--force", action="store_true", help=FORCE_HELP)
-    p.add_argument("--quick", action="store_true", help="a fuzz sample and one engine kill on a smaller fleet (~20 s)")
-    p.add_argument("--scenarios", type=lambda v: tuple(s.strip() for s in v.split(",") if s.strip()), default=None,
-                   help="comma-separated, in the order given (default: all; --quick: fuzz,engine-kill)")
-    p.add_argument("--engines", type=int, default=None, help="sim engines (default 3; --quick 2)")
-    p.add_argument("--routers", type=int, default=None, help="routers sharing the Redis index (default 2; --quick 1)")
-    p.add_argument("--rate", type=float, default=None, help="background requests per second (default 40)")
-    p.add_argument("--fuzz-cases", type=int, default=None,
-                   help="malformed bodies, half to a router, half to an engine, spread over every category "
-                        "(default 0: the whole catalog, ~4,900; --quick 300)")
-    p.add_argument("--fuzz-slow-s", type=float, default=None, help="slowest acceptable answer to a malformed body")
-    p.add_argument("--streams", type=int, default=None, help="concurrent streams in the streams scenario (1000)")
-    p.add_argument("--hold-s", type=float, default=None, help="how long each fault lasts (default 3)")
-    p.add_argument("--settle-s", type=float, default=None, help="load after each recovery, in its row (default 1)")
-    p.add_argument("--wait-s", type=float, default=None, help="longest wait for an ejection or a resync (default 30)")
-    p.add_argument("--rss-growth-mb", type=float, default=None, help="fuzz: largest acceptable peak RSS growth")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--engine-arg", dest="engine_args", action="append", default=None, metavar="ARG",
-                   help="extra flag for every engine, e.g. --engine-arg=--time-scale=0.1 (repeat)")
-    p.add_argument("--router-arg", dest="router_args", action="append", default=None, metavar="ARG",
-                   help="extra flag for every router, e.g. --router-arg=--eject-after=2 (repeat)")
-    return p
+def build_parser() -> SettingsParser:
+    return COMMAND.parser()
 
 
 def config_from(args: argparse.Namespace) -> ChaosConfig:
-    given = {k: v for k, v in vars(args).items() if v is not None and k != "force"}
-    for key in ("engine_args", "router_args"):
-        if key in given:
-            given[key] = tuple(given[key])
+    """The settings given; with --quick, its smaller fleet and sample for those not given."""
+    values = pick(ChaosConfig, {name: getattr(args, name) for name in given(args)})
     if args.quick:
-        given = {**ChaosConfig.quick_defaults(), **given}
-    config = ChaosConfig(**given)
+        values = {**ChaosConfig.quick_defaults(), **values}
+    config = build(ChaosConfig, **values)
     chosen(config)  # its scenarios exist and the fleet can run them (ValueError otherwise)
     return config
 

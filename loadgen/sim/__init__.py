@@ -10,10 +10,14 @@
     runner.py     simulate(config, policy, specs, arrival) -> SimResult
     report.py     the comparison table
     pd_sweep.py   colocated vs every P:D split, goodput under SLOs (--pd-sweep)
+    config.py     SimConfig: the cluster's settings (and the engine's sections it takes)
+    flags.py      `kvroute sim`'s flags (COMMAND)
     cli.py        `kvroute sim` (main)
 """
 
 from kvroute.loadgen.sim.cli import main
-from kvroute.loadgen.sim.runner import SimConfig, SimResult, simulate
+from kvroute.loadgen.sim.config import SimConfig
+from kvroute.loadgen.sim.flags import COMMAND
+from kvroute.loadgen.sim.runner import SimResult, simulate
 
-__all__ = ["main", "simulate", "SimConfig", "SimResult"]
+__all__ = ["COMMAND", "main", "simulate", "SimConfig", "SimResult"]

@@ -26,10 +26,9 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
-from kvroute.loadgen.sim.instance import QUEUE_FULL, SimInstance
+from kvroute.loadgen.sim.instance import QUEUE_FULL, SimEngine, SimInstance
 from kvroute.loadgen.sim.tiers import SimStore, SimTierIO
 from kvroute.loadgen.workload_base import RequestSpec
 
@@ -50,16 +49,20 @@ class Sink(Protocol):
     def on_load(self, inst: SimInstance) -> None: ...
 
 
+def _seeded(engine: SimEngine, seed: int) -> SimEngine:
+    return dataclasses.replace(engine, runner=dataclasses.replace(engine.runner, seed=seed))
+
+
 class Cluster:
     now: float  # the virtual clock (seconds)
     _sink: Sink  # set by run()
 
-    def __init__(self, num_instances: int, engine: EngineConfig, event_delay_s: float = 0.0,
+    def __init__(self, num_instances: int, engine: SimEngine, event_delay_s: float = 0.0,
                  poll_interval_s: float = 0.1) -> None:
         clock = lambda: self.now  # noqa: E731
-        self.store = SimStore() if engine.kv_store else None  # the one shared store (loadgen/sim/tiers.py)
-        self.instances = [SimInstance(i, dataclasses.replace(engine, instance_id=f"sim-{i}", seed=engine.seed + i),
-                                      clock, self._io_maker(i)) for i in range(num_instances)]
+        self.store = SimStore() if engine.tiers.kv_store else None  # the one shared store (loadgen/sim/tiers.py)
+        self.instances = [SimInstance(i, _seeded(engine, engine.runner.seed + i), clock, self._io_maker(i))
+                          for i in range(num_instances)]
         self.event_delay_s = event_delay_s
         self.poll_interval_s = poll_interval_s
         self.now = 0.0

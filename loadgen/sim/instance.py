@@ -3,7 +3,7 @@
 A thin driver of engine/core/engine_core.py on the virtual clock, as the engine
 server's asyncio loop (engine/service/llm_engine.py) is one on the wall clock:
 `start_step` is the core's `begin_step` priced with the engine's cost model (that of
-the `SimRunner` that `engine.runners.registry` builds from an `EngineConfig`, exactly
+the `SimRunner` that `engine.runners.registry` builds from the same sections, exactly
 as `kvroute engine --backend sim` does); `finish_step`, at the step's end time, is
 the core's `finish_step`. KV changes are drained with `block_manager.drain_events()`
 after each of the two, where the engine publishes them (evictions while
@@ -33,15 +33,18 @@ head of the queue.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Callable
 
-from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
+from kvroute.engine.core.config import BatchConfig
 from kvroute.engine.core.engine_core import DROPPED, NO_FIT, QUEUE_FULL, CoreConfig, EngineCore
 from kvroute.engine.core.scheduler import Step
 from kvroute.engine.core.sequence import SeqStatus, Sequence
-from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.engine.kv.config import TierConfig
+from kvroute.engine.kv.tier_setup import TierSite, build_tiers
+from kvroute.engine.runners.config import RunnerConfig
 from kvroute.engine.runners.cost_model import CostModel
 from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.runners.sim import NUM_SPECIAL_TOKENS, SimRunner
@@ -70,34 +73,44 @@ def step_time(cost_model: CostModel, step: Step) -> float:
             + cm.decode_context_s * d_ctx + cm.adapter_load_s * step.adapter_loads)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimEngine:
+    """A simulated engine's sections: those the engine server gives its core, its runner and its tiers."""
+
+    batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
+    runner: RunnerConfig = dataclasses.field(default_factory=lambda: RunnerConfig(backend="sim"))
+    tiers: TierConfig = dataclasses.field(default_factory=TierConfig)
+
+
 class SimInstance:
     """An engine on the virtual clock; `busy` while a step is in flight.
 
     `make_io` builds the instance's tier I/O from its tiers and block manager (the cluster's
     `SimTierIO`, loadgen/sim/tiers.py); it is called only when the config has tiers."""
 
-    def __init__(self, index: int, config: EngineConfig, clock: Callable[[], float] = lambda: 0.0,
-                 make_io: Callable[..., SimTierIO] | None = None) -> None:
-        if config.backend != "sim":
-            raise ValueError("a simulated instance needs an EngineConfig with backend='sim'")
+    def __init__(self, index: int, config: SimEngine, clock: Callable[[], float] = lambda: 0.0,
+                 make_io: Callable[..., SimTierIO] | None = None, instance: str = "") -> None:
+        if config.runner.backend != "sim":
+            raise ValueError("a simulated instance needs a runner section with backend='sim'")
         self.index = index
-        self.id = config.instance
+        self.id = instance or f"sim-{index}"
         self.role = "both"  # or "prefill" / "decode" (loadgen/sim/disagg.py)
         self.remote: collections.deque[Sequence] = collections.deque()
         self.num_held = 0
         self.config = config
-        runner = RUNNERS["sim"](config)
+        runner = RUNNERS["sim"](config.runner, config.batch, config.tiers)
         assert isinstance(runner, SimRunner)  # backend "sim": its cost model and time scale are read here
         self.runner = runner
         self.cost_model = self.runner.cost_model
         self.clock = clock  # the virtual clock: the block manager's idle times are on it
-        self.tiers = build_tiers(config, self.runner.info, self.runner.kv_bytes_per_block,
+        info, batch = self.runner.info, config.batch
+        site = TierSite(model=info.model, block_size=batch.block_size, time_scale=config.runner.time_scale)
+        self.tiers = build_tiers(config.tiers, site, info, self.runner.kv_bytes_per_block,
                                  self.runner.prefill_rate_hint)
-        self.block_manager = BlockManager(config.num_blocks, config.block_size, self.tiers, clock)
-        self.core = EngineCore(CoreConfig(instance=config.instance, max_batched_tokens=config.max_batched_tokens,
-                                          max_running=config.max_running, max_waiting=config.max_waiting,
-                                          max_model_len=self.runner.info.max_model_len,
-                                          max_loras=config.adapter_slots),
+        self.block_manager = BlockManager(batch.num_blocks, batch.block_size, self.tiers, clock)
+        self.core = EngineCore(CoreConfig(instance=self.id, max_batched_tokens=batch.max_batched_tokens,
+                                          max_running=batch.max_running, max_waiting=batch.max_waiting,
+                                          max_model_len=info.max_model_len, max_loras=config.runner.adapter_slots),
                                self.block_manager, frozenset())
         self.scheduler = self.core.scheduler
         self.max_fresh = self.core.max_fresh

@@ -57,7 +57,7 @@ class OraclePolicy(PolicyBase):
         self.instances = cluster.instances
         self.ids = [inst.id for inst in cluster.instances]
         self.position = {inst_id: i for i, inst_id in enumerate(self.ids)}
-        first = cluster.instances[0].config
+        first = cluster.instances[0].config.batch
         self.block_size = first.block_size
         self.budget = first.max_batched_tokens
         self.cost_model = cluster.instances[0].cost_model
@@ -93,7 +93,7 @@ class OraclePolicy(PolicyBase):
         self.per_step[i] = cm.step_s + cm.decode_seq_s * decoding + cm.decode_context_s * context
         self.room[i] = max(float(self.budget - decoding), 1.0)
         self.busy_until[i] = inst.busy_until if inst.busy else 0.0
-        full = len(inst.scheduler.waiting) >= inst.config.max_waiting
+        full = len(inst.scheduler.waiting) >= inst.config.batch.max_waiting
         self.num_full += full - bool(self.full[i])
         self.full[i] = full
 

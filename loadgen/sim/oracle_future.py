@@ -105,5 +105,5 @@ def make_future_oracle(cluster: Cluster, rng: random.Random | None = None, clock
                        specs: Sequence[RequestSpec] = (),
                        starts: Sequence[tuple[float, RequestSpec]] = ()) -> FutureOraclePolicy:
     first = cluster.instances[0]
-    future = FutureUses(specs, starts, first.config.block_size, hash_seed(first.runner.info.model))
+    future = FutureUses(specs, starts, first.config.batch.block_size, hash_seed(first.runner.info.model))
     return FutureOraclePolicy(cluster, future, rng=rng, clock=clock)

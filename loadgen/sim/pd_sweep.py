@@ -58,7 +58,7 @@ def pd_sweep(config: SimConfig, policy: str, specs: list[RequestSpec], arrival: 
                      "goodput_rps_per_instance": rps / n,
                      **{k: (s.get("disagg") or {}).get(k) for k in ("kv_blocks_pulled", "whole_on_decode")}})
     best = max(rows, key=lambda r: (r["goodput"] or 0.0, r["goodput_rps_per_instance"]))  # first wins a tie
-    return {"policy": policy, "slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s, "kv_link": config.kv_link,
+    return {"policy": policy, "slo_ttft_s": slo_ttft_s, "slo_tpot_s": slo_tpot_s, "kv_link": config.runner.kv_link,
             "pd_min_uncached": config.pd_min_uncached, "rows": rows, "best": best["config"]}
 
 

@@ -67,12 +67,12 @@ class SimRouter:
         self.cluster = cluster
         self.policy = policy
         first = cluster.instances[0]
-        self.block_size = first.config.block_size
+        self.block_size = first.config.batch.block_size
         self.model = first.runner.info.model
         self.hash_seed = hash_seed(self.model)
         self.seeds: dict[str, int] = {"": self.hash_seed}  # a LoRA adapter's chain seed (the "seeded" key rule)
         self.max_model_len = first.runner.info.max_model_len
-        self.pool_tokens = first.config.num_blocks * self.block_size
+        self.pool_tokens = first.config.batch.num_blocks * self.block_size
         self.ids = [inst.id for inst in cluster.instances]
         self.index = index if index is not None else MemoryIndex()
         self.view = LoadView(self.ids, [inst.tier_costs() for inst in cluster.instances])

@@ -19,13 +19,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from kvroute.engine.config import EngineConfig
-from kvroute.engine.kv.links import LINKS
-from kvroute.engine.runners.cost_model import get_cost_model
 from kvroute.loadgen.arrivals import ArrivalConfig, arrival_times
 from kvroute.loadgen.record import RequestRecord
-from kvroute.loadgen.sim.admission import AdmissionSetup
 from kvroute.loadgen.sim.cluster import Cluster
+from kvroute.loadgen.sim.config import SimConfig
 from kvroute.loadgen.sim.disagg import DisaggConfig
 from kvroute.loadgen.sim.oracle import make_oracle
 from kvroute.loadgen.sim.oracle_future import make_future_oracle
@@ -35,7 +32,6 @@ from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.sim.tiers import tier_stats
 from kvroute.loadgen.summary import summarize
 from kvroute.loadgen.workload_base import RequestSpec
-from kvroute.router.decision.admission import AdmissionConfig
 from kvroute.router.decision.base import Policy
 from kvroute.router.decision.policies import POLICIES, make_policy, policy_params
 from kvroute.router.planner.decide import PlannerConfig
@@ -43,90 +39,6 @@ from kvroute.router.planner.decide import PlannerConfig
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
 # planned (send time, spec) of every request that is not a follow-up.
 SIM_POLICIES = {"oracle": make_oracle, "oracle_future": make_future_oracle}
-
-
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    instances: int = 8
-    cost_model: str = "cpu-tiny"
-    event_delay_s: float = 0.0  # KV events reach the index this long after the engine emits them
-    poll_interval_s: float = 0.1  # engine load (running, waiting, kv usage) polled this often; 0 = live
-    fast_candidates: int = 0  # K > 0: index policies see holders + recent + K least loaded (load_view.py)
-    recent_ttl_s: float = 2.0  # fast path: how long a sent first block keeps its instance a candidate
-    block_size: int = 16
-    num_blocks: int = 4096
-    max_batched_tokens: int = 2048
-    max_running: int = 64
-    max_waiting: int = 256
-    seed: int = 0
-    # Fixed client -> router -> engine -> client latency the simulation does not model (HTTP, JSON,
-    # the router's own work), added to every TTFT and E2E. On this machine's loopback it measures
-    # ~5 ms for 3k-token prompts: `kvroute bench --policies kv_aware --engine-arg=--time-scale=0.001`.
-    request_overhead_s: float = 0.0
-    # Prefill/decode disaggregation (disagg.py): instances 0..P-1 prefill, the rest decode; 0 = colocated.
-    prefill_instances: int = 0
-    kv_link: str = "nvlink"  # modelled prefill -> decode KV link, engine/kv/links.py LINKS
-    pd_min_uncached: int = 256  # fewer predicted uncached prompt tokens: run whole on a decode instance
-    # KV tiers, as kvroute engine's flags (engine/config.py); the store is modelled, never contacted.
-    host_blocks: int = 0
-    kv_store: str | None = None  # any redis:// or file:/// URL: one store shared by every instance
-    kv_store_write: str = "through"
-    kv_load_budget_bytes: int = 0
-    kv_host_link: str = ""  # engine/kv/links.py LINKS; "" = by device (cpu-memcpy)
-    kv_store_link: str = ""  # "" = by the store URL's scheme
-    policy_args: tuple[tuple[str, object], ...] = ()  # (name, value) parameters for every policy that takes them
-    # Admission by predicted TTFT (router/decision/admission.py, loadgen/sim/admission.py); None: off.
-    admission_slo_s: float | None = None
-    admission_margin: float = -0.4
-    admission_tenants: tuple[tuple[str, int, float], ...] = ()  # (name, priority, weight): loadgen/sim/tenant_mix.py
-    # LoRA adapters every instance serves (requests name them: loadgen/adapters.py), in max_loras slots each
-    adapters: tuple[str, ...] = ()
-    max_loras: int = 1
-    # Router replicas (loadgen/sim/replicas.py): several routers over the cluster, each admitting alone or
-    # sharing admission synced every admission_sync_s (0: alone); tenant_routers pins a tenant to one
-    routers: int = 1
-    admission_sync_s: float = 0.05
-    tenant_routers: tuple[tuple[str, int], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.request_overhead_s < 0:
-            raise ValueError("--request-overhead cannot be negative")
-        if self.instances < 1:
-            raise ValueError(f"--instances must be at least 1, got {self.instances}")
-        get_cost_model(self.cost_model)
-        if self.event_delay_s < 0 or self.poll_interval_s < 0:
-            raise ValueError("--event-delay and --poll-interval cannot be negative")
-        if self.fast_candidates < 0 or self.recent_ttl_s <= 0:
-            raise ValueError("--fast-candidates cannot be negative and --recent-ttl must be positive")
-        if not 0 <= self.prefill_instances < self.instances or self.prefill_instances and self.instances < 2:
-            raise ValueError(f"--prefill-instances must be 0 (colocated) or leave at least one of the "
-                             f"{self.instances} instances for decode, got {self.prefill_instances}")
-        if self.kv_link not in LINKS:
-            raise ValueError(f"unknown --kv-link {self.kv_link!r}; choose from {', '.join(LINKS)}")
-        if self.pd_min_uncached < 0:
-            raise ValueError("--pd-min-uncached cannot be negative")
-        self.engine_config()
-        self.admission()
-        if not 1 <= self.routers <= 64 or self.admission_sync_s < 0:
-            raise ValueError("--routers must be between 1 and 64 and --admission-sync >= 0")
-        if self.routers > 1 and self.prefill_instances:
-            raise ValueError("--routers > 1 runs colocated instances only (no --prefill-instances)")
-        if any(not 0 <= k < self.routers for _, k in self.tenant_routers):
-            raise ValueError(f"a tenant's router= must name one of the {self.routers} --routers "
-                             f"(0 to {self.routers - 1})")
-
-    def admission(self) -> AdmissionSetup:
-        return AdmissionSetup(config=AdmissionConfig(slo_ttft_s=self.admission_slo_s, margin=self.admission_margin),
-                              tenants=self.admission_tenants)
-
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(backend="sim", cost_model=self.cost_model, block_size=self.block_size,
-                            num_blocks=self.num_blocks, max_batched_tokens=self.max_batched_tokens,
-                            max_running=self.max_running, max_waiting=self.max_waiting, seed=self.seed,
-                            kv_link=self.kv_link, host_blocks=self.host_blocks, kv_store=self.kv_store,
-                            kv_store_write=self.kv_store_write, kv_load_budget_bytes=self.kv_load_budget_bytes,
-                            kv_host_link=self.kv_host_link, kv_store_link=self.kv_store_link,
-                            lora_modules=self.adapters, max_loras=self.max_loras)
 
 
 def policy_names() -> list[str]:
@@ -241,7 +153,7 @@ def build(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival
     if unserved:
         raise ValueError(f"requests name adapter {unserved[0]!r}, which the simulated engines do not serve "
                          f"(--adapters)")
-    cluster = Cluster(config.instances, config.engine_config(), config.event_delay_s, config.poll_interval_s)
+    cluster = Cluster(config.instances, config.engine(), config.event_delay_s, config.poll_interval_s)
     starts = list(arrivals(specs, arrival, config.seed))
     policy = build_policy(policy_name, cluster, config.seed, specs, starts, config.policy_args)
     followers: dict[int, list[RequestSpec]] = collections.defaultdict(list)

@@ -41,8 +41,10 @@ from kvroute.loadgen.sim.parallel import PolicyRun, run_policies
 from kvroute.loadgen.sim.report import ORACLE, relative_to_oracle
 from kvroute.loadgen.sim.runner import SimConfig
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.settings import flat
+from kvroute.router.contract.settings_values import build
 
-SUITE_CONFIG = SimConfig(instances=8, num_blocks=1024, request_overhead_s=0.005)
+SUITE_CONFIG = build(SimConfig, instances=8, num_blocks=1024, request_overhead_s=0.005)
 STRONGER = "oracle_future"
 SUITE_POLICIES = ("round_robin", "least_load", "prefix_hash", "kv_aware", ORACLE, STRONGER)
 TARGET = {"policy": "kv_aware", "ttft_p90": 1.25, "cached_token_ratio": 0.98}
@@ -137,5 +139,5 @@ def run_suite(config: SimConfig = SUITE_CONFIG, policies: list[str] | tuple[str,
     for line in skipped:
         print(f"kvroute sim --suite: {line}", file=sys.stderr)
     rows = [run_case(config, list(policies), _capped(case, requests), progress, jobs) for case in cases]
-    return {"config": dataclasses.asdict(config), "policies": list(policies), "cases": rows, "skipped": skipped,
+    return {"config": flat(config), "policies": list(policies), "cases": rows, "skipped": skipped,
             "targets": check_targets(rows), "oracle_beaten_by": {STRONGER: oracle_beaten(rows)}}

@@ -16,12 +16,14 @@ from typing import Any
 
 from kvroute.loadgen.workload_base import Workload
 from kvroute.loadgen.workloads.doc_qa import DocQAConfig, DocQAWorkload
+from kvroute.loadgen.workloads.knobs import knob_settings
 from kvroute.loadgen.workloads.multi_turn import MultiTurnConfig, MultiTurnWorkload
 from kvroute.loadgen.workloads.no_sharing import RandomConfig, RandomWorkload
 from kvroute.loadgen.workloads.session_storm import SessionStormConfig, SessionStormWorkload
 from kvroute.loadgen.workloads.shared_prefix import SharedPrefixConfig, SharedPrefixWorkload
 from kvroute.loadgen.workloads.shifting import ShiftConfig, ShiftWorkload
 from kvroute.loadgen.workloads.trace import TraceConfig, TraceWorkload
+from kvroute.router.contract.settings import did_you_mean
 
 WORKLOADS: dict[str, Any] = {
     "shared-prefix": SharedPrefixWorkload,
@@ -53,7 +55,7 @@ def split_name(name: str) -> tuple[str, dict]:
     if name.startswith(TRACE_PREFIX):
         return "trace", {"path": name[len(TRACE_PREFIX):]}
     if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose from {workload_names()}")
+        raise ValueError(f"unknown workload {name!r}{did_you_mean(name, WORKLOADS)}; choose from {workload_names()}")
     return name, {}
 
 
@@ -61,6 +63,11 @@ def knob_names(name: str) -> list[str]:
     """The config fields (knobs) of a workload, e.g. ['num_requests', 'groups', ...]."""
     base, _ = split_name(name)
     return [f.name for f in dataclasses.fields(CONFIGS[base]) if f.name != "path"]
+
+
+def knob_flags() -> list:
+    """Every workload's knobs as flags (loadgen/workloads/knobs.py)."""
+    return knob_settings(CONFIGS)
 
 
 def make_config(name: str, **knobs: Any):
@@ -79,4 +86,5 @@ def make_workload(name: str, seed: int = 0, **knobs: Any) -> Workload:
     return WORKLOADS[base](config, seed)
 
 
-__all__ = ["WORKLOADS", "CONFIGS", "make_workload", "make_config", "knob_names", "split_name", "workload_names"]
+__all__ = ["WORKLOADS", "CONFIGS", "make_workload", "make_config", "knob_flags", "knob_names", "split_name",
+           "workload_names"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 
 class HelpFormatter(argparse.HelpFormatter):
     """Appends "(default: X)" unless the help already names it, or there is nothing to name
-    (None, False, a suppressed default); keeps the description's line breaks."""
+    (None, False, a suppressed default); keeps the description's line breaks (and wraps longer lines)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -18,4 +19,5 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        return "\n".join(indent + line for line in text.splitlines())
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent) or indent
+                         for line in text.splitlines())

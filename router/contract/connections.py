@@ -43,9 +43,11 @@ from typing import Protocol
 from aiohttp import web
 from aiohttp.web_server import Server
 
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, at_least
 from kvroute.router.contract.free_memory import release_free_memory
 from kvroute.router.contract.guarded_handler import GuardedServer
 from kvroute.router.contract.malformed import MalformedLog
+from kvroute.router.contract.settings import check_settings, setting
 
 FD_HEADROOM = 64  # descriptors kept for everything that is not a client connection
 MAX_HEADERS = 128  # header lines a request head may have (aiohttp's default, passed to it explicitly)
@@ -63,24 +65,26 @@ def _fd_limit() -> int:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ConnectionLimits:
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    idle_timeout_s: float = 75.0
-    max_connections: int = 0  # 0: as many as the process may open, less FD_HEADROOM
-    max_connections_per_peer: int = 1024
-    connection_buffer_bytes: int = 256 << 10
-    body_buffer_bytes: int = 64 * MIB
+    """connections (docs/router.md#connections)"""
+
+    header_timeout_s: float = setting(10.0, "close a connection whose request head is not complete this long after "
+                                            "it began", check=POSITIVE)
+    body_timeout_s: float = setting(30.0, "answer 408 and close when a request body sends no byte for this long (as "
+                                          "nginx's client_body_timeout)", check=POSITIVE)
+    idle_timeout_s: float = setting(75.0, "close a keep-alive connection idle this long", check=POSITIVE)
+    connection_buffer_bytes: int = setting(256 << 10, "bytes one connection reads ahead of its handler (a body not "
+                                                      "taken yet, pipelined requests); past it, reading pauses",
+                                           check=at_least(4096))
+    body_buffer_bytes: int = setting(64 * MIB, "request bodies being received, all connections together; a body past "
+                                               "it is refused (503 + Retry-After)", check=at_least(MIB))
+    max_connections: int = setting(0, "connections at most; a new one past it displaces the connection waiting "
+                                      "longest on its client, or is refused when none waits",
+                                   check=NOT_NEGATIVE, default_text="0: the descriptor limit less 64")
+    max_connections_per_peer: int = setting(1024, "refuse a client address's connections past this many",
+                                            check=at_least(1))
 
     def __post_init__(self) -> None:
-        if min(self.header_timeout_s, self.body_timeout_s, self.idle_timeout_s) <= 0:
-            raise ValueError("--header-timeout-s, --body-timeout-s and --idle-timeout-s must be positive")
-        if self.max_connections < 0 or self.max_connections_per_peer < 1:
-            raise ValueError("--max-connections must be >= 0 (0: from the descriptor limit) and "
-                             "--max-connections-per-peer >= 1")
-        if self.connection_buffer_bytes < 4096:
-            raise ValueError(f"--connection-buffer-bytes must be at least 4096, got {self.connection_buffer_bytes}")
-        if self.body_buffer_bytes < MIB:
-            raise ValueError(f"--body-buffer-bytes must be at least 1 MiB ({MIB}), got {self.body_buffer_bytes}")
+        check_settings(self)
 
     @property
     def connection_cap(self) -> int:

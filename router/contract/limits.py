@@ -21,8 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvroute.router.contract.constraints import NOT_NEGATIVE, at_least
 from kvroute.router.contract.errors import BadRequest, ContextTooLong
 from kvroute.router.contract.openai_request import CompletionRequest
+from kvroute.router.contract.settings import check_settings, setting
 
 CHARS_PER_TOKEN = 8
 # A chat template wraps every message in text of its own (ChatML: 24 characters plus the role),
@@ -31,6 +33,22 @@ MESSAGE_TEMPLATE_CHARS = 16
 BYTES_PER_CHAR = 4
 MIN_BODY_BYTES = 1 << 20
 FALLBACK_MAX_MODEL_LEN = 32_768  # before any engine has told us its context
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RequestLimits:
+    """request limits (router/contract/limits.py)"""
+
+    max_body_bytes: int = setting(0, "largest request body", check=NOT_NEGATIVE,
+                                  default_text="0: 32 bytes per token of the model's context, at least 1 MiB")
+    max_prompt_chars: int = setting(0, "longest prompt in characters, checked before tokenizing", check=NOT_NEGATIVE,
+                                    default_text="0: 8 per token of context")
+    tokenize_workers: int = setting(2, "threads that tokenize long prompts off the event loop", check=at_least(1))
+    tokenize_queue: int = setting(64, "long prompts that may wait for a tokenizer thread (on the router, per tenant: "
+                                      "tenants are served fairly); beyond it, 503 + Retry-After", check=at_least(1))
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from kvroute.router.contract.connections import GuardedRunner
 from kvroute.router.contract.interrupt import INTERRUPTED
+from kvroute.router.contract.settings import check_settings, setting
 
 log = logging.getLogger(__name__)
 
@@ -24,16 +25,20 @@ log = logging.getLogger(__name__)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    """logging"""
+
+    log_level: str = setting("INFO", "what the server logs, from the most to the least", choices=LOG_LEVELS,
+                             parse=str.upper)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+
 def setup_logging(level: str) -> None:
-    if level.upper() not in LOG_LEVELS:
-        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    LogConfig(log_level=level.upper())  # one of LOG_LEVELS, else ValueError
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def config_values(config_class: type, args) -> dict:
-    """The parsed CLI flags that are fields of `config_class` (flags map 1:1 onto fields)."""
-    fields = {f.name for f in dataclasses.fields(config_class)}
-    return {k: v for k, v in vars(args).items() if k in fields}
 
 
 def install_uvloop() -> bool:

@@ -41,29 +41,39 @@ from typing import TypedDict
 
 import msgspec
 
+from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, Range
+from kvroute.router.contract.settings import check_settings, setting
 from kvroute.router.decision.base import Decision
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry
 
 ADMIT, QUEUE, WAIT, REFUSE = "admit", "queue", "wait", "refuse"
 
 
+def _edges(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"priorities are integers, comma-separated, got {text!r}") from None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    slo_ttft_s: float | None = None  # default SLO; None: admission off unless a tenant or request sets one
-    margin: float = -0.4  # engines may hold predicted TTFT up to SLO x (1 + margin) before requests queue
-    max_queue: int = 1024  # requests waiting in the router, all tenants and bands
-    priority_edges: tuple[int, ...] = (0, 1)  # bands: priority < 0, == 0, >= 1 (lower is more urgent)
+    """admission (docs/admission.md)"""
+
+    slo_ttft_s: float | None = setting(None, "the default TTFT SLO; requests predicted to miss it wait or are "
+                                             "refused with 429/503 + Retry-After", check=POSITIVE, default_text="off")
+    margin: float = setting(-0.4, "engines may hold predicted TTFT up to SLO x (1 + margin) before requests wait in "
+                                  "the router's queue", flag="admission-margin", check=Range(-1, 1, open_low=True))
+    max_queue: int = setting(1024, "requests that may wait in the router's queue (all tenants)",
+                             flag="admission-queue", check=NOT_NEGATIVE)
+    priority_edges: tuple[int, ...] = setting((0, 1), "priority bands cut at these priorities (lower is more urgent; "
+                                                      "at most 7, increasing)", parse=_edges, metavar="P,P")
     drain_halflife_s: float = 2.0  # half-life of the admitted-rate estimate (the drain rate)
     min_drain_rps: float = 1.0  # the drain rate assumed before anything was admitted
     probe_s: float = 1.0  # nothing admitted this long: the next request goes anyway, so predictions relearn
 
     def __post_init__(self) -> None:
-        if self.slo_ttft_s is not None and not self.slo_ttft_s > 0:
-            raise ValueError(f"--slo-ttft-s must be positive, got {self.slo_ttft_s}")
-        if not -1.0 < self.margin <= 1.0:
-            raise ValueError(f"--admission-margin must be in (-1, 1], got {self.margin}")
-        if self.max_queue < 0:
-            raise ValueError(f"--admission-queue must be >= 0, got {self.max_queue}")
+        check_settings(self)
         if list(self.priority_edges) != sorted(set(self.priority_edges)) or len(self.priority_edges) > 7:
             raise ValueError(f"priority band edges must be increasing, at most 7, got {self.priority_edges}")
         if self.drain_halflife_s <= 0 or self.min_drain_rps <= 0 or self.probe_s <= 0:

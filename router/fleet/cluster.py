@@ -59,7 +59,7 @@ class Cluster(Generic[Settings, Metrics]):
         assign_kinds(self.instances, config)
         self.session = session
         self.engine_http = EngineHTTP(session, config.connect_timeout_s)  # discovery, load polling, feeds
-        self.shape = FleetShape(tokenizer_fingerprint, config.max_prompt_chars, config.max_body_bytes)
+        self.shape = FleetShape(tokenizer_fingerprint, config.limits.max_prompt_chars, config.limits.max_body_bytes)
         self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
         self.progress = ProgressWatch(config.first_byte_timeout_s, metrics)  # stalled engines out, and back
         metrics.watch_inflight(self.inflight)

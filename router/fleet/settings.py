@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from kvroute.router.contract.limits import RequestLimits
+
 
 class FleetSettings(Protocol):
     @property
@@ -23,9 +25,7 @@ class FleetSettings(Protocol):
     @property
     def kv_event_block_size(self) -> int: ...  # the router's block size for vLLM/SGLang engines
     @property
-    def max_prompt_chars(self) -> int: ...
-    @property
-    def max_body_bytes(self) -> int: ...
+    def limits(self) -> RequestLimits: ...  # max_prompt_chars, max_body_bytes (0: from the engines' context)
     @property
     def connect_timeout_s(self) -> float: ...  # each discovery, probe and load poll
     @property

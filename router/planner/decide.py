@@ -47,48 +47,12 @@ import math
 from collections.abc import Sequence
 
 from kvroute.router.contract.protocol import ROLES
+from kvroute.router.planner.config import PlannerConfig
 
 # The roles (router/contract/protocol.py ROLES) in the order `assign` fills them: among equally
 # loaded surplus engines prefill is served first, then decode. Plans and reports list them so.
 ORDER = ("prefill", "decode", "both")
 assert set(ORDER) == set(ROLES)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannerConfig:
-    slo_ttft_s: float = 1.0
-    slo_tpot_s: float = 0.05
-    prefill_tokens_per_s: float = 10_000.0  # one engine's prefill capacity (a profile's figure)
-    decode_tokens_per_s: float = 2_000.0  # one engine's decode capacity at the TPOT SLO
-    interval_s: float = 2.0
-    window_s: float = 10.0
-    colocate_below: float = 0.7
-    colocate_margin: float = 0.2
-    decode_step_s: float = 0.0  # > 0: decode capacity from this step model at the observed context
-    decode_seq_s: float = 0.0
-    decode_context_s: float = 0.0
-    max_running: int = 64
-    max_batched_tokens: int = 2048  # an engine's prefill chunk
-    min_prefill: int = 1
-    min_decode: int = 1
-    hold: int = 2
-    cooldown_s: float = 6.0
-    target_utilization: float = 0.8
-
-    def __post_init__(self) -> None:
-        for name in ("slo_ttft_s", "slo_tpot_s", "prefill_tokens_per_s", "decode_tokens_per_s", "interval_s",
-                     "window_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"planner {name} must be positive, got {getattr(self, name)}")
-        if self.min_prefill < 1 or self.min_decode < 1 or self.hold < 1:
-            raise ValueError("planner min_prefill, min_decode and hold must be at least 1")
-        if min(self.decode_step_s, self.decode_seq_s, self.decode_context_s, self.colocate_margin) < 0 \
-                or self.max_running < 1:
-            raise ValueError("planner decode step coefficients and colocate_margin cannot be negative, "
-                             "max_running must be at least 1")
-        if not 0 < self.target_utilization <= 1 or not 0 <= self.colocate_below <= 1 or self.cooldown_s < 0:
-            raise ValueError("planner target_utilization must be in (0, 1], colocate_below in [0, 1], "
-                             "cooldown_s >= 0")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

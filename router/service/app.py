@@ -121,9 +121,9 @@ async def _router_ctx(app: web.Application):
     rng = random.Random(config.seed)
     policy = make_policy(config.policy, rng=rng)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300))
-    share = (FleetShare(replica_id(), config.admission(), config.admission_sync_s, replicas=config.workers)
+    share = (FleetShare(replica_id(), config.admission, config.admission_sync_s, replicas=config.workers)
              if config.shared_admission else None)
-    app[GATE] = gate = AdmissionGate(config.admission(), app[TENANTS], AdmissionMetrics(metrics.registry),
+    app[GATE] = gate = AdmissionGate(config.admission, app[TENANTS], AdmissionMetrics(metrics.registry),
                                      workers=config.workers, share=share)
     cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke)
     shared = None
@@ -132,7 +132,7 @@ async def _router_ctx(app: web.Application):
         shared = SharedAdmission(share, RedisLedger(config.redis, timeout_s=config.index_timeout_s),
                                  lambda: cluster.instances, gate.queue.head_tags, gate.poke, metrics.registry)
     app[SHARED] = shared
-    pool = TokenizePool(config.tokenize_workers, config.tokenize_queue,
+    pool = TokenizePool(config.limits.tokenize_workers, config.limits.tokenize_queue,
                         idle_inline_chars=config.tokenize_idle_inline_chars)
     alarms = SilentMissAlarms(lambda: cluster.instances, lambda: cluster.generation.value, metrics.registry)
     router = Router(cluster, policy, tokenizer, metrics, config.policy, pool, on_progress=gate.poke,
@@ -294,7 +294,7 @@ def create_app(config: RouterConfig) -> web.Application:
                           client_max_size=1 << 40)
     app[CONFIG], app[METRICS] = config, metrics
     app[TENANTS] = TenantBook(config.tenants, config.tenant_keys(), config.tenant_header, config.trust_tenant_header)
-    app[CONNECTION_LIMITS] = config.connection_limits()
+    app[CONNECTION_LIMITS] = config.connections
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD)))
     app.cleanup_ctx.append(_router_ctx)
     if config.ext_proc_port is not None:

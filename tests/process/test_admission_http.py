@@ -60,7 +60,7 @@ async def test_an_admitted_request_is_sent_where_its_prediction_chose_without_de
 async def test_named_keys_are_tenants_and_a_rate_limit_answers_429(start_engine, start_router, http, tmp_path):
     tenants = tmp_path / "tenants.toml"
     tenants.write_text('[tenants.A]\nweight = 2\nrate = 0.01\nburst = 1\n\n[tenants.C]\nkeys = ["kc"]\n')
-    url, _, _ = await cluster(start_engine, start_router, n=1, api_keys=(("A", "ka"), ("B", "kb")),
+    url, _, _ = await cluster(start_engine, start_router, n=1, api_key=("A=ka", "B=kb"),
                               tenants=str(tenants))
     body = {"prompt": prompt(3), "max_tokens": 2}
     assert (await post(http, url, body, {"Authorization": "Bearer ka"}))[0] == 200
@@ -110,7 +110,7 @@ async def test_admin_reload_and_sighup_reread_the_tenant_file(start_engine, star
 async def test_priority_is_validated_passed_on_and_explained(start_engine, start_router, http, tmp_path):
     tenants = tmp_path / "tenants.toml"
     tenants.write_text('[tenants.U]\nkeys = ["ku"]\nmin_priority = -1\n')
-    url, server, _ = await cluster(start_engine, start_router, n=1, slo_ttft_s=5.0, api_keys=(("B", "kb"),),
+    url, server, _ = await cluster(start_engine, start_router, n=1, slo_ttft_s=5.0, api_key=("B=kb",),
                                    tenants=str(tenants))
     b, u = {"Authorization": "Bearer kb"}, {"Authorization": "Bearer ku"}
     status, _, body = await post(http, url, {"prompt": prompt(5), "max_tokens": 2, "priority": "high"}, b)

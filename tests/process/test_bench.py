@@ -53,7 +53,7 @@ def test_tiny_bench_writes_all_outputs(tmp_path, direct_engine, capsys):
     (["--engines", "0"], "--engines"),
     (["--extra-target", "x"], "NAME=http"),
     (["--tiers", "--pd"], "--tiers runs its own"),
-    (["--tiers", "--host-blocks", "0"], "--host-blocks >= 1"),
+    (["--tiers", "--host-blocks", "0"], "--host-blocks must be at least 1, got 0"),
 ])
 def test_bad_arguments_one_line_error(argv, needle, capsys, tmp_path):
     assert bench.main(argv + ["--out", str(tmp_path)]) == 2

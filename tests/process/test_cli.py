@@ -51,16 +51,27 @@ def test_help_into_a_closed_pipe_is_not_a_traceback():
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--device", "cpux"], "cpu, cuda, cuda:N or mps"),
-    (["--backend", "sim", "--cost-model", "foo"], "cpu-tiny"),
-    (["--kv-link", "wifi"], "nvlink"),
-    (["--log-level", "loud"], "DEBUG"),
+def exit_code(main, argv: list[str]) -> int:
+    """`main(argv)`'s exit status, whether it returns it or its parser exits (argparse's way)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+@pytest.mark.parametrize("argv, needle, usage", [
+    (["--device", "cpux"], "cpu, cuda, cuda:N or mps", False),
+    (["--backend", "sim", "--num-blocks", "1"], "--num-blocks must be at least 2, got 1", False),
+    (["--backend", "sim", "--cost-model", "foo"], "cpu-tiny", True),
+    (["--kv-link", "wifi"], "nvlink", True),
+    (["--log-level", "loud"], "DEBUG", True),
 ])
-def test_engine_bad_flags_are_one_line_exit_2(capsys, argv, needle):
-    assert engine_main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("kvroute engine: ") and needle in err
+def test_engine_bad_flags_are_one_line_exit_2(capsys, argv, needle, usage):
+    """One line saying what is wrong; after a short usage line when the parser caught it."""
+    assert exit_code(engine_main, argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith("kvroute engine: ") and needle in lines[-1]
+    assert lines[:-1] == (["usage: kvroute engine [options]  (kvroute engine --help lists them)"] if usage else [])
 
 
 def test_engine_cuda_without_cuda_names_the_devices_here(capsys):
@@ -86,7 +97,10 @@ def test_a_busy_port_fails_at_once_in_one_line(capsys, main, argv):
 def test_demo_rejects_a_bad_flag_before_its_banner(capsys):
     assert demo_main(["--bogus"]) == 2
     err = capsys.readouterr().err
-    assert err == "kvroute demo: unrecognized arguments: --bogus\n"
+    assert err == ("usage: kvroute demo [options]  (kvroute demo --help lists them)\n"
+                   "kvroute demo: unrecognized arguments: --bogus\n")
+    assert demo_main(["--polices", "kv_aware"]) == 2
+    assert capsys.readouterr().err.endswith("unrecognized arguments: --polices kv_aware (did you mean --policies?)\n")
 
 
 def test_demo_help_lists_bench_flags(capsys):

@@ -9,6 +9,7 @@ import pytest
 import zmq
 
 from kvroute.engine.config import EngineConfig
+from kvroute.router.contract.settings_values import build
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
 
@@ -86,7 +87,7 @@ async def test_engine_publishes_vllms_format(start_engine, http, encoding):
                                  {"kv_events_zmq": "tcp://127.0.0.1:1", "kv_events_encoding": "json"}])
 def test_engine_flag_validation(bad):
     with pytest.raises(ValueError):
-        EngineConfig(**bad)
+        build(EngineConfig, **bad)
 
 
 async def test_round_trip_routes_exactly_as_the_kv_events_feed(start_engine, start_router, http):

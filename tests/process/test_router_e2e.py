@@ -150,7 +150,7 @@ async def test_max_inflight_gives_429(start_engine, start_router, http):
 
 
 async def test_api_and_admin_keys(start_engine, start_router, http):
-    url, _, _ = await cluster(start_engine, start_router, n=1, api_key="k1", admin_key="k2")
+    url, _, _ = await cluster(start_engine, start_router, n=1, api_key=("k1",), admin_key="k2")
     async with http.post(url + "/v1/completions", json={"prompt": "hi"}) as r:
         assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
     async with http.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
@@ -165,7 +165,7 @@ async def test_api_and_admin_keys(start_engine, start_router, http):
 async def test_introspection_needs_the_api_key_when_there_is_no_admin_key(start_engine, start_router, http):
     """A router with only --api-key used to answer /router/explain (another tenant's cached prompt) and
     list the fleet's URLs to anyone."""
-    url, _, _ = await cluster(start_engine, start_router, n=1, api_key="k1")
+    url, _, _ = await cluster(start_engine, start_router, n=1, api_key=("k1",))
     explain = {"prompt": prompt(1), "max_tokens": 2}
     for method, path, body in (("POST", "/router/explain", explain), ("GET", "/router/instances", None),
                                ("GET", "/router/stats", None), ("GET", "/router/engines", None),

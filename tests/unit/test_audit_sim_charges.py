@@ -14,7 +14,6 @@ instance the router's charges must equal what its requests in flight account for
 run ends every charge and every engine resource must be back to zero.
 """
 
-import dataclasses
 import random
 
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.runner import SimConfig, build
 from kvroute.loadgen.workload_base import RequestSpec
+from kvroute.router.contract import settings_values
 
 
 def specs(n: int, prompt: int = 64, max_tokens: int = 8, shared: int = 32, seed: int = 0, long_every: int = 0,
@@ -91,7 +91,7 @@ def nothing_held(inst) -> None:
 @pytest.mark.parametrize("policy", ["kv_aware", "round_robin"])
 def test_every_charge_is_released_on_every_path(scenario, policy):
     overrides, workload, rate = SCENARIOS[scenario]
-    config = dataclasses.replace(SimConfig(seed=1, poll_interval_s=0.02), **overrides)
+    config = settings_values.replace(SimConfig(seed=1, poll_interval_s=0.02), **overrides)
     requests = specs(**workload)
     setup = build(config, policy, requests, ArrivalConfig(rate=rate))
     router, cluster = setup.router, setup.cluster
@@ -116,7 +116,7 @@ def test_the_scenarios_reach_the_paths_they_are_named_for():
     """So that a scenario cannot quietly stop exercising its path."""
     reached = {}
     for scenario, (overrides, workload, rate) in SCENARIOS.items():
-        config = dataclasses.replace(SimConfig(seed=1, poll_interval_s=0.02), **overrides)
+        config = settings_values.replace(SimConfig(seed=1, poll_interval_s=0.02), **overrides)
         setup = build(config, "kv_aware", specs(**workload), ArrivalConfig(rate=rate))
         setup.cluster.run(setup.router, iter(setup.starts))
         statuses = {r.status for r in setup.router.records}

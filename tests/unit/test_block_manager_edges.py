@@ -4,13 +4,13 @@ records of evicted blocks."""
 
 import pytest
 
-from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.kv_copies import StoredBlock
 from kvroute.engine.core.kv_events import KVChange
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
-from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.engine.kv.config import TierConfig
+from kvroute.engine.kv.tier_setup import TierSite, build_tiers
 from kvroute.router.contract.protocol import block_hashes
 
 BS = 4
@@ -23,9 +23,8 @@ def seq(tokens, max_tokens=4):
 
 
 def tiered(num_blocks=4, host_blocks=8, store=None, write="through"):
-    config = EngineConfig(backend="sim", num_blocks=num_blocks, block_size=BS, host_blocks=host_blocks,
-                          kv_store=store, kv_store_write=write)
-    return BlockManager(num_blocks, BS, build_tiers(config, INFO, 1000, 10_000.0))
+    config = TierConfig(host_blocks=host_blocks, kv_store=store, kv_store_write=write)
+    return BlockManager(num_blocks, BS, build_tiers(config, TierSite(model="m", block_size=BS), INFO, 1000, 10_000.0))
 
 
 def admit(bm, s):

@@ -118,17 +118,14 @@ def kvroute_commands() -> list[list[str]]:
 @pytest.mark.parametrize("argv", kvroute_commands(), ids=lambda a: " ".join(a[:2]))
 def test_every_container_command_parses(argv):
     from kvroute.engine.config import EngineConfig
-    from kvroute.engine.service.cli import build_parser as engine
-    from kvroute.router.contract.serve import config_values
-    from kvroute.router.service.cli import build_parser as router
+    from kvroute.engine.service.cli import COMMAND as ENGINE
+    from kvroute.router.contract.settings_values import build, pick
+    from kvroute.router.service.cli import COMMAND as ROUTER
     from kvroute.router.service.config import RouterConfig
 
-    parser, config = {"engine": (engine, EngineConfig), "router": (router, RouterConfig)}[argv[0]]
-    args = parser().parse_args(argv[1:])
-    values = config_values(config, args)
-    if "engines" in values:
-        values["engines"] = tuple(values["engines"])
-    config(**values)  # validates like the CLI does
+    command, config = {"engine": (ENGINE, EngineConfig), "router": (ROUTER, RouterConfig)}[argv[0]]
+    args = command.parser(environ={}).parse_args(argv[1:])
+    build(config, **pick(config, vars(args)))  # validates like the CLI does
 
 
 def exported_names() -> set[str]:

@@ -4,12 +4,12 @@ import ast
 import collections
 import pathlib
 
-from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.engine_core import CoreConfig, EngineCore
 from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
-from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.engine.kv.config import TierConfig
+from kvroute.engine.kv.tier_setup import TierSite, build_tiers
 from kvroute.loadgen.sim.tiers import SimStore, SimTierIO
 from kvroute.router.contract.protocol import block_hashes
 
@@ -100,8 +100,7 @@ def test_the_cached_hash_chain_is_the_prompts_block_hashes():
 
 
 def store_tiers():
-    config = EngineConfig(backend="sim", num_blocks=8, block_size=BS, kv_store="redis://sim")
-    return build_tiers(config, INFO, 1000, 10_000.0)
+    return build_tiers(TierConfig(kv_store="redis://sim"), TierSite(model="m", block_size=BS), INFO, 1000, 10_000.0)
 
 
 def test_store_lookup_bookkeeping():

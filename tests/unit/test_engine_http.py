@@ -1,6 +1,7 @@
 """The engine's HTTP API over real loopback sockets (sim backend unless stated)."""
 
 import asyncio
+import json
 
 import pytest
 
@@ -124,6 +125,15 @@ async def test_load_and_info_and_models(start_engine, http):
         assert (await r.json())["block_size"] == 16
     status, tok, _ = await post(http, url + "/tokenize", {"prompt": "hello world"})
     assert status == 200 and tok["count"] == len(tok["tokens"]) > 0
+
+
+async def test_server_info_lists_the_settings_without_credentials(start_engine, http):
+    url, _ = await start_engine(admin_key="admin-s3cret", kv_secret="kv-s3cret", num_blocks=64)
+    async with http.get(url + "/get_server_info") as r:
+        text = await r.text()
+    info = json.loads(text)
+    assert info["num_blocks"] == 64 and info["backend"] == "sim" and info["instance_id"] == "e0"
+    assert "s3cret" not in text and "admin_key" not in info and "kv_secret" not in info
 
 
 async def test_metrics_use_vllm_names(start_engine, http):

@@ -19,10 +19,11 @@ from kvroute.engine.core.work import SamplingParams
 from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.service.llm_engine import LLMEngine
 from kvroute.engine.service.metrics import EngineMetrics
-from kvroute.loadgen.sim.instance import SimInstance
+from kvroute.loadgen.sim.instance import SimEngine, SimInstance
 from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.contract.settings_values import build
 
-CONFIG = EngineConfig(instance_id="e0", backend="sim", num_blocks=64, block_size=16, max_running=4,
+CONFIG = build(EngineConfig, instance_id="e0", backend="sim", num_blocks=64, block_size=16, max_running=4,
                       max_batched_tokens=256, num_threads=1)
 SEED = hash_seed("kvroute-tiny")
 
@@ -37,8 +38,9 @@ def _comparable(record) -> dict:
 
 
 def test_engine_and_simulator_report_the_same_load_through_a_run():
-    engine = LLMEngine(CONFIG, RUNNERS["sim"](CONFIG), frozenset(), EngineMetrics("kvroute-tiny", CollectorRegistry()))
-    sim = SimInstance(0, CONFIG)
+    runner = RUNNERS["sim"](CONFIG.runner, CONFIG.batch, CONFIG.tiers)
+    engine = LLMEngine(CONFIG, runner, frozenset(), EngineMetrics("kvroute-tiny", CollectorRegistry()))
+    sim = SimInstance(0, SimEngine(batch=CONFIG.batch, runner=CONFIG.runner, tiers=CONFIG.tiers), instance="e0")
     rng = random.Random(3)
     shared = [rng.randrange(5, 8000) for _ in range(96)]
     prompts = [shared + [rng.randrange(5, 8000) for _ in range(rng.randrange(8, 200))] for _ in range(10)]

@@ -17,6 +17,7 @@ from kvroute.engine.core.kv_events import KVEventLog
 from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.service import llm_engine
 from kvroute.engine.service.metrics import EngineMetrics
+from kvroute.router.contract.settings_values import build
 
 
 async def _set_and_cancel_in_one_step(event: asyncio.Event, waiter: asyncio.Task) -> None:
@@ -50,8 +51,8 @@ async def test_an_event_long_poll_cancelled_as_an_event_arrives_is_cancelled():
 
 
 async def test_stop_does_not_wait_forever_for_a_loop_that_lost_its_cancel(monkeypatch, caplog):
-    config = EngineConfig(instance_id="e0", backend="sim", num_threads=1)
-    engine = llm_engine.LLMEngine(config, RUNNERS["sim"](config), frozenset(),
+    config = build(EngineConfig, instance_id="e0", backend="sim", num_threads=1)
+    engine = llm_engine.LLMEngine(config, RUNNERS["sim"](config.runner, config.batch, config.tiers), frozenset(),
                                   EngineMetrics("kvroute-tiny", CollectorRegistry()))
     release = asyncio.Event()
 

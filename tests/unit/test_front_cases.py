@@ -19,7 +19,7 @@ IDLE_S = 1.5
 
 async def _router(start_engine, start_router, **kw) -> tuple[int, object]:
     engine_url, _ = await start_engine(time_scale=FAST)
-    url, server = await start_router([engine_url], api_key=KEY, header_timeout_s=1.0, body_timeout_s=1.0,
+    url, server = await start_router([engine_url], api_key=(KEY,), header_timeout_s=1.0, body_timeout_s=1.0,
                                      idle_timeout_s=IDLE_S, max_body_bytes=1 << 20, **kw)
     deadline = time.monotonic() + 5
     while not server.app[CLUSTER].instances[0].routable:

@@ -436,13 +436,15 @@ def closed_port() -> int:
 
 @pytest.mark.parametrize("args, message", [
     (["--workload", "nope", "--rate", "1"], "unknown workload"),
-    (["--workload", "random", "--rate", "0"], "--rate must be greater than 0"),
-    (["--workload", "random", "--rate", "-2"], "--rate must be greater than 0"),
+    (["--workload", "random", "--rate", "0"], "--rate must be positive, got 0"),
+    (["--workload", "random", "--rate", "-2"], "--rate must be positive, got -2"),
     (["--workload", "random", "--concurrency", "0"], "--concurrency must be at least 1"),
     (["--workload", "trace:/no/such/trace.jsonl"], "does not exist"),
     (["--workload", "random"], "needs --rate"),
     (["--workload", "random", "--rate", "1", "--groups", "2"], "--groups does not apply"),
-    (["--workload", "random", "--rate", "x"], "invalid float value"),
+    (["--workload", "random", "--rate", "x"], "--rate: takes a number, got 'x'"),
+    (["--workload", "random", "--rate", "1", "--prompt-format", "txt"], "invalid choice 'txt' (did you mean text?)"),
+    (["--workload", "random", "--rate", "1", "--promt-format", "text"], "(did you mean --prompt-format?)"),
     (["--workload", "random", "--rate", "1", "--slo-ttft", "0"], "--slo-ttft must be positive"),
     (["--workload", "random", "--rate", "1", "--target", "http://127.0.0.1:{port}"], "cannot reach"),
 ])
@@ -451,9 +453,10 @@ def test_bad_arguments_give_one_line_and_nonzero_exit(args, message, tmp_path, c
     if "--target" not in args:
         args += ["--target", f"http://127.0.0.1:{closed_port()}"]
     code = main(args + ["--out", str(tmp_path / "out"), "--no-progress"])
-    err = capsys.readouterr().err.strip()
+    lines = capsys.readouterr().err.strip().splitlines()
     assert code != 0
-    assert len(err.splitlines()) == 1 and err.startswith("kvroute loadgen: ") and message in err
+    assert lines[-1].startswith("kvroute loadgen: ") and message in lines[-1]
+    assert len(lines) == 1 or len(lines) == 2 and lines[0].startswith("usage: kvroute loadgen --target URL --out DIR")
     assert not (tmp_path / "out").exists()
 
 

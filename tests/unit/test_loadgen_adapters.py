@@ -12,6 +12,7 @@ from kvroute.loadgen.adapters import assign, engine_args, parse_adapters, with_a
 from kvroute.loadgen.client import request_body
 from kvroute.loadgen.sim.runner import SimConfig, simulate
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.settings_values import build
 
 
 def specs(n=60, groups=6):
@@ -55,16 +56,17 @@ def test_bench_gives_every_engine_the_adapters(tmp_path):
     args = engine_args(("a",), "torch", str(tmp_path), max_loras=1)
     assert args[:2] == ("--lora-modules", f"a={tmp_path}/adapters/a") and args[-2:] == ("--max-loras", "1")
     assert json.loads((tmp_path / "adapters" / "a" / "adapter_config.json").read_text())["r"] == 8
-    parsed, policies, _ = bench.parse(["--adapters", "a,b,c", "--quick", "--out", str(tmp_path / "bench")])
+    out = str(tmp_path / "bench")  # a fresh --out (tmp_path holds the adapters written above)
+    parsed, policies, _ = bench.parse(["--adapters", "a,b,c", "--quick", "--out", out])
     spec = dict(bench.cluster_specs(parsed, policies))["kv_aware"]
     assert spec.engine_args[-6:] == ("--lora-modules", "a", "b", "c", "--max-loras", "3")
     with pytest.raises(ValueError, match="--max-loras needs --adapters"):
-        bench.parse(["--max-loras", "2", "--out", str(tmp_path)])
+        bench.parse(["--max-loras", "2", "--out", out])
 
 
 def test_the_simulator_keys_adapters_apart_and_charges_their_loads():
-    config = SimConfig(instances=2, num_blocks=256, adapters=("a", "b", "c"), max_loras=1,
-                       cost_model="a100-llama2-7b")
+    config = build(SimConfig, instances=2, num_blocks=256, adapters=("a", "b", "c"), max_loras=1,
+                   cost_model="a100-llama2-7b")
     one_group = specs(n=30, groups=1)
     result = simulate(config, "kv_aware", assign(one_group, ("a", "b", "c"), "request"))
     firsts = {}

@@ -307,17 +307,21 @@ def test_assign_moves_nobody_when_the_target_is_met():
     assert assign(engines, {"prefill": 1, "decode": 1, "both": 0}) == {}
 
 
-@pytest.mark.parametrize("field", ["slo_ttft_s", "slo_tpot_s", "prefill_tokens_per_s", "decode_tokens_per_s",
-                                   "interval_s", "window_s"])
-def test_each_rate_and_time_must_be_positive(field):
-    with pytest.raises(ValueError, match=f"planner {field} must be positive, got 0"):
+@pytest.mark.parametrize("field, flag", [("slo_ttft_s", "--slo-ttft"), ("slo_tpot_s", "--slo-tpot"),
+                                         ("prefill_tokens_per_s", "--prefill-tokens-per-s"),
+                                         ("decode_tokens_per_s", "--decode-tokens-per-s"),
+                                         ("interval_s", "--interval-s"), ("window_s", "--window-s")])
+def test_each_rate_and_time_must_be_positive(field, flag):
+    with pytest.raises(ValueError, match=f"^{flag} must be positive, got 0$"):
         PlannerConfig(**{field: 0})
     assert getattr(PlannerConfig(**{field: 0.001}), field) == 0.001
 
 
-@pytest.mark.parametrize("bad", [{"min_prefill": 0}, {"min_decode": 0}, {"hold": 0}])
-def test_minimums_and_hold_must_be_at_least_one(bad):
-    with pytest.raises(ValueError, match="^planner min_prefill, min_decode and hold must be at least 1$"):
+@pytest.mark.parametrize("bad, message", [({"min_prefill": 0}, "planner min_prefill and min_decode must be at least 1"),
+                                          ({"min_decode": 0}, "planner min_prefill and min_decode must be at least 1"),
+                                          ({"hold": 0}, "--hold must be at least 1, got 0")])
+def test_minimums_and_hold_must_be_at_least_one(bad, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
         PlannerConfig(**bad)
 
 
@@ -328,11 +332,14 @@ def test_step_coefficients_margin_and_max_running_are_checked(bad):
         PlannerConfig(**bad)
 
 
-@pytest.mark.parametrize("bad", [{"target_utilization": 0}, {"target_utilization": 1.01},
-                                 {"colocate_below": -0.01}, {"colocate_below": 1.01}, {"cooldown_s": -1}])
-def test_utilization_threshold_and_cooldown_ranges(bad):
-    with pytest.raises(ValueError, match=r"^planner target_utilization must be in \(0, 1\], colocate_below in "
-                                         r"\[0, 1\], cooldown_s >= 0$"):
+@pytest.mark.parametrize("bad, message", [
+    ({"target_utilization": 0}, r"planner target_utilization must be in \(0, 1\], got 0"),
+    ({"target_utilization": 1.01}, r"planner target_utilization must be in \(0, 1\], got 1.01"),
+    ({"colocate_below": -0.01}, "--colocate-below must be between 0 and 1, got -0.01"),
+    ({"colocate_below": 1.01}, "--colocate-below must be between 0 and 1, got 1.01"),
+    ({"cooldown_s": -1}, "--cooldown-s must be at least 0, got -1")])
+def test_utilization_threshold_and_cooldown_ranges(bad, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
         PlannerConfig(**bad)
 
 

@@ -7,6 +7,7 @@ from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.runner import SimConfig, simulate
 from kvroute.loadgen.summary import summarize
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.settings_values import build
 from kvroute.router.contract.tier_costs import TierCosts, store_owner
 from kvroute.router.decision.routing_loss import (
     CAUSES,
@@ -64,7 +65,7 @@ def test_loadgen_splits_the_records_that_carry_the_routers_figures():
 def test_the_simulator_reports_the_split_and_it_explains_the_gap_to_another_run():
     specs = make_workload("doc-qa", seed=0, num_requests=300, documents=12, doc_tokens=512, question_tokens=32,
                           output_tokens=4, zipf=1.0).requests()
-    config = SimConfig(instances=4, num_blocks=256, request_overhead_s=0.005)
+    config = build(SimConfig, instances=4, num_blocks=256, request_overhead_s=0.005)
     runs = {name: simulate(config, name, specs, ArrivalConfig(rate=20.0)).summary()
             for name in ("kv_aware", "round_robin")}
     rr, ka = runs["round_robin"]["routing_loss"], runs["kv_aware"]["routing_loss"]

@@ -17,6 +17,7 @@ from kvroute.loadgen.sim.load_view import LoadView
 from kvroute.loadgen.sim.report import COLUMNS
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.settings_values import build
 from kvroute.router.decision.base import RouteRequest
 from kvroute.router.decision.policies import make_policy
 from kvroute.router.decision.route import RouteDecision, RouteSettings
@@ -45,7 +46,7 @@ def without_timing(summary):
 
 def test_same_seed_same_summary():
     specs = shared_prefix(300)
-    config = SimConfig(instances=6, seed=3, fast_candidates=2)
+    config = build(SimConfig, instances=6, seed=3, fast_candidates=2)
     first = simulate(config, "kv_aware", specs, ArrivalConfig(rate=200.0)).summary()
     second = simulate(config, "kv_aware", specs, ArrivalConfig(rate=200.0)).summary()
     assert without_timing(first) == without_timing(second)
@@ -57,7 +58,7 @@ def test_every_request_finishes_or_fails(policy):
     specs = local_specs(200)
     too_long = RequestSpec(index=200, prompt_ids=tuple(range(5, 4105)), max_tokens=4)
     specs.append(too_long)
-    config = SimConfig(instances=2, max_waiting=3, max_running=2, seed=1)
+    config = build(SimConfig, instances=2, max_waiting=3, max_running=2, seed=1)
     result = simulate(config, policy, specs, ArrivalConfig(rate=5000.0))
     assert [r.index for r in result.records] == list(range(201))
     ok = [r for r in result.records if r.ok]
@@ -74,7 +75,7 @@ def test_every_request_finishes_or_fails(policy):
 def test_multi_turn_follow_ups_are_all_sent():
     specs = make_workload("multi-turn", seed=0, num_requests=24, turns=3, question_tokens=16, answer_tokens=8,
                           output_tokens=3, think_time=0.5).requests()
-    result = simulate(SimConfig(instances=3), "kv_aware", specs, ArrivalConfig(rate=20.0))
+    result = simulate(build(SimConfig, instances=3), "kv_aware", specs, ArrivalConfig(rate=20.0))
     by_index = {r.index: r for r in result.records}
     assert len(by_index) == 24 and all(r.ok for r in by_index.values())
     for s in specs:
@@ -87,7 +88,7 @@ def test_multi_turn_follow_ups_are_all_sent():
 @pytest.mark.parametrize("groups, num_blocks", [(6, 4096), (8, 64)])  # ample cache; 2 groups' worth each
 def test_oracle_caches_at_least_as_much_as_kv_aware(groups, num_blocks):
     specs = shared_prefix(400, groups=groups, prefix=256, question=16)
-    config = SimConfig(instances=4, seed=2, num_blocks=num_blocks)
+    config = build(SimConfig, instances=4, seed=2, num_blocks=num_blocks)
     arrival = ArrivalConfig(rate=10.0)
     oracle = simulate(config, "oracle", specs, arrival).summary()
     kv_aware = simulate(config, "kv_aware", specs, arrival).summary()
@@ -134,16 +135,16 @@ def test_event_delay_lowers_the_hit_ratio():
     # A group recurs every ~3 s, longer than kv_aware's pending credit (2 s): only the index remembers it.
     specs = shared_prefix(600, groups=150, prefix=512, question=16, output=2)
     arrival = ArrivalConfig(rate=50.0)
-    fresh = simulate(SimConfig(instances=4, seed=4), "kv_aware", specs, arrival).summary()
-    stale = simulate(SimConfig(instances=4, seed=4, event_delay_s=30.0), "kv_aware", specs, arrival).summary()
+    fresh = simulate(build(SimConfig, instances=4, seed=4), "kv_aware", specs, arrival).summary()
+    stale = simulate(build(SimConfig, instances=4, seed=4, event_delay_s=30.0), "kv_aware", specs, arrival).summary()
     assert stale["cached_token_ratio"] < fresh["cached_token_ratio"] - 0.05
 
 
 def test_fast_path_matches_full_candidates_in_spirit():
     specs = shared_prefix(600, groups=8)
     arrival = ArrivalConfig(rate=400.0)
-    full = simulate(SimConfig(instances=32, seed=5), "kv_aware", specs, arrival).summary()
-    fast = simulate(SimConfig(instances=32, seed=5, fast_candidates=4), "kv_aware", specs, arrival).summary()
+    full = simulate(build(SimConfig, instances=32, seed=5), "kv_aware", specs, arrival).summary()
+    fast = simulate(build(SimConfig, instances=32, seed=5, fast_candidates=4), "kv_aware", specs, arrival).summary()
     assert fast["candidates_mean"] < full["candidates_mean"] == 32
     assert fast["cached_token_ratio"] > 0.9 * full["cached_token_ratio"]
 
@@ -208,15 +209,17 @@ def test_cli_runs_and_compares_with_the_oracle(tmp_path, capsys):
     (["--workload", "shared-prefix", "--rate", "5", "--out", "/nonexistent/dir/x.json"], "--out"),
 ])
 def test_cli_bad_arguments_one_line(argv, words, capsys):
+    """One line saying what is wrong; after a short usage line when the parser found it."""
     assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("kvroute sim: ") and words in err
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith("kvroute sim: ") and words in lines[-1]
+    assert len(lines) == 1 or len(lines) == 2 and lines[0].startswith("usage: kvroute sim [options]")
 
 
 def test_request_overhead_shifts_ttft_and_e2e_only():
     specs = shared_prefix(100)
-    base = simulate(SimConfig(instances=4, seed=1), "kv_aware", specs, ArrivalConfig(rate=100.0))
-    late = simulate(SimConfig(instances=4, seed=1, request_overhead_s=0.005), "kv_aware", specs,
+    base = simulate(build(SimConfig, instances=4, seed=1), "kv_aware", specs, ArrivalConfig(rate=100.0))
+    late = simulate(build(SimConfig, instances=4, seed=1, request_overhead_s=0.005), "kv_aware", specs,
                     ArrivalConfig(rate=100.0))
     for a, b in zip(base.records, late.records):
         assert b.ttft_s == pytest.approx(a.ttft_s + 0.005) and b.e2e_s == pytest.approx(a.e2e_s + 0.005)
@@ -227,7 +230,7 @@ def test_tiers_on_the_virtual_clock_recover_a_session_storm_by_loading():
     specs = make_workload("session-storm", seed=1, sessions=8, context_tokens=1024, min_context_tokens=768,
                           idle_requests=16, idle_tokens=512, burst=8, burst_spread=0.5).requests()
     base = dict(instances=2, num_blocks=128, poll_interval_s=0.0)
-    runs = {name: simulate(SimConfig(**base, **extra), "kv_aware", specs, ArrivalConfig())
+    runs = {name: simulate(build(SimConfig, **base, **extra), "kv_aware", specs, ArrivalConfig())
             for name, extra in {"device": {}, "host": {"host_blocks": 1024},
                                 "store": {"kv_store": "redis://sim"}}.items()}
     storm = {}

@@ -3,13 +3,14 @@
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.runner import SimConfig, simulate
 from kvroute.loadgen.workloads import make_workload
+from kvroute.router.contract.settings_values import build
 
 SLO = 0.5
 
 
 def run(rate: float, admission: float | None, n: int = 600):
     specs = make_workload("random", seed=1, num_requests=n).requests()
-    config = SimConfig(instances=2, seed=0, admission_slo_s=admission)
+    config = build(SimConfig, instances=2, seed=0, admission_slo_s=admission)
     return simulate(config, "kv_aware", specs, ArrivalConfig(rate=rate))
 
 
@@ -45,7 +46,7 @@ def tenants_run(specs, admission, tenants=()):
     from kvroute.loadgen.sim.tenant_mix import mixed_specs, per_tenant
     from kvroute.loadgen.tenants import parse_tenant
 
-    config = dataclasses.replace(SimConfig(instances=2, seed=0), admission_slo_s=SLO if admission else None,
+    config = dataclasses.replace(build(SimConfig, instances=2, seed=0), admission_slo_s=SLO if admission else None,
                                  admission_tenants=tenants)
     result = simulate(config, "kv_aware", mixed_specs([parse_tenant(s) for s in specs]), ArrivalConfig())
     return per_tenant(result.records, SLO)

@@ -26,6 +26,7 @@ from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.sim.runner import SimConfig, arrivals
 from kvroute.loadgen.workloads import make_workload
 from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.contract.settings_values import build
 from kvroute.router.decision.base import RouteRequest
 from kvroute.router.decision.decode_choice import DECODE_ROLES
 from kvroute.router.decision.policies import POLICIES, make_policy
@@ -63,7 +64,7 @@ class RealSide:
                               fast_candidates=fast_k, recent_ttl_s=2.0)
         self.cluster = Cluster(config, MemoryIndex(), FINGERPRINT, RouterMetrics())
         for inst, simulated in zip(self.cluster.instances, sim.instances):
-            inst.info = EngineInfo(simulated.id, self.model, simulated.config.block_size, hash_seed(self.model),
+            inst.info = EngineInfo(simulated.id, self.model, simulated.config.batch.block_size, hash_seed(self.model),
                                    FINGERPRINT, role=simulated.role, max_model_len=simulated.runner.info.max_model_len,
                                    tier_costs=simulated.tier_costs())
             inst.healthy = inst.reachable = True
@@ -198,10 +199,10 @@ TIERED = dict(num_blocks=160, host_blocks=256, kv_store="file:///parity-store", 
 
 
 def run_twins(policy_name: str, fast_k: int = 0, prefill: int = 0, perturb=None, seed: int = 3, **config):
-    sim_config = SimConfig(instances=6, seed=seed, fast_candidates=fast_k, prefill_instances=prefill, **config)
+    sim_config = build(SimConfig, instances=6, seed=seed, fast_candidates=fast_k, prefill_instances=prefill, **config)
     specs = make_workload("doc-qa", seed=seed, num_requests=240, documents=10, doc_tokens=600,
                           question_tokens=24, output_tokens=4).requests()
-    cluster = SimCluster(sim_config.instances, sim_config.engine_config(), sim_config.event_delay_s,
+    cluster = SimCluster(sim_config.instances, sim_config.engine(), sim_config.event_delay_s,
                          sim_config.poll_interval_s)
     disagg = DisaggConfig(num_prefill=prefill, min_uncached=64, seed=seed) if prefill else None
     if disagg is not None:  # the roles the real side's engines advertise

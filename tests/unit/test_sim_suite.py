@@ -11,6 +11,7 @@ from kvroute.loadgen.sim.suite import DEFAULT_TRACE, SUITE_POLICIES, suite_cases
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.loadgen.workloads import make_workload
 from kvroute.router.contract.protocol import block_hashes
+from kvroute.router.contract.settings_values import build
 
 SMALL = ["--suite", "--requests", "24", "--instances", "2", "--num-blocks", "256"]
 ROWS = ["shared-prefix", "multi-turn", "doc-qa", "random", "hot-prefix", "mooncake",
@@ -81,7 +82,7 @@ def test_future_uses_know_each_blocks_next_request():
 def test_oracle_future_beats_the_oracle_when_the_pools_are_full():
     specs = make_workload("doc-qa", seed=0, num_requests=600, documents=16, doc_tokens=320, question_tokens=24,
                           output_tokens=4, zipf=0.9).requests()
-    config = SimConfig(instances=4, num_blocks=64, seed=0)  # 16 documents of 20 blocks in 4 x 64 blocks
+    config = build(SimConfig, instances=4, num_blocks=64, seed=0)  # 16 documents of 20 blocks in 4 x 64 blocks
     oracle = simulate(config, "oracle", specs, ArrivalConfig(rate=24.0)).summary()
     future = simulate(config, "oracle_future", specs, ArrivalConfig(rate=24.0)).summary()
     assert future["cached_token_ratio"] > oracle["cached_token_ratio"] + 0.01
@@ -101,7 +102,7 @@ def test_kv_aware_copies_a_hot_prefix_under_load_in_the_simulator(monkeypatch):
     monkeypatch.setitem(POLICIES, "never_copies", variant(replicate_weight=0.0))
     specs = make_workload("shared-prefix", seed=0, num_requests=600, groups=1, prefix_tokens=1024,
                           question_tokens=32, output_tokens=16).requests()
-    config, arrival = SimConfig(instances=4, num_blocks=512, seed=0), ArrivalConfig(rate=80.0)
+    config, arrival = build(SimConfig, instances=4, num_blocks=512, seed=0), ArrivalConfig(rate=80.0)
     copies = simulate(config, "copies", specs, arrival)
     never = simulate(config, "never_copies", specs, arrival)
     assert len({r.instance for r in copies.records}) > len({r.instance for r in never.records})

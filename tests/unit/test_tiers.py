@@ -2,14 +2,14 @@
 
 import pytest
 
-from kvroute.engine.config import EngineConfig
 from kvroute.engine.core.block_manager import BlockManager
 from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
+from kvroute.engine.kv.config import TierConfig
 from kvroute.engine.kv.host_pool import HostPool
 from kvroute.engine.kv.link_estimate import LinkEstimate
 from kvroute.engine.kv.recovery import Recovery
-from kvroute.engine.kv.tier_setup import build_tiers
+from kvroute.engine.kv.tier_setup import TierSite, build_tiers
 from kvroute.engine.kv.tiers import CacheTiers
 from kvroute.router.contract.protocol import block_hashes
 from kvroute.router.contract.tier_costs import Link, TierCosts, plan_runs
@@ -21,9 +21,8 @@ FAST = Link(1e12, 0.0)
 
 
 def make_bm(num_blocks=4, host_blocks=8, store=None, write="through", budget=0):
-    config = EngineConfig(backend="sim", num_blocks=num_blocks, block_size=BS, host_blocks=host_blocks,
-                          kv_store=store, kv_store_write=write, kv_load_budget_bytes=budget)
-    return BlockManager(num_blocks, BS, build_tiers(config, INFO, 1000, 10_000.0))
+    config = TierConfig(host_blocks=host_blocks, kv_store=store, kv_store_write=write, kv_load_budget_bytes=budget)
+    return BlockManager(num_blocks, BS, build_tiers(config, TierSite(model="m", block_size=BS), INFO, 1000, 10_000.0))
 
 
 def seq(tokens, store_hits=None):
@@ -219,13 +218,13 @@ def test_link_estimate_fits_latency_and_bandwidth():
 
 def test_bad_tier_settings_are_refused():
     with pytest.raises(ValueError, match="--host-blocks"):
-        EngineConfig(host_blocks=-1)
+        TierConfig(host_blocks=-1)
     with pytest.raises(ValueError, match="redis:// or file:///"):
-        EngineConfig(kv_store="s3://bucket")
+        TierConfig(kv_store="s3://bucket")
     with pytest.raises(ValueError, match="--kv-store-write"):
-        EngineConfig(kv_store="file:///tmp", kv_store_write="sometimes")
+        TierConfig(kv_store="file:///tmp", kv_store_write="sometimes")
     with pytest.raises(ValueError, match="--kv-host-link"):
-        EngineConfig(kv_host_link="carrier-pigeon")
+        TierConfig(kv_host_link="carrier-pigeon")
     with pytest.raises(ValueError, match="--kv-store-write"):
         CacheTiers(Recovery({n: FAST for n in ("h2d", "d2h", "store_read", "store_write")}, 1.0, 4, 1, False),
                    store_write="never")

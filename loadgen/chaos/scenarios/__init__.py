@@ -26,6 +26,7 @@ from kvroute.loadgen.chaos.scenarios.request_limits import (
 )
 from kvroute.loadgen.chaos.scenarios.router_restart import RouterRestart
 from kvroute.loadgen.chaos.scenarios.streams import ManyStreams
+from kvroute.router.contract.settings import did_you_mean
 
 SCENARIOS = {s.name: s for s in (Fuzz(), ENGINE_KILL, ENGINE_HANG, REDIS_KILL, REDIS_FREEZE, ManyStreams(),
                                  RouterRestart(), FeedPoison(), FeedFlood(), SlowClients(), IntrospectionAuth(),
@@ -40,7 +41,8 @@ def chosen(config: ChaosConfig) -> tuple[str, ...]:
     names = config.scenarios or (QUICK_SCENARIOS if config.quick else tuple(SCENARIOS))
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown:
-        raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+        raise ValueError(f"unknown scenario {unknown[0]!r}{did_you_mean(unknown[0], SCENARIOS)}; "
+                         f"choose from {', '.join(SCENARIOS)}")
     if "router-restart" in names and config.routers < 2:
         raise ValueError("the router-restart scenario needs --routers 2 or more (one keeps serving)")
     return names
