@@ -43,7 +43,8 @@ class SimFlags:
     pd_sweep: bool = setting(False, "run colocated and every P:D split of --instances (one policy); table of goodput "
                                     "per split")
     suite: bool = setting(False, "every workload and a KV pressure sweep, each policy against the oracle (suite.py)")
-    suite_trace: str = setting(str(DEFAULT_TRACE), "--suite: the Mooncake trace file", metavar="FILE")
+    suite_trace: str = setting(str(DEFAULT_TRACE), "--suite: the Mooncake trace file", metavar="FILE",
+                            default_text="the package's loadgen/data/mooncake_synthetic_trace.jsonl.gz")
     planner: bool = setting(False, "run kvroute planner on the virtual clock (needs --slo-ttft and --slo-tpot): roles "
                                    "change online, starting from --prefill-instances (0: all colocated)")
     profile: bool = setting(False, "print one engine's prefill and decode capacities (at --slo-tpot) for "
