@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 
 import orjson
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvroute chaos: {e}", file=sys.stderr)
         return 2
     log_dir = os.path.join(config.out, "logs") if config.out else None
+    if log_dir is not None:  # --force: an earlier run's logs go, or its lines would be read as this run's
+        shutil.rmtree(log_dir, ignore_errors=True)
     try:
         result = asyncio.run(run_chaos(config, log_dir))
     except RuntimeError as e:  # the fleet could not start

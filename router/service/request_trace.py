@@ -28,6 +28,7 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     started: float = msgspec.field(default_factory=time.perf_counter)
     max_tokens: int = -1  # as asked (-1: not given)
     predicted_cached: int = 0  # the router's prediction, when the engine reports no usage
+    index_blind: bool = False  # a lookup found the index unavailable: routed on load alone, predicting nothing
     loss_instance: str = ""  # where the routing-loss split's figures were taken (router/service/routing_loss.py)
     loss_best: int = 0  # the best cached prefix any candidate held, servable tokens, by the index
     loss_predicted: int = 0  # the chosen instance's

@@ -4,7 +4,8 @@ Each whole request whose engine reported cached tokens is one piece of evidence 
 (router/service/routing_loss.py calls `observe`). An alarm raised or cleared is one log line, the
 gauge below, and the instance's `silent_miss` in GET /router/instances (the alarm, its likely
 cause, the share of tokens that disagreed, the samples). Instances the router already knows it
-cannot reproduce (a mismatch at /kv/info, a stale feed) are credited nothing and not judged.
+cannot reproduce (a mismatch at /kv/info, a stale feed) are credited nothing and not judged, and
+neither is a request routed while the index was unavailable (it predicted nothing).
 
     kvroute_router_silent_miss{instance,cause}   1 while the alarm is raised
 """
@@ -43,8 +44,8 @@ class SilentMissAlarms:
 
     def observe(self, instance_id: str, sample: LossSample, trace) -> None:
         inst = self._instance(instance_id)
-        if inst is None or inst.info is None or not inst.cache_ok:
-            return
+        if inst is None or inst.info is None or not inst.cache_ok or trace.index_blind:
+            return  # a request routed without the index (unavailable) predicted nothing: no evidence of keys
         usage = trace.usage
         evidence = Evidence(served=sample.served, predicted=sample.predicted, prompt_tokens=sample.prompt_tokens,
                             engine_prompt_tokens=usage.prompt_tokens if usage is not None else None,

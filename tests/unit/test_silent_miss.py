@@ -1,8 +1,13 @@
 """The silent-miss judge (router/fleet/silent_miss.py): when it raises, when it clears, which cause it names."""
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from kvroute.router.decision.routing_loss import LossSample
+from kvroute.router.fleet.instance import EngineInfo, Instance
 from kvroute.router.fleet.silent_miss import Evidence, SilentMiss, likely_cause
+from kvroute.router.service.request_trace import RequestTrace
+from kvroute.router.service.silent_miss_alarms import SilentMissAlarms
 
 BS = 16
 
@@ -52,3 +57,18 @@ def test_predicted_hits_the_engine_does_not_serve_raise_the_unserved_alarm():
 ])
 def test_the_likely_cause(samples, cause):
     assert likely_cause(samples, BS) == cause
+
+
+def test_requests_routed_without_the_index_are_no_evidence():
+    """A lookup that found the index unavailable (Redis down) predicts nothing: the hits its engine
+    serves say nothing of the keys, so no alarm however many (chaos: redis-kill then redis-freeze)."""
+    inst = Instance("http://127.0.0.1:9000")
+    inst.info = EngineInfo("e0", "m", BS, 0, "fp")
+    alarms = SilentMissAlarms(lambda: [inst], lambda: 0, CollectorRegistry())
+    sample = LossSample(prompt_tokens=320, best=0, predicted=0, served=320)
+    for _ in range(100):
+        alarms.observe("e0", sample, RequestTrace(model="m", stream=False, prompt_tokens=320, index_blind=True))
+    assert inst.silent_miss is None
+    for _ in range(100):
+        alarms.observe("e0", sample, RequestTrace(model="m", stream=False, prompt_tokens=320))
+    assert inst.silent_miss is not None and inst.silent_miss["alarm"] == "silent_miss_unpredicted"
