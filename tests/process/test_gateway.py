@@ -2,10 +2,10 @@
 Extension configures a gateway (deploy/envoy/envoy.yaml: ext_proc with a FULL_DUPLEX_STREAMED request
 body, an ORIGINAL_DST cluster keyed on x-gateway-destination-endpoint), kvroute as its endpoint
 picker over three sim engines, and the official openai client: completions and chats, streamed and
-whole, land where /router/explain says; a repeated 3k-token prompt is served from cache on the
-engine that holds it; 12 shared-prefix groups spread over at least two engines with each group's
-second request cached; an admission refusal reaches the client as 429 with Retry-After; nothing
-stays charged."""
+whole, land where /router/explain says (and so with a BUFFERED request body, the cheaper mode); a
+repeated 3k-token prompt is served from cache on the engine that holds it; 12 shared-prefix groups
+spread over at least two engines with each group's second request cached; an admission refusal
+reaches the client as 429 with Retry-After; nothing stays charged."""
 
 import asyncio
 import json
@@ -32,9 +32,9 @@ def charged(server) -> dict:
 async def gateway(start_engine, start_router):
     envoys = []
 
-    async def start(**router_kw):
+    async def start(request_body_mode: str = "FULL_DUPLEX_STREAMED", **router_kw):
         url, server, engines = await cluster(start_engine, start_router, n=3, ext_proc_port=0, **router_kw)
-        envoy = LocalEnvoy(server.app[EXT_PROC_PORT])
+        envoy = LocalEnvoy(server.app[EXT_PROC_PORT], request_body_mode=request_body_mode)
         envoys.append(envoy)
         await asyncio.get_running_loop().run_in_executor(None, envoy.start)
         client = openai.AsyncOpenAI(base_url=envoy.url + "/v1", api_key="unused", max_retries=0, timeout=30)
@@ -76,8 +76,9 @@ def text(n_words: int, seed: str) -> str:
     return " ".join(f"{seed}{i % 997}" for i in range(n_words))
 
 
-async def test_completions_and_chats_streamed_and_whole_land_where_explain_says(gateway, http):
-    url, server, client = await gateway()
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+async def test_completions_and_chats_streamed_and_whole_land_where_explain_says(gateway, http, body_mode):
+    url, server, client = await gateway(request_body_mode=body_mode)
     landed = []
     for round_ in range(2):  # the second round repeats the first: its prefixes are cached somewhere
         for kind in ("completion", "chat"):
