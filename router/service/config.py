@@ -51,8 +51,8 @@ class RouterConfig:
     api_key: tuple[str, ...] = setting((), "require 'Authorization: Bearer KEY' on /v1/*; NAME=KEY makes the key "
                                            "tenant NAME's (repeat for each key)", metavar="[NAME=]KEY")
     tenants: str | None = setting(None, "tenant file (JSON or TOML: weight, slo_ttft_s, rate, burst, max_concurrency, "
-                                        "keys, allow_request_slo); reloaded on SIGHUP and POST /admin/tenants/reload "
-                                        "(docs/admission.md)", metavar="FILE")
+                                        "keys, allow_request_slo, min_priority); reloaded on SIGHUP and POST "
+                                        "/admin/tenants/reload (docs/admission.md)", metavar="FILE")
     tenant_header: str | None = setting(None, "the request header that names the tenant, among those of --tenants "
                                               "FILE (any other value: the default tenant); refused beside API keys "
                                               "without --trust-tenant-header", metavar="NAME")
