@@ -101,6 +101,15 @@ def run_app(app: web.Application, sock: socket.socket, name: str,
         return INTERRUPTED
 
 
+async def _cleanup_after_failed_setup(runner: web.AppRunner) -> None:
+    """What the app's startup began (an engine's step loop, its threads) stopped, so that a startup
+    interrupted part way leaves nothing running that would keep the process from exiting."""
+    try:
+        await runner.cleanup()
+    except Exception as e:  # a partial startup may not clean up whole; the process is ending anyway
+        log.warning("cleanup after an interrupted startup: %s", e)
+
+
 async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigterm: Callable[[], None] | None) -> int:
     if SHUTDOWN not in app:
         app[SHUTDOWN] = asyncio.Event()
@@ -108,7 +117,11 @@ async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigter
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     runner = GuardedRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
-    await runner.setup()
+    try:
+        await runner.setup()
+    except BaseException:  # Ctrl-C (the task cancelled) or a failure part way: stop what started
+        await _cleanup_after_failed_setup(runner)
+        raise
     try:
         await web.SockSite(runner, sock).start()
     except OSError as e:
