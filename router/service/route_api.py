@@ -75,12 +75,14 @@ async def handle_finish(request: web.Request) -> web.Response:
         raise BadRequest("'served_by' must be an endpoint, ip:port", param="served_by")
     picker = request.app[PICKER]
     picked = request.app[ROUTES].pop(request.match_info["route_id"])
-    if served:
-        picker.served_by(picked, served)
-    if status == 200:
-        picked.first_token(is_ttft=False)  # a no-op when reported already: the prefill is done either way
-    picked.flight.answered(picked.instance.id, None, Usage.from_dict(report.get("usage")))
-    picked.finish(str(status))
+    try:  # popped: no timer finishes it now, so this does whatever fails (its charges released)
+        if served:
+            picker.served_by(picked, served)
+        if status == 200:
+            picked.first_token(is_ttft=False)  # a no-op when reported already: the prefill is done either way
+        picked.flight.answered(picked.instance.id, None, Usage.from_dict(report.get("usage")))
+    finally:
+        picked.finish(str(status))
     return json_response({"route_id": request.match_info["route_id"], "instance": picked.instance.id})
 
 
