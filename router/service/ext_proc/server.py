@@ -59,9 +59,10 @@ class ExtProcServer:
         pb_grpc.add_ExternalProcessorServicer_to_server(Processor(self.exchange), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.port = self.server.add_insecure_port(f"{host}:{self.port}")
-        if not self.port:
+        bound = self.server.add_insecure_port(f"{host}:{self.port}")
+        if not bound:  # the port asked for, not the 0 grpc answers
             raise OSError(f"cannot listen for ext_proc on {host}:{self.port}")
+        self.port = bound
         await self.health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
         await self._mark()
         await self.server.start()
