@@ -92,7 +92,7 @@ class Router:
                  on_progress: Callable[[], None] = lambda: None, loss: RoutingLoss | None = None) -> None:
         """`on_progress`: called when a dispatched request's prefill is seen done and when it ends
         (the admission gate's news, router/service/admission_gate.py). `loss`: the routing-loss split
-        (router/service/routing_loss.py), fed when a request is on the wire and when it ends."""
+        (router/service/routing_loss.py), fed when a request is decided and when it ends."""
         self.cluster = cluster
         self.on_progress = on_progress
         self.policy = policy

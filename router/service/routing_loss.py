@@ -1,15 +1,15 @@
 """The routing-loss split on live traffic (router/decision/routing_loss.py), fed by two hooks.
 
     decided(trace, choice, matches)
-                             when the request is on the wire: the best cached prefix any candidate
+                             when the request is decided, before it is sent: the best cached prefix any candidate
                              held and the chosen instance's, by the index, kept on the trace (and
                              sent to the client as x-kvroute-best-cached-tokens and
                              x-kvroute-predicted-cached-tokens, so `kvroute loadgen` splits the
                              same way from its side)
     finished(trace)          when it ends: with the engine's reported cached tokens, one sample
 
-A policy that does not read the index (round_robin, ...) gets the index's answer after the
-request is on the wire, where the index answers without awaiting (memory; with `--index redis`
+A policy that does not read the index (round_robin, ...) gets the index's answer looked up at
+decision time, before the request is sent, where the index answers without awaiting (memory; with `--index redis`
 such requests have no figures). Only whole requests served by the instance they were routed to
 count (a disaggregated request's prefill and decode engines differ; a request without
 usage.cached_tokens says nothing). Each
@@ -59,7 +59,7 @@ class RoutingLoss:
 
     @staticmethod
     def decided(trace, choice, matches: Mapping[str, PrefixMatch] | None) -> None:
-        """The request is on the wire to `choice` (router/service/routing.py `Choice`); `matches`: the
+        """The request is decided for `choice` (router/service/routing.py `Choice`); `matches`: the
         index's answer for its prompt (None: not known without awaiting, no figures)."""
         if matches is None:
             trace.loss_instance = ""
