@@ -30,7 +30,7 @@ from kvroute.router.service.tenant_book import TENANT_KEY
 from kvroute.router.service.usage import Usage
 
 SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
-MAX_OPEN = 1 << 16  # routes open at once: past it a new one is 503 (a data plane that never finishes)
+MAX_OPEN = 1 << 16  # routes open at once: past it a new one is refused, 400 (a data plane that never finishes)
 
 
 def _instance(picker, inst) -> dict:
