@@ -11,7 +11,6 @@ E2E of both paths plus the decode engine's pull time per request.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
@@ -20,7 +19,7 @@ import time
 
 import aiohttp
 
-from kvroute.benchmarks.results import write_json
+from kvroute.benchmarks.results import reps_parser, write_json
 from kvroute.loadgen.processes import Processes
 
 LENGTHS = (64, 128, 256, 512, 1024)
@@ -94,10 +93,7 @@ async def length_row(session, routers: dict[str, str], decode: str, n: int, reps
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = reps_parser(__doc__).parse_args(argv)
     write_json(args.out, asyncio.run(measure(args.reps)))
     return 0
 

@@ -10,7 +10,6 @@ per case for both and the sim's relative error (its calibration error end to end
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -20,7 +19,7 @@ import time
 
 import aiohttp
 
-from kvroute.benchmarks.results import write_json
+from kvroute.benchmarks.results import reps_parser, write_json
 from kvroute.loadgen.processes import Processes
 
 LENGTHS = (256, 512, 1024)
@@ -78,10 +77,7 @@ async def measure(reps: int) -> dict[str, dict[str, list]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = reps_parser(__doc__).parse_args(argv)
     results = asyncio.run(measure(args.reps))
     rows = []
     print(f"{'case':<28} {'torch ms':>9} {'sim ms':>9} {'sim err':>8}  cached")

@@ -36,7 +36,14 @@ import time
 import aiohttp
 
 from kvroute.benchmarks.results import write_json
-from kvroute.benchmarks.router.routers import PROMPT, SGLANG_ROUTER, VLLM_ROUTER, cpu_seconds, load
+from kvroute.benchmarks.router.routers import (
+    PROMPT,
+    SGLANG_ROUTER,
+    VLLM_ROUTER,
+    cpu_seconds,
+    load,
+    sglang_router_argv,
+)
 from kvroute.loadgen.envoy_gateway import LocalEnvoy, envoy_binary
 from kvroute.loadgen.processes import Processes, free_port, kvroute_argv
 
@@ -101,10 +108,8 @@ async def start_target(procs: Processes, name: str, engines: list[str], events: 
         await procs.wait_ready(url)
         await target.behind_envoy(picker, BUFFERED_ROW_MODE if name == BUFFERED_ROW else "FULL_DUPLEX_STREAMED")
     elif name.startswith("sglang-router"):
-        target = Target(name, url, {"sglang-router": procs.start("sglang-router", [
-            args.sglang_router, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *engines, "--policy", "cache_aware", "--log-level", "error",
-            "--prometheus-port", str(free_port())])})
+        cmd = sglang_router_argv(args.sglang_router, engines, port, "cache_aware")
+        target = Target(name, url, {"sglang-router": procs.start("sglang-router", cmd)})
         await procs.wait_ready(url)
     else:
         target = Target(name, url, {"vllm-router": procs.start("vllm-router", vllm_router(args, engines, events, port),

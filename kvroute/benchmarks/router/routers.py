@@ -15,6 +15,13 @@ VLLM_ROUTER = os.environ.get("KVROUTE_VLLM_ROUTER", "/work/venv-vllm-router/bin/
 PROMPT = ("Summarise what a KV-cache-aware router does for a fleet of LLM engines, in two sentences. " * 11)[:1024]
 
 
+def sglang_router_argv(python: str, engines: list[str], port: int, policy: str) -> list[str]:
+    """sglang-router (installed in the venv whose interpreter is `python`) on 127.0.0.1:`port` before `engines`."""
+    return [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *engines, "--log-level", "error", "--prometheus-port", str(free_port()),
+            "--policy", policy]
+
+
 def load(url: str, concurrency: int, requests: int | None = None, duration: float | None = None,
          warmup: int = 0, body: dict | None = None) -> dict:
     """kvroute/benchmarks/http_load.py in its own process: the client does not share the router's interpreter.
@@ -59,10 +66,8 @@ def router_commands(engines: list[str], port: int, which: set[str]) -> dict[str,
             [sys.executable, "-m", "kvroute.benchmarks.proxy_floor", "--server", server, "--port", str(port),
              "--engine", engines[0]], {})
     if os.path.exists(SGLANG_ROUTER):
-        sg = [SGLANG_ROUTER, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-              "--worker-urls", *engines, "--log-level", "error", "--prometheus-port", str(free_port())]
-        out["sglang-router 0.3.2 cache_aware"] = ([*sg, "--policy", "cache_aware"], {})
-        out["sglang-router 0.3.2 round_robin"] = ([*sg, "--policy", "round_robin"], {})
+        for policy in ("cache_aware", "round_robin"):
+            out[f"sglang-router 0.3.2 {policy}"] = (sglang_router_argv(SGLANG_ROUTER, engines, port, policy), {})
     if os.path.exists(VLLM_ROUTER):
         from kvroute.router.contract.tokenizer import DATA_DIR
 
