@@ -42,10 +42,11 @@ class EngineInfo:
             adapters = d.get("adapters") or []
             if not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters):
                 raise ValueError("adapters must be a list of names")
-            return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
-                       str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),
-                       int(d.get("max_model_len") or 0), int(d.get("vocab_size") or 0),
-                       TierCosts.from_wire(d.get("kv_tiers")), tuple(adapters))
+            return cls(instance_id=str(d["instance_id"]), model=str(d["model"]), block_size=int(d["block_size"]),
+                       hash_seed=int(d["hash_seed"]), tokenizer=str(d["tokenizer"]), role=str(d.get("role", "both")),
+                       cluster_id=str(d.get("cluster_id", "")), max_model_len=int(d.get("max_model_len") or 0),
+                       vocab_size=int(d.get("vocab_size") or 0), tier_costs=TierCosts.from_wire(d.get("kv_tiers")),
+                       adapters=tuple(adapters))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed /kv/info: {e}") from None
 
