@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fleet_ledger import SyncReply, TenantSync
 from kvroute.router.decision.tenants import Limits, TenantSpec
 
@@ -159,11 +160,11 @@ class LeasedLimits:
             return
         self._specs[spec.name] = spec
         value, since = self._demand.get(spec.name, (0.0, now))
-        self._demand[spec.name] = (value * 0.5 ** (max(0.0, now - since) / DEMAND_HALFLIFE_S) + 1.0, now)
+        self._demand[spec.name] = (decayed(value, since, now, DEMAND_HALFLIFE_S) + 1.0, now)
 
     def _arrival_rate(self, tenant: str, now: float) -> float:
         value, since = self._demand.get(tenant, (0.0, now))
-        value *= 0.5 ** (max(0.0, now - since) / DEMAND_HALFLIFE_S)
+        value = decayed(value, since, now, DEMAND_HALFLIFE_S)
         if value < 1e-3:
             self._demand.pop(tenant, None)
         return value * math.log(2) / DEMAND_HALFLIFE_S
