@@ -155,7 +155,7 @@ class FleetShare:
         self.rates = SharedRates(config.drain_halflife_s)
         self.tags = SharedTags(config.bands, window)
         self.limits = LeasedLimits(sync_s, replicas)
-        self._asked: dict = {}
+        self._asked: dict[str, TenantSync] = {}  # the asks of the sync in flight
 
     @property
     def shared(self) -> bool:
