@@ -116,7 +116,7 @@ class LeasedLimits:
     def _ask(self, spec: TenantSpec, need: float, inflight: int, tokens: float) -> TenantSync:
         fields: dict = {}
         if spec.rate is not None:
-            target = min(spec.burst or max(1.0, spec.rate), need)
+            target = min(spec.bucket_size(), need)
             fields.update(rate=spec.rate, burst=spec.burst, take=max(0.0, target - tokens),
                           owe=max(0.0, -tokens), give=max(0.0, tokens - 2.0 * target))
         if spec.max_concurrency is not None:
