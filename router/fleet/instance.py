@@ -250,8 +250,9 @@ class Instance:
             queued = self.queued_prefill_tokens + peer_queued
             if (self.peers or peer_inflight) and load is not None:  # the others' prefills are in the engine's count
                 queued = max(queued, load.queued_prefill_tokens)
-            state = InstanceState.of(self.id, self._inflight + peer_inflight, queued, load, measured_at,
-                                     self.cache_ok, self.tier_costs)
+            state = InstanceState.of(id=self.id, inflight=self._inflight + peer_inflight, queued_prefill_tokens=queued,
+                                     load=load, measured_at=measured_at, cache_ok=self.cache_ok,
+                                     tier_costs=self.tier_costs)
             self.__dict__["_state"] = state
         return state
 
