@@ -44,6 +44,7 @@ import msgspec
 from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, Range
 from kvroute.router.contract.settings import check_settings, setting
 from kvroute.router.decision.base import Decision
+from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry
 
 ADMIT, QUEUE, WAIT, REFUSE = "admit", "queue", "wait", "refuse"
@@ -129,7 +130,7 @@ class Rates:
 
     def _value(self, tenant: str, now: float) -> float:
         value, since = self._counts.get(tenant, (0.0, now))
-        return value * 0.5 ** (max(0.0, now - since) / self.halflife_s)
+        return decayed(value, since, now, self.halflife_s)
 
     def add(self, tenant: str, now: float) -> None:
         self._counts[tenant] = (self._value(tenant, now) + 1.0, now)
@@ -165,7 +166,7 @@ class Calibration:
         self._bias, self._at = 0.0, 0.0
 
     def bias_s(self, now: float) -> float:
-        return self._bias * 0.5 ** (max(0.0, now - self._at) / self.halflife_s)
+        return decayed(self._bias, self._at, now, self.halflife_s)
 
     def observe(self, predicted_s: float, observed_s: float, now: float) -> None:
         error = min(max(observed_s - predicted_s, -self.limit_s), self.limit_s)

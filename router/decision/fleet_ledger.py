@@ -31,6 +31,8 @@ import math
 
 import msgspec
 
+from kvroute.router.decision.decay import decayed
+
 
 class TenantSync(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     admitted: float = 0.0  # requests admitted here since the last sync
@@ -119,12 +121,12 @@ class FleetLedger:
 
     def _add_rate(self, tenant: str, admitted: float, now: float, halflife_s: float) -> None:
         value, since = self.rates.get(tenant, (0.0, now))
-        self.rates[tenant] = (value * 0.5 ** (max(0.0, now - since) / halflife_s) + admitted, now)
+        self.rates[tenant] = (decayed(value, since, now, halflife_s) + admitted, now)
 
     def _rates(self, now: float, halflife_s: float) -> dict[str, float]:
         out = {}
         for tenant, (value, since) in list(self.rates.items()):
-            value *= 0.5 ** (max(0.0, now - since) / halflife_s)
+            value = decayed(value, since, now, halflife_s)
             if value < _FORGET:
                 del self.rates[tenant]
             else:

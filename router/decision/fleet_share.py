@@ -39,6 +39,7 @@ from collections.abc import Mapping
 import msgspec
 
 from kvroute.router.decision.admission import AdmissionConfig, Rates
+from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fair_queue import LocalTags
 from kvroute.router.decision.fleet_ledger import SyncReply, SyncRequest, TenantSync
 from kvroute.router.decision.leases import LeasedLimits
@@ -65,8 +66,7 @@ class SharedRates(Rates):
         if not self.shared:
             return self.rates(now)
         per_count = math.log(2) / self.halflife_s
-        decay = 0.5 ** (max(0.0, now - self._fleet_at) / self.halflife_s)
-        out = {t: v * decay * per_count for t, v in self._fleet.items()}
+        out = {t: decayed(v, self._fleet_at, now, self.halflife_s) * per_count for t, v in self._fleet.items()}
         for extra in (self._sent, self._pending):
             for t, n in extra.items():
                 out[t] = out.get(t, 0.0) + n * per_count
@@ -155,7 +155,7 @@ class FleetShare:
         self.rates = SharedRates(config.drain_halflife_s)
         self.tags = SharedTags(config.bands, window)
         self.limits = LeasedLimits(sync_s, replicas)
-        self._asked: dict = {}
+        self._asked: dict[str, TenantSync] = {}  # the asks of the sync in flight
 
     @property
     def shared(self) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fleet_ledger import SyncReply, TenantSync
 from kvroute.router.decision.tenants import Limits, TenantSpec
 
@@ -115,7 +116,7 @@ class LeasedLimits:
     def _ask(self, spec: TenantSpec, need: float, inflight: int, tokens: float) -> TenantSync:
         fields: dict = {}
         if spec.rate is not None:
-            target = min(spec.burst or max(1.0, spec.rate), need)
+            target = min(spec.bucket_size(), need)
             fields.update(rate=spec.rate, burst=spec.burst, take=max(0.0, target - tokens),
                           owe=max(0.0, -tokens), give=max(0.0, tokens - 2.0 * target))
         if spec.max_concurrency is not None:
@@ -159,11 +160,11 @@ class LeasedLimits:
             return
         self._specs[spec.name] = spec
         value, since = self._demand.get(spec.name, (0.0, now))
-        self._demand[spec.name] = (value * 0.5 ** (max(0.0, now - since) / DEMAND_HALFLIFE_S) + 1.0, now)
+        self._demand[spec.name] = (decayed(value, since, now, DEMAND_HALFLIFE_S) + 1.0, now)
 
     def _arrival_rate(self, tenant: str, now: float) -> float:
         value, since = self._demand.get(tenant, (0.0, now))
-        value *= 0.5 ** (max(0.0, now - since) / DEMAND_HALFLIFE_S)
+        value = decayed(value, since, now, DEMAND_HALFLIFE_S)
         if value < 1e-3:
             self._demand.pop(tenant, None)
         return value * math.log(2) / DEMAND_HALFLIFE_S

@@ -63,13 +63,18 @@ class TenantSpec:
             return base
         return asked_s if base is None else min(asked_s, base)
 
+    def bucket_size(self) -> float:
+        """The tokens its rate bucket holds when full: `burst`, else one second of `rate` (at least 1)."""
+        assert self.rate is not None  # buckets are kept for rate-limited tenants only
+        return self.burst or max(1.0, self.rate)
+
     def share(self, workers: int) -> TenantSpec:
         """What one of `workers` router processes enforces (each takes about 1/workers of the
         connections): the rate and burst divided, the concurrency divided rounding down (at least 1)."""
         if workers <= 1 or (self.rate is None and self.max_concurrency is None):
             return self
         rate = self.rate / workers if self.rate is not None else None
-        burst = max(1.0, (self.burst or max(1.0, self.rate)) / workers) if self.rate is not None else self.burst
+        burst = max(1.0, self.bucket_size() / workers) if self.rate is not None else self.burst
         concurrency = max(1, self.max_concurrency // workers) if self.max_concurrency is not None else None
         return dataclasses.replace(self, rate=rate, burst=burst, max_concurrency=concurrency)
 
@@ -91,14 +96,9 @@ class Limits:
             return "rate_limit"
         return None
 
-    @staticmethod
-    def _size(spec: TenantSpec) -> float:
-        assert spec.rate is not None  # buckets are kept for rate-limited tenants only
-        return spec.burst or max(1.0, spec.rate)
-
     def _tokens(self, spec: TenantSpec, now: float) -> float:
         assert spec.rate is not None  # buckets are kept for rate-limited tenants only
-        size = self._size(spec)
+        size = spec.bucket_size()
         tokens, since = self._buckets.get(spec.name, (size, now))
         return min(size, tokens + (now - since) * spec.rate)
 
@@ -116,7 +116,7 @@ class Limits:
     def give_back(self, spec: TenantSpec, now: float) -> None:
         """`take` undone: the request was refused or failed before it was admitted."""
         if spec.rate is not None:
-            self._buckets[spec.name] = (min(self._size(spec), self._tokens(spec, now) + 1.0), now)
+            self._buckets[spec.name] = (min(spec.bucket_size(), self._tokens(spec, now) + 1.0), now)
         self.finished(spec.name)
 
     def refused(self, spec: TenantSpec, now: float) -> None:

@@ -42,10 +42,11 @@ class EngineInfo:
             adapters = d.get("adapters") or []
             if not isinstance(adapters, list) or not all(isinstance(a, str) and a for a in adapters):
                 raise ValueError("adapters must be a list of names")
-            return cls(str(d["instance_id"]), str(d["model"]), int(d["block_size"]), int(d["hash_seed"]),
-                       str(d["tokenizer"]), str(d.get("role", "both")), str(d.get("cluster_id", "")),
-                       int(d.get("max_model_len") or 0), int(d.get("vocab_size") or 0),
-                       TierCosts.from_wire(d.get("kv_tiers")), tuple(adapters))
+            return cls(instance_id=str(d["instance_id"]), model=str(d["model"]), block_size=int(d["block_size"]),
+                       hash_seed=int(d["hash_seed"]), tokenizer=str(d["tokenizer"]), role=str(d.get("role", "both")),
+                       cluster_id=str(d.get("cluster_id", "")), max_model_len=int(d.get("max_model_len") or 0),
+                       vocab_size=int(d.get("vocab_size") or 0), tier_costs=TierCosts.from_wire(d.get("kv_tiers")),
+                       adapters=tuple(adapters))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed /kv/info: {e}") from None
 
@@ -249,8 +250,9 @@ class Instance:
             queued = self.queued_prefill_tokens + peer_queued
             if (self.peers or peer_inflight) and load is not None:  # the others' prefills are in the engine's count
                 queued = max(queued, load.queued_prefill_tokens)
-            state = InstanceState.of(self.id, self._inflight + peer_inflight, queued, load, measured_at,
-                                     self.cache_ok, self.tier_costs)
+            state = InstanceState.of(id=self.id, inflight=self._inflight + peer_inflight, queued_prefill_tokens=queued,
+                                     load=load, measured_at=measured_at, cache_ok=self.cache_ok,
+                                     tier_costs=self.tier_costs)
             self.__dict__["_state"] = state
         return state
 

@@ -24,6 +24,7 @@ from typing import Any
 from kvroute.router.contract.kv_wire import Stored
 
 SEED_KEY = "kvroute_hash_seed"
+ALL_BLOCKS = 1 << 62  # `routable` when every block of the chain is reproducible
 
 
 class EventKeys:
@@ -32,7 +33,7 @@ class EventKeys:
 
     __slots__ = ("extras", "seed", "routable")
 
-    def __init__(self, extras: list[Any] | None = None, seed: int | None = None, routable: int = 1 << 62) -> None:
+    def __init__(self, extras: list[Any] | None = None, seed: int | None = None, routable: int = ALL_BLOCKS) -> None:
         self.extras = extras
         self.seed = seed
         self.routable = routable
@@ -89,7 +90,7 @@ def _seeded(ev: Stored) -> EventKeys | str:
         return "extra_keys"
     if seed is None and keyed is None:
         return PLAIN
-    return EventKeys(seed=seed, routable=keyed if keyed is not None else 1 << 62)
+    return EventKeys(seed=seed, routable=keyed if keyed is not None else ALL_BLOCKS)
 
 
 def _item_kind(item: Any) -> str:

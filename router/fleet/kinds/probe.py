@@ -17,9 +17,9 @@ The contract for a vLLM or SGLang engine (no kvroute endpoint needed):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-from typing import NamedTuple
 
 from kvroute.router.contract.tokenizer import Tokenizer, load_tokenizer
 from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed
@@ -35,7 +35,8 @@ def router_tokenizer(path: str | None) -> Tokenizer:
     return load_tokenizer(path)
 
 
-class ServedModel(NamedTuple):
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ServedModel:
     model: str
     max_model_len: int | None
     adapters: tuple[str, ...]
@@ -53,8 +54,8 @@ async def served_model(http: EngineHTTP, url: str) -> ServedModel:
     base, length, root = bases[0]["id"], bases[0].get("max_model_len"), bases[0].get("root")
     adapters = tuple(c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)
                      and c.get("parent") == base)
-    return ServedModel(base, length if isinstance(length, int) else None, adapters,
-                       root if isinstance(root, str) and root else base)
+    return ServedModel(model=base, max_model_len=length if isinstance(length, int) else None, adapters=adapters,
+                       root=root if isinstance(root, str) and root else base)
 
 
 async def tokenizer_fingerprint(http: EngineHTTP, url: str, model: str, tokenizer: Tokenizer) -> str:

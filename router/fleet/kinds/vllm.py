@@ -34,8 +34,9 @@ async def discover_foreign(http: EngineHTTP, inst, config) -> EngineInfo:
     model = served.model
     fingerprint = await tokenizer_fingerprint(http, inst.url, model, router_tokenizer(config.tokenizer))
     inst.kind_state["max_model_len"] = served.max_model_len
-    return EngineInfo(instance_id(inst.url), model, config.kv_event_block_size, hash_seed(model), fingerprint,
-                      adapters=served.adapters, model_path=served.root)
+    return EngineInfo(instance_id=instance_id(inst.url), model=model, block_size=config.kv_event_block_size,
+                      hash_seed=hash_seed(model), tokenizer=fingerprint, adapters=served.adapters,
+                      model_path=served.root)
 
 
 def load_record(inst, running: float, waiting: float, usage: float | None, queued_tokens: int = 0,
