@@ -221,8 +221,8 @@ def _profile(args: argparse.Namespace) -> dict:
         raise ValueError("--profile needs --slo-tpot")
     _check_files(args)
     config = _config(args)
-    return profile(get_cost_model(config.runner.cost_model), args.slo_tpot, args.profile_context,
-                   config.batch.max_batched_tokens, config.batch.max_running)
+    return profile(get_cost_model(config.runner.cost_model), args.slo_tpot, context_tokens=args.profile_context,
+                   max_batched_tokens=config.batch.max_batched_tokens, max_running=config.batch.max_running)
 
 
 def main(argv: list[str] | None = None) -> int:
