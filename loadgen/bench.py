@@ -128,7 +128,7 @@ async def run_one(name: str, target: str, args, config, workload, show_progress:
     result = await run_load(dataclasses.replace(config, target=target), workload,
                             progress=Progress() if show_progress else None)
     summary = {"target": target, **result.summary(args.slo_ttft, args.slo_tpot)}
-    return Run(name, summary, result.records)
+    return Run(name=name, summary=summary, records=result.records)
 
 
 async def bench(args, policies: list[str], extras: list[tuple[str, str]]) -> list[Run]:

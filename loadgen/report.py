@@ -41,7 +41,7 @@ def _as_run(run: Run | tuple | Mapping) -> Run:
     if isinstance(run, Run):
         return run
     if isinstance(run, Mapping):
-        return Run(run["name"], run["summary"], run.get("records", ()))
+        return Run(name=run["name"], summary=run["summary"], records=run.get("records", ()))
     return Run(*run)
 
 

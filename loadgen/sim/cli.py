@@ -61,10 +61,15 @@ def build_parser() -> SettingsParser:
     return COMMAND.parser()
 
 
+def _knobs_given(args: argparse.Namespace) -> dict:
+    """The workload knobs given on the command line (knob_flags), by name."""
+    return {k: v for k, v in vars(args).items() if k in KNOBS and v is not None}
+
+
 def _workload(args: argparse.Namespace, seed: int):
     base, _ = split_name(args.workload)
     allowed = set(knob_names(args.workload))
-    knobs = {k: v for k, v in vars(args).items() if k in KNOBS and v is not None}
+    knobs = _knobs_given(args)
     for name in knobs:
         if name not in allowed:
             raise ValueError(f"--{name.replace('_', '-')} does not apply to workload {base}")
@@ -96,15 +101,11 @@ def _check(args: argparse.Namespace) -> tuple[SimConfig, list[str], ArrivalConfi
     config = _config(args)
     policies = _policies(args)
     if args.suite:
-        workload_flags = [k for k, v in vars(args).items() if k in KNOBS and v is not None]
-        if args.workload or args.rate is not None or args.pd_sweep or args.records or workload_flags:
+        if args.workload or args.rate is not None or args.pd_sweep or args.records or _knobs_given(args):
             raise ValueError("--suite runs its own workloads: no --workload, --rate, workload knobs, "
                              "--pd-sweep or --records")
-        if args.num_requests is not None and args.num_requests < 1:
-            raise ValueError(f"--requests must be at least 1, got {args.num_requests}")
     elif args.tenant:
-        workload_flags = [k for k, v in vars(args).items() if k in KNOBS and v is not None]
-        if args.workload or args.rate is not None or args.pd_sweep or workload_flags or args.num_requests:
+        if args.workload or args.rate is not None or args.pd_sweep or _knobs_given(args) or args.num_requests:
             raise ValueError("--tenant gives each tenant's workload and rate: no --workload, --rate, --requests, "
                              "workload knobs or --pd-sweep")
     elif not args.workload:
@@ -220,8 +221,8 @@ def _profile(args: argparse.Namespace) -> dict:
         raise ValueError("--profile needs --slo-tpot")
     _check_files(args)
     config = _config(args)
-    return profile(get_cost_model(config.runner.cost_model), args.slo_tpot, args.profile_context,
-                   config.batch.max_batched_tokens, config.batch.max_running)
+    return profile(get_cost_model(config.runner.cost_model), args.slo_tpot, context_tokens=args.profile_context,
+                   max_batched_tokens=config.batch.max_batched_tokens, max_running=config.batch.max_running)
 
 
 def main(argv: list[str] | None = None) -> int:

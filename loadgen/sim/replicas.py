@@ -133,4 +133,4 @@ def build_replicas(cluster: Cluster, n: int, make_policy: Callable[[int], Policy
         tenant = spec.group.partition(":")[0] if ":" in spec.group else ""
         return routers_of.get(tenant, spec.index % n)
 
-    return Replicas(cluster, replicas, assign, shares if sync_s > 0 else (), sync_s, until)
+    return Replicas(cluster, replicas, assign, shares=shares if sync_s > 0 else (), sync_s=sync_s, until=until)

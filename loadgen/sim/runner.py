@@ -164,18 +164,20 @@ def build(config: SimConfig, policy_name: str, specs: list[RequestSpec], arrival
                           seed=config.seed) \
         if config.prefill_instances or planner is not None else None
     router: SimRouter | Replicas
+    admission = config.admission()
     if config.routers > 1 and planner is None:
         def make_router(policy_, **kw) -> SimRouter:
-            return SimRouter(cluster, policy_, followers, config.fast_candidates, config.recent_ttl_s,
-                             admission=config.admission(), **kw)
+            return SimRouter(cluster, policy_, followers=followers, fast_k=config.fast_candidates,
+                             recent_ttl_s=config.recent_ttl_s, admission=admission, **kw)
         router = build_replicas(
-            cluster, config.routers, lambda i: policy if i == 0 else build_policy(
+            cluster, config.routers, make_policy=lambda i: policy if i == 0 else build_policy(
                 policy_name, cluster, config.seed + i, specs, starts, config.policy_args),
-            make_router, config.admission().config, config.admission_sync_s, dict(config.tenant_routers),
-            starts[-1][0] if starts else 0.0)
+            make_router=make_router, admission=admission.config, sync_s=config.admission_sync_s,
+            routers_of=dict(config.tenant_routers), until=starts[-1][0] if starts else 0.0)
     else:
-        router = SimRouter(cluster, policy, followers, config.fast_candidates, config.recent_ttl_s, disagg,
-                           window=planner is not None, admission=config.admission())
+        router = SimRouter(cluster, policy, followers=followers, fast_k=config.fast_candidates,
+                           recent_ttl_s=config.recent_ttl_s, disagg=disagg, window=planner is not None,
+                           admission=admission)
     planning = SimPlanning(cluster, router, planner, len(specs)) if planner is not None else None
     return SimSetup(cluster=cluster, router=router, planning=planning, starts=starts)
 
