@@ -119,7 +119,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self.runner.adapters_named(self.server.served_model_name or "")  # no adapter named as the model
 
+    def model_name(self, info: RunnerInfo) -> str:
+        """The model's id in the API, the metrics and the store: --served-model-name, else the runner's model's."""
+        return self.server.served_model_name or info.model
+
     def tier_site(self, info: RunnerInfo) -> TierSite:
         """What the tiers need of this engine, once its runner is up (`info`: its model)."""
-        return TierSite(model=self.server.served_model_name or info.model, block_size=self.batch.block_size,
+        return TierSite(model=self.model_name(info), block_size=self.batch.block_size,
                         device=self.runner.device, time_scale=self.runner.time_scale)

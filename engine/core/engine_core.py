@@ -60,8 +60,9 @@ class EngineCore:
         self.config = config
         self.block_manager = block_manager
         self.adapters = AdapterSlots(config.max_loras) if config.max_loras else None
-        self.scheduler = Scheduler(SchedulerConfig(config.max_batched_tokens, config.max_running,
-                                                   config.max_model_len), block_manager, stop_token_ids, self.adapters)
+        scheduler_config = SchedulerConfig(max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
+                                           max_model_len=config.max_model_len)
+        self.scheduler = Scheduler(scheduler_config, block_manager, stop_token_ids, self.adapters)
         self.max_fresh = -(-config.max_batched_tokens // block_manager.block_size)  # blocks a step may take
         self.progress = 0  # tokens the finished steps computed (prefill and decode): the load record's `progress`
 

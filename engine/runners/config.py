@@ -38,8 +38,8 @@ class RunnerConfig:
                                             many=True, metavar="NAME=DIR")
     max_loras: int = setting(1, "with --lora-modules: different adapters in one step (their slots on the device)",
                              check=at_least(1))
-    max_lora_rank: int = setting(16, "with --lora-modules: the largest adapter rank accepted (sizes the slots)",
-                                 check=at_least(1))
+    max_lora_rank: int = setting(16, "with --lora-modules: the largest adapter rank accepted (the slots are sized "
+                                     "by the largest rank served)", check=at_least(1))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # a list given is kept as a tuple

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 
 from kvroute.engine.core.config import BatchConfig
-from kvroute.engine.core.work import ModelRunner, RunnerInfo
+from kvroute.engine.core.work import ModelRunner
 from kvroute.engine.kv.config import TierConfig
 from kvroute.engine.runners.config import BACKENDS, RunnerConfig
 from kvroute.engine.runners.cost_model import get_cost_model
@@ -31,10 +31,7 @@ def _torch(runner: RunnerConfig, batch: BatchConfig, tiers: TierConfig) -> Model
 def _sim(runner: RunnerConfig, batch: BatchConfig, tiers: TierConfig) -> ModelRunner:
     from kvroute.engine.runners.sim import SimRunner
 
-    mc = model_config(runner)
-    info = RunnerInfo(model=mc.name, vocab_size=mc.vocab_size, max_model_len=mc.max_position_embeddings,
-                      eos_token_id=mc.eos_token_id, dtype=mc.dtype, num_layers=mc.num_layers,
-                      num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    info = model_config(runner).runner_info()
     from kvroute.engine.kv.tier_setup import host_link_name, store_link_name
 
     return SimRunner(get_cost_model(runner.cost_model), info, seed=runner.seed, time_scale=runner.time_scale,

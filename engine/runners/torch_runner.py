@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from kvroute.engine.core.kv_copies import CopyPlan, CopyTimes
-from kvroute.engine.core.work import RunnerInfo, SampledTokens, SeqWork
+from kvroute.engine.core.work import SampledTokens, SeqWork
 from kvroute.engine.kv.link_estimate import DeviceCosts
 from kvroute.engine.runners import device_costs
 from kvroute.engine.runners.lora_config import AdapterSpec
@@ -82,12 +82,7 @@ class TorchRunner:
         if cuda_graphs and self.device.type == "cuda":
             self.graphs = DecodeGraphs(self.model, self.pool, self.inputs, max_running,
                                        -(-model_config.max_position_embeddings // block_size), capture=True)
-        self.info = RunnerInfo(
-            model=model_config.name, vocab_size=model_config.vocab_size,
-            max_model_len=model_config.max_position_embeddings,
-            eos_token_id=model_config.eos_token_id, dtype=model_config.dtype,
-            num_layers=model_config.num_layers, num_kv_heads=model_config.num_kv_heads,
-            head_dim=model_config.head_dim)
+        self.info = model_config.runner_info()
         self._lock = threading.Lock()
         self._generator = torch.Generator()
         self._generator.seed()

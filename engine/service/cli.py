@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
             from kvroute.engine.runners.calibrate import run_calibration
 
             return run_calibration(config.runner, config.batch, args.calibrate_out)
-        from kvroute.engine.runners.model.config import ModelConfig  # validate --model before binding a port
+        from kvroute.engine.runners.registry import model_config  # validate --model before binding a port
         from kvroute.router.contract.tokenizer import load_tokenizer
 
         runner = config.runner
-        base = ModelConfig.from_hf_dir(runner.model) if runner.model else ModelConfig.tiny()
+        base = model_config(runner)
         load_tokenizer(runner.model)
         from kvroute.engine.runners.lora_config import read_adapters
 

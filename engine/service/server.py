@@ -51,14 +51,14 @@ MAX_EVENTS_TIMEOUT_S = 30.0
 
 
 def model_name(app: web.Application) -> str:
-    return app[CONFIG].server.served_model_name or app[ENGINE].runner.info.model
+    return app[CONFIG].model_name(app[ENGINE].runner.info)
 
 
 async def _engine_ctx(app: web.Application):
     config = app[CONFIG]
     runner = RUNNERS[config.runner.backend](config.runner, config.batch, config.tiers)
     tokenizer = load_tokenizer(config.runner.model)
-    name = config.server.served_model_name or runner.info.model
+    name = config.model_name(runner.info)
     metrics = EngineMetrics(name, max_model_len=runner.info.max_model_len)
     metrics.registry.register(ConnectionCollector(lambda: app.get(CONNECTION_GUARD), prefix="kvroute_engine"))
     stop_ids = frozenset(tokenizer.stop_token_ids) | (

@@ -6,6 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from kvroute.engine.core.work import RunnerInfo
+
 # Architectures whose forward is exactly ours: Llama layers, optional q/k/v(/o) biases.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -73,6 +75,12 @@ class ModelConfig:
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    def runner_info(self) -> RunnerInfo:
+        """What a runner of this model tells the engine about it (the torch and the sim runner alike)."""
+        return RunnerInfo(model=self.name, vocab_size=self.vocab_size, max_model_len=self.max_position_embeddings,
+                          eos_token_id=self.eos_token_id, dtype=self.dtype, num_layers=self.num_layers,
+                          num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> ModelConfig:
