@@ -17,9 +17,12 @@ keeps the owner with the request and closes it when it hears the request ended.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 
 class Slot(Protocol):
@@ -79,9 +82,11 @@ class Dispatch:
         self.ended = True
         self._release_prefill()  # a request that failed, was retried or cancelled before its prefill was seen
         self.inst.charge(-1, 0)
-        self.router.metrics.count_request(self.inst.id, self.router.policy_name, status)
-        self.router.policy.on_finished(self.prepared.route, self.inst.id)
-        self.on_progress()
+        try:  # the instance is released above; what only records the end cannot hold it
+            self.router.metrics.count_request(self.inst.id, self.router.policy_name, status)
+            self.router.policy.on_finished(self.prepared.route, self.inst.id)
+        finally:
+            self.on_progress()
 
 
 class Charges:
@@ -108,13 +113,17 @@ class Charges:
 
     def close(self, status: str, first_token: float | None = None) -> None:
         """Release whatever is still charged: every dispatch not yet ended (under `status`), then the
-        tenant's slot (`first_token`: when the client got it, for admission's calibration). Once."""
+        tenant's slot (`first_token`: when the client got it, for admission's calibration). Once;
+        a dispatch whose end fails is logged and the others are still released."""
         if self.closed:
             return
         self.closed = True
         try:
             for dispatch in self.dispatches:
-                dispatch.end(status)
+                try:
+                    dispatch.end(status)
+                except Exception:
+                    log.exception("ending a dispatch on %s failed; its charges are released", dispatch.inst.id)
         finally:
             self.dispatches.clear()
             self.slot.release(self.ticket, first_token)

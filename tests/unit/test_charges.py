@@ -6,6 +6,7 @@ the router could not write again is a 400 before anything is charged."""
 import asyncio
 import itertools
 import json
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -15,7 +16,7 @@ from kvroute.router.service import disagg, proxy, routing
 from kvroute.router.service.admission_gate import AdmissionGate
 from kvroute.router.service.app import CLUSTER, ROUTER
 from kvroute.router.service.app_keys import GATE
-from kvroute.router.service.charges import Dispatch
+from kvroute.router.service.charges import Charges, Dispatch
 from kvroute.router.service.request_trace import RequestTrace
 from tests.support.router_cluster import FAST, cluster
 from tests.support.waiting import wait_for
@@ -142,3 +143,54 @@ async def test_poisoned_requests_leave_normal_traffic_unaffected(start_engine, s
     assert set(await asyncio.gather(*(poisoned() for _ in range(50)))) == {400}
     assert not _charged(server)
     assert [await _send(http, url, stream) for stream in (True, False)] == [True, True]
+
+
+class _Instance:
+    kind = "vllm"
+
+    def __init__(self, name: str) -> None:
+        self.id, self.inflight, self.queued_prefill_tokens = name, 0, 0
+
+    def charge(self, requests: int, tokens: int) -> None:
+        self.inflight += requests
+        self.queued_prefill_tokens += tokens
+
+
+class _FailingPolicy:
+    """Its record of a finish fails for the first instance it hears of."""
+
+    def __init__(self) -> None:
+        self.finished: list[str] = []
+
+    def on_finished(self, route, instance_id: str) -> None:
+        self.finished.append(instance_id)
+        if len(self.finished) == 1:
+            raise Planted("planted failure")
+
+
+class _Slot:
+    def __init__(self) -> None:
+        self.held = 0
+
+    def reserve(self, ticket) -> None:
+        self.held += 1
+
+    def release(self, ticket, first_token) -> None:
+        self.held -= 1
+
+
+def test_a_dispatch_whose_end_fails_does_not_keep_the_others_charged():
+    policy, progress = _FailingPolicy(), []
+    router = SimpleNamespace(policy=policy, policy_name="kv_aware", on_progress=lambda: progress.append(1),
+                             metrics=SimpleNamespace(count_request=lambda *a: None))
+    prepared = SimpleNamespace(route=None, model="m")
+    instances = [_Instance("a"), _Instance("b")]
+    slot = _Slot()
+    charges = Charges(slot, ticket=None)
+    charges.reserve()
+    for inst in instances:
+        charges.dispatch(router, prepared, SimpleNamespace(instance=inst, uncached_tokens=32))
+    charges.close("500")
+    assert policy.finished == ["a", "b"]  # the second dispatch ended after the first one's failure
+    assert [(i.inflight, i.queued_prefill_tokens) for i in instances] == [(0, 0), (0, 0)]
+    assert slot.held == 0 and len(progress) == 2  # admission heard of both ends
