@@ -101,11 +101,18 @@ def run_app(app: web.Application, sock: socket.socket, name: str,
         return INTERRUPTED
 
 
+SETUP_CLEANUP_S = 10.0
+
+
 async def _cleanup_after_failed_setup(runner: web.AppRunner) -> None:
     """What the app's startup began (an engine's step loop, its threads) stopped, so that a startup
-    interrupted part way leaves nothing running that would keep the process from exiting."""
+    interrupted part way leaves nothing running that would keep the process from exiting; at most
+    SETUP_CLEANUP_S (a half-started part that hangs in its own cleanup does not hold the exit)."""
     try:
-        await runner.cleanup()
+        async with asyncio.timeout(SETUP_CLEANUP_S):
+            await runner.cleanup()
+    except TimeoutError:
+        log.warning("cleanup after an interrupted startup took over %.0f s; exiting without it", SETUP_CLEANUP_S)
     except Exception as e:  # a partial startup may not clean up whole; the process is ending anyway
         log.warning("cleanup after an interrupted startup: %s", e)
 
