@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+READ_S = 60.0  # an engine silent this long mid-answer is cut off, not waited on for ever
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host", "content-encoding"}
 
 
@@ -30,7 +31,8 @@ class Sidecar:
         self._runner: web.AppRunner | None = None
 
     async def start(self, port: int = 0) -> Sidecar:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=READ_S)
+        self._session = aiohttp.ClientSession(timeout=timeout)
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._relay)
         self._runner = web.AppRunner(app, access_log=None)
