@@ -53,6 +53,7 @@ class Regret:
     dead: int  # evicted blocks no later request holds
     regret_gap_p50_s: float | None  # median time from a regretted eviction to the request that wanted it
     by_gap: dict[str, dict[str, int]]  # bucket -> requests, prompt tokens, cached tokens
+    per_instance: dict[str, dict[str, int]]  # instance -> requests routed there, blocks evicted there
 
 
 def gap_bucket(gap_s: float) -> str:
@@ -69,10 +70,13 @@ def run_policy(case: Case, policy: str, seed: int = SUITE_CONFIG.seed) -> Regret
     setup = build(config, policy, specs, ArrivalConfig(rate=case.rate))
     cluster = setup.cluster
     evicted: list[tuple[float, int]] = []
+    per_instance = {inst.id: {"requests": 0, "evictions": 0} for inst in cluster.instances}
 
     def on_events(index: int, events: KVEvents) -> None:
+        before = len(evicted)
         evicted.extend((cluster.now, h) for ev in events if ev.kind == "removed" and ev.tier == "device"
                        for h in ev.blocks)
+        per_instance[cluster.instances[index].id]["evictions"] += len(evicted) - before
 
     cluster.kv_listeners.append(on_events)
     cluster.run(setup.router, iter(setup.starts))
@@ -81,7 +85,11 @@ def run_policy(case: Case, policy: str, seed: int = SUITE_CONFIG.seed) -> Regret
     future = FutureUses(specs, setup.starts, block_size, hash_seed(first.runner.info.model))
     heads = {s.index: block_hashes(s.prompt_ids[:block_size], block_size, hash_seed(first.runner.info.model))
              for s in specs}
-    return _regret(policy, seed, setup.router.records, heads, evicted, future)
+    for record in setup.router.records:
+        if record.instance in per_instance:
+            per_instance[record.instance]["requests"] += 1
+    got = _regret(policy, seed, setup.router.records, heads, evicted, future)
+    return dataclasses.replace(got, per_instance=per_instance)
 
 
 def _regret(policy: str, seed: int, records: Sequence[RequestRecord], heads: dict[int, list[int]],
@@ -102,7 +110,8 @@ def _regret(policy: str, seed: int, records: Sequence[RequestRecord], heads: dic
         cached += record.cached_tokens or 0
     return Regret(policy=policy, seed=seed, cached_token_ratio=cached / prompt if prompt else 0.0, evictions=len(gaps),
                   regretted=len(regretted), dead=len(gaps) - len(regretted),
-                  regret_gap_p50_s=statistics.median(regretted) if regretted else None, by_gap=by_gap)
+                  regret_gap_p50_s=statistics.median(regretted) if regretted else None, by_gap=by_gap,
+                  per_instance={})
 
 
 def ratios(runs: Sequence[Regret], reference: str) -> dict[str, dict]:
@@ -124,9 +133,12 @@ def lines(runs: Sequence[Regret], reference: str) -> list[str]:
         out.append("  cached by time since the prompt's first block was last requested: " + ", ".join(
             f"{b} {r.by_gap[b]['cached_tokens'] / max(r.by_gap[b]['prompt_tokens'], 1):.1%} "
             f"of {r.by_gap[b]['requests']}" for b in BUCKETS if b in r.by_gap))
-    for policy, r in ratios(runs, reference).items():
-        out.append(f"{policy} / {reference} cached share: median {r['median']:.3f} ("
-                   + ", ".join(f"seed {s} {v:.3f}" for s, v in r["per_seed"].items()) + ")")
+        if r.per_instance:
+            spread = {k: [v[k] for v in r.per_instance.values()] for k in ("requests", "evictions")}
+            out.append("  per instance: " + ", ".join(f"{k} {min(v)} to {max(v)}" for k, v in spread.items()))
+    for policy, ratio in ratios(runs, reference).items():
+        out.append(f"{policy} / {reference} cached share: median {ratio['median']:.3f} ("
+                   + ", ".join(f"seed {s} {v:.3f}" for s, v in ratio["per_seed"].items()) + ")")
     return out
 
 

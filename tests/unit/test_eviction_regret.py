@@ -41,6 +41,8 @@ def test_every_eviction_is_regretted_or_dead_and_every_request_lands_in_one_buck
     assert got.regretted > 0 and got.regret_gap_p50_s is not None and got.regret_gap_p50_s > 0
     assert sum(b["requests"] for b in got.by_gap.values()) == 260
     assert got.by_gap["new"]["cached_tokens"] == 0  # a prompt never requested before cannot be cached
+    assert sum(i["requests"] for i in got.per_instance.values()) == 260
+    assert sum(i["evictions"] for i in got.per_instance.values()) == got.evictions
     specs = make_workload(case.workload, seed=SUITE_CONFIG.seed, **case.knobs).requests()
     alone = simulate(SUITE_CONFIG, "kv_aware", specs, ArrivalConfig(rate=case.rate)).summary()
     assert got.cached_token_ratio == pytest.approx(alone["cached_token_ratio"])  # the same run as the suite's
@@ -48,7 +50,7 @@ def test_every_eviction_is_regretted_or_dead_and_every_request_lands_in_one_buck
 
 def regret(policy, seed, cached):
     return Regret(policy=policy, seed=seed, cached_token_ratio=cached, evictions=0, regretted=0, dead=0,
-                  regret_gap_p50_s=None, by_gap={})
+                  regret_gap_p50_s=None, by_gap={}, per_instance={})
 
 
 def test_ratios_to_the_reference_per_seed_and_their_median():
