@@ -82,18 +82,17 @@ def run_policy(case: Case, policy: str, seed: int = SUITE_CONFIG.seed) -> Regret
     cluster.run(setup.router, iter(setup.starts))
     first = cluster.instances[0]
     block_size = first.config.batch.block_size
-    future = FutureUses(specs, setup.starts, block_size, hash_seed(first.runner.info.model))
-    heads = {s.index: block_hashes(s.prompt_ids[:block_size], block_size, hash_seed(first.runner.info.model))
-             for s in specs}
+    chain_seed = hash_seed(first.runner.info.model)
+    future = FutureUses(specs, setup.starts, block_size, chain_seed)
+    heads = {s.index: block_hashes(s.prompt_ids[:block_size], block_size, chain_seed) for s in specs}
     for record in setup.router.records:
         if record.instance in per_instance:
             per_instance[record.instance]["requests"] += 1
-    got = _regret(policy, seed, setup.router.records, heads, evicted, future)
-    return dataclasses.replace(got, per_instance=per_instance)
+    return _regret(policy, seed, setup.router.records, heads, evicted, future, per_instance)
 
 
 def _regret(policy: str, seed: int, records: Sequence[RequestRecord], heads: dict[int, list[int]],
-            evicted: list[tuple[float, int]], future: FutureUses) -> Regret:
+            evicted: list[tuple[float, int]], future: FutureUses, per_instance: dict[str, dict[str, int]]) -> Regret:
     """`heads`: each request's first block hash (none for a prompt shorter than a block)."""
     gaps = [future.next_use(h, t) - t for t, h in evicted]
     regretted = [g for g in gaps if not math.isinf(g)]
@@ -111,7 +110,7 @@ def _regret(policy: str, seed: int, records: Sequence[RequestRecord], heads: dic
     return Regret(policy=policy, seed=seed, cached_token_ratio=cached / prompt if prompt else 0.0, evictions=len(gaps),
                   regretted=len(regretted), dead=len(gaps) - len(regretted),
                   regret_gap_p50_s=statistics.median(regretted) if regretted else None, by_gap=by_gap,
-                  per_instance={})
+                  per_instance=per_instance)
 
 
 def ratios(runs: Sequence[Regret], reference: str) -> dict[str, dict]:
