@@ -66,6 +66,14 @@ class FutureUses:
         k = bisect.bisect_right(times, now)
         return times[k] if k < len(times) else math.inf
 
+    def previous_use(self, block_hash: int, now: float) -> float:
+        """The last planned request before `now` that holds the block (-inf: none)."""
+        times = self._uses.get(block_hash)
+        if not times:
+            return -math.inf
+        k = bisect.bisect_left(times, now)
+        return times[k - 1] if k else -math.inf
+
 
 class FutureOraclePolicy(OraclePolicy):
     def __init__(self, cluster: Cluster, future: FutureUses, *, rng: random.Random | None = None,
