@@ -22,16 +22,17 @@ import pytest
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.cluster import Cluster as SimCluster
 from kvroute.loadgen.sim.disagg import DisaggConfig
+from kvroute.loadgen.sim.load_view import LoadView
 from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.sim.runner import SimConfig, arrivals
 from kvroute.loadgen.workloads import make_workload
-from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.contract.protocol import LoadRecord, hash_seed
 from kvroute.router.contract.settings_values import build
 from kvroute.router.decision.base import RouteRequest
 from kvroute.router.decision.decode_choice import DECODE_ROLES
 from kvroute.router.decision.policies import POLICIES, make_policy
 from kvroute.router.fleet.cluster import Cluster
-from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.fleet.instance import EngineInfo, Instance
 from kvroute.router.index import MemoryIndex
 from kvroute.router.index.base import event_owner
 from kvroute.router.service.config import RouterConfig
@@ -250,3 +251,29 @@ def test_a_drift_shows():
         real.router.decision.recent.record = lambda *args: None
     twin = run_twins("kv_aware", fast_k=1, perturb=forget_senders, **TIERED)
     assert twin.sim_choices != twin.real_choices
+
+
+@pytest.mark.parametrize("peer", [(0, 0), (0, 2), (500, 0), (500, 2), (50, 1)])
+@pytest.mark.parametrize("engine", [None, 0, 300, 900])
+def test_other_replicas_charges_count_alike(peer, engine):
+    """Shared admission's charges of the other router replicas (`Instance.peer_charges`, the
+    simulator's `LoadView.peer_charges`) join an instance's load the same way on both sides: their
+    in-flight requests added, their queued tokens added, the engine's own queue a floor once
+    anyone else has a request there."""
+    record = None if engine is None else LoadRecord(instance="i0", running=1, waiting=0, kv_used_blocks=0,
+                                                    kv_total_blocks=8, queued_prefill_tokens=engine, ts=0.0)
+    real = Instance("http://127.0.0.1:9000")
+    real.info = EngineInfo("i0", "m", 16, 0, FINGERPRINT)
+    real.charge(2, 400)
+    real.peer_charges = peer
+    view = LoadView(["i0"])
+    view.dispatched(0, 250)
+    view.dispatched(0, 150)
+    view.peer_charges([peer])
+    if record is not None:
+        real.observe_load(record)
+        view.polled(0, record)
+    sim, state = view.state(0), real.state()
+    assert (sim.inflight, sim.queued_prefill_tokens) == (state.inflight, state.queued_prefill_tokens)
+    expected = 400 + peer[0] if not peer[1] or engine is None else max(400 + peer[0], engine)
+    assert (state.inflight, state.queued_prefill_tokens) == (2 + peer[1], expected)
