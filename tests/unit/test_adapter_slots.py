@@ -10,7 +10,6 @@ from kvroute.engine.core.sequence import Sequence
 from kvroute.engine.core.work import RunnerInfo, SamplingParams
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.engine.runners.sim import SimRunner
-from kvroute.loadgen.sim.instance import step_time
 
 
 def make(slots=1, budget=64, max_running=8):
@@ -83,5 +82,6 @@ def test_the_simulator_and_the_sim_runner_charge_each_load_alike():
     runner = SimRunner(cm, info)
     duration, _ = runner.execute_sync(s.works())
     assert s.adapter_loads == 2
-    assert step_time(cm, s) == pytest.approx(duration) == pytest.approx(cm.step_time(s.works()) + 2 * cm.adapter_load_s)
+    assert cm.scheduled_time(s) == pytest.approx(duration)
+    assert duration == pytest.approx(cm.step_time(s.works()) + 2 * cm.adapter_load_s)
     assert runner.execute_sync(s.works())[0] == pytest.approx(cm.step_time(s.works()))  # loaded now: no charge
