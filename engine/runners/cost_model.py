@@ -48,13 +48,12 @@ class CostModel:
             return 0.0
         return self._time(self.features(works), adapter_loads)
 
-    def scheduled_time(self, step: Step) -> float:
-        """`step_time(step.works(), step.adapter_loads)` read straight from the scheduler's step: the
+    def scheduled_time(self, step: Step, adapter_loads: int = 0) -> float:
+        """`step_time(step.works(), adapter_loads)` read straight from the scheduler's step: the
         simulator's (loadgen/sim/instance.py), where building the works costs more than the rest of a step."""
         if not step.seqs:
             return 0.0
-        return self._time(chunk_features([seq.num_computed for seq in step.seqs], step.num_tokens),
-                          step.adapter_loads)
+        return self._time(chunk_features([seq.num_computed for seq in step.seqs], step.num_tokens), adapter_loads)
 
     def _time(self, features: tuple[float, float, float, float], adapter_loads: int) -> float:
         p_tok, p_pair, d_seq, d_ctx = features

@@ -94,6 +94,7 @@ class SimInstance:
                                           max_model_len=info.max_model_len, max_loras=config.runner.adapter_slots),
                                self.block_manager, frozenset())
         self.scheduler = self.core.scheduler
+        self.lora = self.core.adapters is not None  # its steps may load adapters (priced by the runner's rule)
         self.max_fresh = self.core.max_fresh
         self.io: SimTierIO | None = (make_io(self.tiers, self.block_manager, self.runner)
                                      if make_io is not None and self.tiers is not None else None)
@@ -135,7 +136,8 @@ class SimInstance:
             # blocks held for a transfer, or loads waiting for store bytes: wait; else the head can never fit
             failed.extend((seq, NO_FIT) for seq in self.core.unschedulable(held=self.num_held > 0))
             return None, failed
-        duration = self.cost_model.scheduled_time(step) * self.runner.time_scale
+        loads = self.runner.adapter_loads([(seq.adapter, seq.adapter_slot) for seq in step.seqs]) if self.lora else 0
+        duration = self.cost_model.scheduled_time(step, loads) * self.runner.time_scale
         if self.tiers is not None:
             self.tiers.recovery.prefill.observe(sum(n for n in step.num_tokens if n > 1), duration)
         duration = max(copy_s + duration, ahead_s)  # the batch, then the step; the ahead batch alongside both
