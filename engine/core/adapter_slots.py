@@ -7,8 +7,9 @@ when it stops running (finished, preempted, aborted). A slot no running sequence
 adapter until another needs the room: then the least recently used such slot is refilled, which
 costs a load (a copy of the adapter's weights in, `loaded`). A sequence whose adapter is not
 resident waits while every slot is in use. The torch runner copies the weights when a step's
-work names an adapter its slot does not hold yet; the sim runner and the simulator charge the
-cost model's `adapter_load_s` per load. `resident()` and `num_slots` are the load record's
+work names an adapter its slot does not hold yet; the sim runner charges the cost model's
+`adapter_load_s` for each such copy (engine/runners/sim.py `adapter_loads`), and the simulator
+prices its steps through the same runner. `resident()` and `num_slots` are the load record's
 `adapters` and `adapter_slots`, which the router's cost model reads (router/decision/scoring/kv_cost.py).
 """
 

@@ -10,7 +10,9 @@ and it goes back to the front of the waiting queue to be recomputed.
 With LoRA adapters (`adapters`, engine/core/adapter_slots.py) a sequence holds its
 adapter's slot while it runs; a waiting one whose adapter cannot get a slot (every
 slot in use by other adapters) is passed over, in place, for those behind it, as
-vLLM's scheduler does. `Step.adapter_loads` counts the slots the step (re)filled.
+vLLM's scheduler does. The slots refilled are counted in `AdapterSlots.loads` (the engine's metric);
+a step pays for a load when it runs a work whose slot does not hold its adapter yet, the runner's
+rule (engine/runners/sim.py `adapter_loads`, which the simulator prices its steps with too).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ class SchedulerConfig:
 class Step:
     seqs: list[Sequence]
     num_tokens: list[int]
-    adapter_loads: int = 0  # adapters loaded into a slot for this step (each costs a copy of its weights)
 
     def works(self) -> list[SeqWork]:
         out = []
@@ -128,7 +129,7 @@ class Scheduler:
                 break
             if seq.status is not RUNNING or seq.pending_loads:
                 continue  # preempted earlier in this loop, or waiting for blocks to be loaded
-            if seq.adapter is not None and seq.adapter_slot < 0 and not self._take_slot(seq, step):
+            if seq.adapter is not None and seq.adapter_slot < 0 and not self._take_slot(seq):
                 continue  # resumed from a remote prefill: its adapter waits for a slot
             n = min(len(seq.token_ids) - seq.num_computed, budget)
             if bm.blocks_needed(seq.num_computed + n) > len(seq.block_table):  # it needs another block
@@ -149,7 +150,7 @@ class Scheduler:
                 break
             waiting.popleft()
             if seq.adapter is not None:
-                self._take_slot(seq, step)
+                self._take_slot(seq)
             bm.allocate(seq, hits)
             if seq.num_preemptions == 0:
                 seq.num_cached, seq.cached_by_tier = seq.num_computed, hits.tokens_by_tier(bm.block_size)
@@ -169,14 +170,13 @@ class Scheduler:
         assert self.adapters is not None  # a request names an adapter only where the engine serves it (else 404)
         return self.adapters.can_take(adapter)
 
-    def _take_slot(self, seq: Sequence, step: Step) -> bool:
+    def _take_slot(self, seq: Sequence) -> bool:
         """`seq`'s adapter gets a slot, or False: every slot is busy with other adapters."""
         assert seq.adapter is not None
         if not self._can_take(seq.adapter):
             return False
         assert self.adapters is not None
-        seq.adapter_slot, loaded = self.adapters.take(seq.adapter)
-        step.adapter_loads += loaded
+        seq.adapter_slot, _ = self.adapters.take(seq.adapter)
         return True
 
     def _release_slot(self, seq: Sequence) -> None:

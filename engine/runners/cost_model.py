@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from kvroute.engine.core.scheduler import Step
 from kvroute.engine.core.work import SeqWork
 
 
@@ -40,21 +41,22 @@ class CostModel:
                 raise ValueError(f"cost model coefficient {f.name} must be >= 0, got {v}")
 
     def features(self, works: Sequence[SeqWork]) -> tuple[float, float, float, float]:
-        p_tok = p_pair = d_seq = d_ctx = 0.0
-        for w in works:
-            n = len(w.token_ids)
-            if n > 1 or not w.start_pos:
-                p_tok += n
-                p_pair += n * (w.start_pos + (n + 1) / 2)
-            else:
-                d_seq += 1
-                d_ctx += w.start_pos + 1
-        return p_tok, p_pair, d_seq, d_ctx
+        return chunk_features([w.start_pos for w in works], [len(w.token_ids) for w in works])
 
     def step_time(self, works: Sequence[SeqWork], adapter_loads: int = 0) -> float:
         if not works:
             return 0.0
-        p_tok, p_pair, d_seq, d_ctx = self.features(works)
+        return self._time(self.features(works), adapter_loads)
+
+    def scheduled_time(self, step: Step, adapter_loads: int = 0) -> float:
+        """`step_time(step.works(), adapter_loads)` read straight from the scheduler's step: the
+        simulator's (loadgen/sim/instance.py), where building the works costs more than the rest of a step."""
+        if not step.seqs:
+            return 0.0
+        return self._time(chunk_features([seq.num_computed for seq in step.seqs], step.num_tokens), adapter_loads)
+
+    def _time(self, features: tuple[float, float, float, float], adapter_loads: int) -> float:
+        p_tok, p_pair, d_seq, d_ctx = features
         return (
             self.step_s
             + self.prefill_token_s * p_tok
@@ -68,6 +70,20 @@ class CostModel:
         """Time of one step that prefills `num_tokens - cached` tokens after a cached prefix."""
         n = num_tokens - cached
         return self.step_s + self.prefill_token_s * n + self.prefill_pair_s * n * (cached + (n + 1) / 2)
+
+
+def chunk_features(starts: Sequence[int], counts: Sequence[int]) -> tuple[float, float, float, float]:
+    """(prefill tokens, prefill attended pairs, decode sequences, decode context tokens) of a step whose
+    chunks start at `starts` (tokens computed before) with `counts` new tokens each."""
+    p_tok = p_pair = d_seq = d_ctx = 0.0
+    for start, n in zip(starts, counts):
+        if n > 1 or not start:
+            p_tok += n
+            p_pair += n * (start + (n + 1) / 2)
+        else:
+            d_seq += 1
+            d_ctx += start + 1
+    return p_tok, p_pair, d_seq, d_ctx
 
 
 COST_MODELS: dict[str, CostModel] = {

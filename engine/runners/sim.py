@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import xxhash
 
@@ -117,19 +117,22 @@ class SimRunner:
 
     def execute_sync(self, works: Sequence[SeqWork]) -> tuple[float, list[int | None]]:
         """Modelled step time and tokens, without sleeping (for the virtual-clock simulator)."""
-        duration = self.cost_model.step_time(works, self._adapter_loads(works)) * self.time_scale
+        loads = self.adapter_loads([(w.adapter, w.adapter_slot) for w in works])
+        duration = self.cost_model.step_time(works, loads) * self.time_scale
         tokens = [self.sample(w) if w.sample else None for w in works]
         if any(w.sampling.logprobs is not None for w in works):
             tokens = SampledTokens(tokens, [self.logprobs(w, t) if t is not None else None
                                             for w, t in zip(works, tokens)])
         return duration, tokens
 
-    def _adapter_loads(self, works: Sequence[SeqWork]) -> int:
-        """Slots whose adapter changes for this step (the torch runner copies the weights in then)."""
+    def adapter_loads(self, chunks: Iterable[tuple[str | None, int]]) -> int:
+        """Slots whose adapter changes for a step that runs `chunks` (each one's adapter and slot): the
+        torch runner copies the weights in then, when a work names an adapter its slot does not hold.
+        The simulator (loadgen/sim/instance.py) prices its steps' loads with this too."""
         loads, slots = 0, self.adapter_slots
-        for w in works:
-            if w.adapter is not None and slots.get(w.adapter_slot) != w.adapter:
-                slots[w.adapter_slot] = w.adapter
+        for adapter, slot in chunks:
+            if adapter is not None and slots.get(slot) != adapter:
+                slots[slot] = adapter
                 loads += 1
         return loads
 

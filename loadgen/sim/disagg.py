@@ -3,8 +3,10 @@
 Instances 0..P-1 start prefill-role, the rest decode-role (P = 0: every instance "both");
 roles may change while it runs (the planner, loadgen/sim/planning.py), as POST /admin/role
 does: what runs keeps going, new work follows the new roles. "both" instances take what
-decode instances take, as router/service/disagg.py does; with no prefill instance left, requests
-run whole, chosen by the policy among all. Per arrival (`plan`), the router's code
+decode instances take, as router/service/disagg.py does; with no prefill (or no decode) instance
+left, requests run whole, chosen by the policy among the "both" instances if any, else among all
+(router/decision/decode_choice.py `disaggregated`, `colocated_roles`: the router's rule). Per
+arrival (`plan`), the router's code
 (router/decision/route.py `plan_prefill`): the policy picks a prefill instance among the
 prefill ones; if the prompt's predicted uncached tokens there are fewer than
 `min_uncached`, the policy picks a decode instance instead and the request runs whole there. Otherwise, when the
@@ -34,7 +36,13 @@ from kvroute.loadgen.sim.cluster import CALL, Cluster
 from kvroute.loadgen.sim.instance import SimInstance
 from kvroute.loadgen.sim.load_view import LoadView
 from kvroute.router.decision.base import RouteRequest
-from kvroute.router.decision.decode_choice import COLOCATED_ROLES, DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from kvroute.router.decision.decode_choice import (
+    DECODE_ROLES,
+    PREFILL_ROLES,
+    colocated_roles,
+    disaggregated,
+    pick_decode_member,
+)
 from kvroute.router.decision.route import Routed, RouteDecision
 from kvroute.router.index.base import PrefixMatch
 
@@ -75,16 +83,18 @@ class Disagg:
         """(the decision, whether it is a prefill whose decode is picked at its first token): the
         router's rule (router/decision/route.py `plan_prefill`), else whole where the policy picks.
         A prefill is recorded (`RouteDecision.routed`) here; a whole request is not yet."""
-        view, decision = self.view, self.decision
-        prefills, decodes = view.group(PREFILL_ROLES), view.group(DECODE_ROLES)
-        if not prefills.members or not decodes.members:  # colocated, for now: as the router's proxy,
-            both = view.group(COLOCATED_ROLES)  # on "both" engines if any (router/fleet/cluster.py)
-            return decision.choose(route, both if both.members else view.all(), matches, now), False
-        routed = decision.plan_prefill(route, prefills, matches, now, self.min_uncached)
+        view, decision, present = self.view, self.decision, self._present
+        if not disaggregated(present):  # colocated, for now: where the router's proxy sends it
+            roles = colocated_roles(present)
+            return decision.choose(route, view.group(roles) if roles else view.all(), matches, now), False
+        routed = decision.plan_prefill(route, view.group(PREFILL_ROLES), matches, now, self.min_uncached)
         if routed is not None:
             return routed, True
         self.num_whole += 1
-        return decision.choose(route, decodes, matches, now), False
+        return decision.choose(route, view.group(DECODE_ROLES), matches, now), False
+
+    def _present(self, roles: tuple[str, ...]) -> bool:
+        return bool(self.view.group(roles).members)
 
     def pick_decode(self) -> int:
         member = pick_decode_member(self.view.group(DECODE_ROLES), self.rng)

@@ -11,10 +11,10 @@ scheduling, newly computed blocks after a step). The load record is the core's
 (`load_record`), so both report remote prefills waiting for blocks in `waiting`.
 
 Speed: building `Step.works()` (copies of every chunk's tokens and block table)
-for `SimRunner.execute_sync` costs more than the rest of a step, so `step_time`
-reads the same features straight from the step -- `CostModel.features`' rule,
-checked equal to `cost_model.step_time(step.works())` in tests/unit/test_sim.py -- and
-every sampled token is one fixed ordinary id: the runner's tokens are never read
+for `SimRunner.execute_sync` costs more than the rest of a step, so the step is
+priced by `CostModel.scheduled_time`, the cost model's own formula read straight
+from the step (checked equal to `cost_model.step_time(step.works())` in
+tests/unit/test_sim.py), and every sampled token is one fixed ordinary id: the runner's tokens are never read
 (generation runs to max_tokens either way, as with SimRunner's, which are never
 special), only hashed into output blocks that no prompt shares.
 
@@ -45,32 +45,13 @@ from kvroute.engine.core.sequence import SeqStatus, Sequence
 from kvroute.engine.kv.config import TierConfig
 from kvroute.engine.kv.tier_setup import TierSite, build_tiers
 from kvroute.engine.runners.config import RunnerConfig
-from kvroute.engine.runners.cost_model import CostModel
 from kvroute.engine.runners.registry import RUNNERS
 from kvroute.engine.runners.sim import NUM_SPECIAL_TOKENS, SimRunner
 from kvroute.loadgen.sim.tiers import SimTierIO
 from kvroute.router.contract.protocol import LoadRecord
 
-__all__ = ["DROPPED", "NO_FIT", "QUEUE_FULL", "SimInstance", "step_time"]
+__all__ = ["DROPPED", "NO_FIT", "QUEUE_FULL", "SimInstance"]
 SAMPLED_TOKEN = NUM_SPECIAL_TOKENS  # the first ordinary id
-
-
-def step_time(cost_model: CostModel, step: Step) -> float:
-    """`cost_model.step_time(step.works(), step.adapter_loads)`, without building the works."""
-    if not step.seqs:
-        return 0.0
-    p_tok = p_pair = d_seq = d_ctx = 0.0
-    for seq, n in zip(step.seqs, step.num_tokens):
-        start = seq.num_computed
-        if n > 1 or not start:
-            p_tok += n
-            p_pair += n * (start + (n + 1) / 2)
-        else:
-            d_seq += 1
-            d_ctx += start + 1
-    cm = cost_model
-    return (cm.step_s + cm.prefill_token_s * p_tok + cm.prefill_pair_s * p_pair + cm.decode_seq_s * d_seq
-            + cm.decode_context_s * d_ctx + cm.adapter_load_s * step.adapter_loads)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,6 +94,7 @@ class SimInstance:
                                           max_model_len=info.max_model_len, max_loras=config.runner.adapter_slots),
                                self.block_manager, frozenset())
         self.scheduler = self.core.scheduler
+        self.lora = self.core.adapters is not None  # its steps may load adapters (priced by the runner's rule)
         self.max_fresh = self.core.max_fresh
         self.io: SimTierIO | None = (make_io(self.tiers, self.block_manager, self.runner)
                                      if make_io is not None and self.tiers is not None else None)
@@ -154,7 +136,8 @@ class SimInstance:
             # blocks held for a transfer, or loads waiting for store bytes: wait; else the head can never fit
             failed.extend((seq, NO_FIT) for seq in self.core.unschedulable(held=self.num_held > 0))
             return None, failed
-        duration = step_time(self.cost_model, step) * self.runner.time_scale
+        loads = self.runner.adapter_loads([(seq.adapter, seq.adapter_slot) for seq in step.seqs]) if self.lora else 0
+        duration = self.cost_model.scheduled_time(step, loads) * self.runner.time_scale
         if self.tiers is not None:
             self.tiers.recovery.prefill.observe(sum(n for n in step.num_tokens if n > 1), duration)
         duration = max(copy_s + duration, ahead_s)  # the batch, then the step; the ahead batch alongside both

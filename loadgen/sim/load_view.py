@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Sequence as SequenceABC
 
 from kvroute.router.contract.protocol import LoadRecord
-from kvroute.router.decision.base import InstanceState
+from kvroute.router.decision.base import InstanceState, with_peer_charges
 from kvroute.router.decision.candidates import LeastLoaded
 
 
@@ -141,11 +141,9 @@ class LoadView:
         """Instance i's state now, rebuilt only if it changed since it was last read."""
         if i in self._dirty:
             del self._dirty[i]
-            load, (peer_queued, peer_inflight) = self.engine[i], self.peers[i]
-            queued = self.queued[i] + peer_queued
-            if peer_inflight and load is not None:  # as router/fleet/instance.py: the others' are in the engine's
-                queued = max(queued, load.queued_prefill_tokens)
-            self.states[i] = InstanceState.of(self.ids[i], self.inflight[i] + peer_inflight, queued, load,
+            load = self.engine[i]
+            inflight, queued = with_peer_charges(self.inflight[i], self.queued[i], self.peers[i], load)
+            self.states[i] = InstanceState.of(self.ids[i], inflight, queued, load,
                                               load.ts if load else 0.0, tier_costs=self.tier_costs[i])
         return self.states[i]
 

@@ -14,6 +14,7 @@ import aiohttp
 from kvroute.router.contract.limits import Limits
 from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.contract.tier_costs import store_owner
+from kvroute.router.decision.decode_choice import colocated_roles
 from kvroute.router.fleet.fleet_shape import FleetShape
 from kvroute.router.fleet.groups import Group, Groups
 from kvroute.router.fleet.instance import EngineInfo, Generation, Instance
@@ -126,8 +127,9 @@ class Cluster(Generic[Settings, Metrics]):
         return self.groups.get(model, roles)
 
     def colocated_roles(self, model: str) -> tuple[str, ...] | None:
-        """Roles that serve whole requests: "both" engines when there are any, else every engine."""
-        return ("both",) if self.routable(model, ("both",)) else None
+        """Roles that serve whole requests: "both" engines when there are any, else every engine
+        (router/decision/decode_choice.py, the simulator's rule too)."""
+        return colocated_roles(lambda roles: bool(self.routable(model, roles)))
 
     def block_size(self, model: str) -> int:
         return self.shape.block_sizes.get(model, 16)

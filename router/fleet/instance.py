@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.contract.tier_costs import TierCosts
-from kvroute.router.decision.base import InstanceState
+from kvroute.router.decision.base import InstanceState, with_peer_charges
 from kvroute.router.fleet.progress import moved
 from kvroute.router.fleet.queued_prefill import QueuedPrefill
 
@@ -246,11 +246,9 @@ class Instance:
         if state is None:  # the policy's clock is time.monotonic: the load record's age is taken off it
             load = self.load
             measured_at = time.monotonic() - max(time.time() - load.ts, 0.0) if load else 0.0
-            peer_queued, peer_inflight = self.peer_charges
-            queued = self.queued_prefill_tokens + peer_queued
-            if (self.peers or peer_inflight) and load is not None:  # the others' prefills are in the engine's count
-                queued = max(queued, load.queued_prefill_tokens)
-            state = InstanceState.of(id=self.id, inflight=self._inflight + peer_inflight, queued_prefill_tokens=queued,
+            inflight, queued = with_peer_charges(self._inflight, self.queued_prefill_tokens, self.peer_charges,
+                                                 load, self.peers)
+            state = InstanceState.of(id=self.id, inflight=inflight, queued_prefill_tokens=queued,
                                      load=load, measured_at=measured_at, cache_ok=self.cache_ok,
                                      tier_costs=self.tier_costs)
             self.__dict__["_state"] = state

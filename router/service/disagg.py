@@ -39,7 +39,7 @@ from kvroute.router.contract.http import (
 )
 from kvroute.router.contract.kv_auth import make_grant
 from kvroute.router.decision.base import Decision
-from kvroute.router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES, pick_decode_member
+from kvroute.router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES, disaggregated, pick_decode_member
 from kvroute.router.fleet.cluster import Cluster
 from kvroute.router.fleet.instance import Instance
 from kvroute.router.fleet.upstream_errors import describe_failure
@@ -77,7 +77,7 @@ class Disaggregation:
         self.rng = rng or random.Random()
 
     def active(self, model: str) -> bool:
-        return bool(self.cluster.routable(model, PREFILL_ROLES) and self.cluster.routable(model, DECODE_ROLES))
+        return disaggregated(lambda roles: bool(self.cluster.routable(model, roles)))
 
     async def plan(self, prepared: Prepared, exclude: tuple[str, ...] = (), record: bool = True) -> Choice | None:
         """The prefill choice, or None to skip the prefill stage (router/decision/route.py

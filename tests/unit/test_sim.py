@@ -12,7 +12,6 @@ from kvroute.engine.core.work import SamplingParams
 from kvroute.engine.runners.cost_model import COST_MODELS
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim import SimConfig, main, simulate
-from kvroute.loadgen.sim.instance import step_time
 from kvroute.loadgen.sim.load_view import LoadView
 from kvroute.loadgen.sim.report import COLUMNS
 from kvroute.loadgen.workload_base import RequestSpec
@@ -176,7 +175,7 @@ def test_step_time_is_the_cost_models():
     for _ in range(20):
         step = sched.schedule()
         for cm in COST_MODELS.values():
-            assert step_time(cm, step) == pytest.approx(cm.step_time(step.works()), rel=1e-12)
+            assert cm.scheduled_time(step) == cm.step_time(step.works())
         sched.postprocess(step, [7 if s.num_computed + n == len(s) else None
                                  for s, n in zip(step.seqs, step.num_tokens)])
 

@@ -14,6 +14,7 @@ disaggregated (router/service/disagg.py `Disaggregation` against loadgen/sim/dis
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import time
 
@@ -21,17 +22,19 @@ import pytest
 
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.cluster import Cluster as SimCluster
-from kvroute.loadgen.sim.disagg import DisaggConfig
+from kvroute.loadgen.sim.disagg import Disagg, DisaggConfig
+from kvroute.loadgen.sim.load_view import LoadView
 from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.sim.runner import SimConfig, arrivals
 from kvroute.loadgen.workloads import make_workload
-from kvroute.router.contract.protocol import hash_seed
+from kvroute.router.contract.protocol import LoadRecord, hash_seed
 from kvroute.router.contract.settings_values import build
 from kvroute.router.decision.base import RouteRequest
-from kvroute.router.decision.decode_choice import DECODE_ROLES
+from kvroute.router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES
 from kvroute.router.decision.policies import POLICIES, make_policy
+from kvroute.router.decision.route import RouteDecision
 from kvroute.router.fleet.cluster import Cluster
-from kvroute.router.fleet.instance import EngineInfo
+from kvroute.router.fleet.instance import EngineInfo, Instance
 from kvroute.router.index import MemoryIndex
 from kvroute.router.index.base import event_owner
 from kvroute.router.service.config import RouterConfig
@@ -250,3 +253,55 @@ def test_a_drift_shows():
         real.router.decision.recent.record = lambda *args: None
     twin = run_twins("kv_aware", fast_k=1, perturb=forget_senders, **TIERED)
     assert twin.sim_choices != twin.real_choices
+
+
+@pytest.mark.parametrize("peer", [(0, 0), (0, 2), (500, 0), (500, 2), (50, 1)])
+@pytest.mark.parametrize("engine", [None, 0, 300, 900])
+def test_other_replicas_charges_count_alike(peer, engine):
+    """Shared admission's charges of the other router replicas (`Instance.peer_charges`, the
+    simulator's `LoadView.peer_charges`) join an instance's load the same way on both sides: their
+    in-flight requests added, their queued tokens added, the engine's own queue a floor once
+    anyone else has a request there."""
+    record = None if engine is None else LoadRecord(instance="i0", running=1, waiting=0, kv_used_blocks=0,
+                                                    kv_total_blocks=8, queued_prefill_tokens=engine, ts=0.0)
+    real = Instance("http://127.0.0.1:9000")
+    real.info = EngineInfo("i0", "m", 16, 0, FINGERPRINT)
+    real.charge(2, 400)
+    real.peer_charges = peer
+    view = LoadView(["i0"])
+    view.dispatched(0, 250)
+    view.dispatched(0, 150)
+    view.peer_charges([peer])
+    if record is not None:
+        real.observe_load(record)
+        view.polled(0, record)
+    sim, state = view.state(0), real.state()
+    assert (sim.inflight, sim.queued_prefill_tokens) == (state.inflight, state.queued_prefill_tokens)
+    expected = 400 + peer[0] if not peer[1] or engine is None else max(400 + peer[0], engine)
+    assert (state.inflight, state.queued_prefill_tokens) == (2 + peer[1], expected)
+
+
+@pytest.mark.parametrize("roles", list(itertools.product(("prefill", "decode", "both"), repeat=3)))
+def test_every_mix_of_roles_serves_a_request_on_the_same_engines(roles):
+    """Whatever the engines' roles (the planner's changes pass through every mix), the simulator's
+    `Disagg.plan` chooses among the engines the router sends the request to (router/service/entry.py,
+    disagg.py): its prefill among the prefill engines while the fleet is disaggregated, a short prompt
+    run whole among the decode and "both" ones then, else among the "both" engines, else among all."""
+    cluster = SimCluster(3, build(SimConfig, instances=3).engine(), 0.0, 1.0)
+    for inst, role in zip(cluster.instances, roles):
+        inst.role = role
+    real = RealSide(cluster, "round_robin", 0, 0, 64)
+    view = LoadView([inst.id for inst in cluster.instances])
+    route = RouteRequest(num_tokens=32, block_hashes=(), block_size=16, request_id="r")
+    for min_uncached in (0, 10**6):
+        disagg = Disagg(cluster, view, RouteDecision(make_policy("round_robin")),
+                        DisaggConfig(num_prefill=0, min_uncached=min_uncached))
+        for inst, role in zip(cluster.instances, roles):
+            disagg.set_role(inst, role)
+        routed, prefill = disagg.plan(route, {}, 0.0)
+        if real.disagg.active(real.model):
+            where = PREFILL_ROLES if min_uncached == 0 else DECODE_ROLES
+        else:
+            where = real.cluster.colocated_roles(real.model)
+        assert prefill == (where == PREFILL_ROLES)
+        assert {view.ids[i] for i in routed.candidates} == {i.id for i in real.cluster.routable(real.model, where)}
