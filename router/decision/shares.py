@@ -1,26 +1,29 @@
-"""Weighted fair shares of a contended fleet: who admission holds back so that the weights hold.
+"""Weighted fair shares of a contended fleet: whom admission holds back so that the weights hold.
 
 Start-time fair queueing (fair_queue.py) orders what waits in the router, but under a flood the
 queue holds about one entry: an arrival is refused once its wait would pass the SLO, so almost
 every admission goes to whichever request comes first when the engines free up. The weights act
-here instead, in the decision itself (admission.py `share_refusal`): while the fleet is contended
-(a queue, or the engines past half of what they may hold), a tenant's request is refused 429
-`over_share` when the tenant was admitted more than its weighted fair share lately.
+in the decision itself instead (admission.py `held_back`, called on arrival and at the queue's head).
 
-The fair share is max-min weighted (water-filling) over the tenants with demand, the requests
-that arrived lately, admitted or refused (a refused tenant still wants its share):
+The fair share is max-min weighted (water-filling) over the tenants' demand, the requests that
+arrived lately within their own limits, admitted or refused (a refused tenant still wants its share):
 
     capacity  C     what the fleet admitted lately (requests/s, decaying with a half-life)
     level     L     sum over tenants of min(demand_t, L x weight_t) = C; infinite when the
                     demand does not fill C (nobody is over a share then)
-    over      t     admitted_t > L x weight_t x (1 + tolerance)
+    due       u     min(demand_u, L x weight_u)
+    held back t     admitted_t > L x weight_t, while a tenant u with admitted_u < due_u asked
+                    lately (it takes the slot), one of the two clearly so (TOLERANCE, SHORT);
+                    admission.py adds: and the fleet is contended
+    light     t     admitted_t <= LIGHT x L x weight_t: it may go past the engines' threshold
 
 A tenant asking less than L x weight gets all it asks and is never refused for another's flood;
 the rest share what is left by weight; a tenant alone has L x weight = C, the whole fleet. One
 tenant can be over its share only while another gets less than it asks, so holding it back hands
-the next free slot to a tenant under its share. With router replicas the counts are the fleet's
-(fleet_share.py `SharedRates`, synced through the ledger), so every replica judges a tenant by
-what the whole fleet admitted and was asked.
+the next free slot to a tenant short of its due. A tenant that stopped sending (its counts still
+remember its demand for a few half-lives) holds nobody back. With router replicas the counts are
+the fleet's (fleet_share.py `SharedRates`, synced through the ledger), so every replica judges a
+tenant by what the whole fleet admitted and was asked.
 
 Pure, the clock an argument: the router service and the simulator call the same functions.
 """
