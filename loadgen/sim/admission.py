@@ -119,7 +119,8 @@ class SimAdmission:
                 in_turn = self.queue.in_turn(head.tenant, head.band, self.weights.get(head.tenant, 1.0), head)
                 ask = self._ask(head.item, head.arrived, self.predict(head.item, now))
                 held = adm.held_back(self.config, ask, self.queue, self.rates, self.weights, now)
-                verdict = adm.on_head(self.config, ask, now, self.rates.last(head.tenant), in_turn, held)
+                light = adm.light_tenant(ask, self.rates, self.weights, now)
+                verdict = adm.on_head(self.config, ask, now, self.rates.last(head.tenant), in_turn, held, light)
                 if verdict.action == adm.WAIT:
                     return
                 self.queue.remove(head, served=verdict.action == adm.ADMIT)

@@ -10,8 +10,8 @@ it a request waits in the router's fair queue (router/decision/fair_queue.py), s
 keep a backlog that keeps them busy and the excess waits where it can be ordered by
 priority and tenant, and refused while refusing is cheap:
 
-    arrival   its tenant over its weighted fair share while a tenant under its own
-              asked lately (shares.py `held_back`)                              -> refuse 429
+    arrival   its tenant over its weighted fair share while a tenant short of its
+              own asked lately, the fleet contended (`held_back`)               -> refuse 429
               nothing queued ahead (and, shared by replicas, in its turn: fleet_share.py)
               and predicted <= min(threshold, budget)                           -> admit
               the same, its tenant light (at most half its share while others
@@ -21,6 +21,7 @@ priority and tenant, and refused while refusing is cheap:
               the queue full and nobody to displace                             -> refuse
               otherwise                                                         -> queue
     head      its tenant held back, as on arrival (a queue is contention)        -> refuse 429
+              its tenant light and predicted <= budget                          -> admit
               not in its turn over the fleet                                    -> wait
               predicted <= min(threshold, budget)                               -> admit
               predicted > budget (an engine's backlog drains in real time, as
@@ -189,8 +190,7 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
         return _refuse("over_share", True, 0.0, 0.0, common)
     if first and (predicted is None or predicted <= min(threshold, budget)):
         return Verdict(action=ADMIT, reason="fits", **common)
-    if (first and predicted is not None and predicted <= budget
-            and shares.light(ask.tenant, weights, rates.shares(now), rates.demands(now))):
+    if first and predicted is not None and predicted <= budget and light_tenant(ask, rates, weights, now):
         return Verdict(action=ADMIT, reason="light", **common)
     if first and now - rates.last(ask.tenant) >= config.probe_s:
         return Verdict(action=ADMIT, reason="probe", **common)
@@ -246,16 +246,25 @@ def held_back(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates,
                             rates.arrived_since(now - config.recent_s))
 
 
+def light_tenant(ask: Ask, rates: Rates, weights: Mapping[str, float], now: float) -> bool:
+    """The request's tenant is light (shares.py `light`): it goes once its prediction fits its budget,
+    threshold or not, on arrival and at the queue's head (`on_head`'s `light`)."""
+    return shares.light(ask.tenant, weights, rates.shares(now), rates.demands(now))
+
+
 def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf,
-            in_turn: bool = True, held: bool = False) -> Verdict:
+            in_turn: bool = True, held: bool = False, light: bool = False) -> Verdict:
     """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline;
-    `held`: its tenant is held back for another's share now, `held_back`, as on arrival).
+    `held`: its tenant is held back for another's share now, `held_back`, as on arrival; `light`:
+    it goes once its prediction fits its budget, in its turn or not, as on arrival).
     Not `in_turn` (the fleet's other queues hold entries well before it: fleet_share.py), it waits."""
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     predicted = ask.predicted_s
     common = _Common(budget_s=budget, threshold_s=threshold)
     if held:
         return _refuse("over_share", True, 0.0, 0.0, common)
+    if light and predicted is not None and predicted <= budget:
+        return Verdict(action=ADMIT, reason="light", **common)
     if not in_turn:
         if predicted is not None and predicted > budget:
             return _refuse("deadline", False, predicted - budget, 0.0, common)

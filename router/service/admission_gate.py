@@ -194,7 +194,8 @@ class AdmissionGate:
                 in_turn = self.queue.in_turn(ticket.spec.name, ticket.band, ticket.spec.weight, entry)
                 ask = self._ask(ticket, predicted)
                 held = adm.held_back(self.config, ask, self.queue, self.rates, self.weights(), now)
-                verdict = adm.on_head(self.config, ask, now, last, in_turn, held)
+                light = adm.light_tenant(ask, self.rates, self.weights(), now)
+                verdict = adm.on_head(self.config, ask, now, last, in_turn, held, light)
                 if verdict.action == adm.REFUSE:
                     raise self._leave(entry, self._refused(ticket, verdict.reason, verdict.status,
                                                            verdict.retry_after_s))

@@ -128,3 +128,12 @@ def test_a_quiet_tenant_below_its_share_is_never_refused_for_the_flood():
                   {"Q": (0, 2.0, 0.0, 20.0), "N": (1, 60.0, 0.001, 20.0)})
         assert got["Q"] == 40 or not sync  # every one admitted at once
         assert got["N"] >= 0.9 * 25.0 * 20
+
+
+def test_a_light_tenants_queued_request_goes_once_it_fits_its_budget():
+    ask = adm.Ask(tenant="Q", band=1, weight=1.0, slo_s=0.5, arrived=0.0, predicted_s=0.4, prefill_s=0.02)
+    assert adm.on_head(CONFIG, ask, now=0.05, last_admitted=0.0).action == adm.WAIT  # past the 0.3 s threshold
+    light = adm.on_head(CONFIG, ask, now=0.05, last_admitted=0.0, in_turn=False, light=True)
+    assert light.action == adm.ADMIT and light.reason == "light"
+    late = adm.on_head(CONFIG, ask, now=0.2, last_admitted=0.0, light=True)  # its budget is 0.3 s now
+    assert late.action == adm.REFUSE and late.reason == "deadline"
