@@ -11,12 +11,14 @@ replica sends that replica's share of the run's tenants, all at once:
 
 - one: the reference, one router (`--workers 1`, no Redis): A and B each flood at 12 req/s.
 - shares: the same floods, half through each replica.
-- quiet: Q at 1 req/s to replica 0, N at 24 req/s to replica 1.
+- quiet: Q at 3 req/s to replica 0 (45 requests in 15 s: enough for an in-SLO share that means
+  something), N flooding at twice the rate to replica 1.
 - rate: R floods at 12 req/s, half through each replica (its limit: 4 req/s, burst 4).
 - redis-lost: the shares run, redis-server killed at a third of it.
 
 OUT_DIR/RUN/rK/ gets replica K's loadgen output, OUT_DIR/RUN.json the run's figures (per tenant:
-sent, admitted, refused, lost, in-SLO share; each replica's /health admission mode and
+sent, admitted (also of those sent from WARMUP_S on: the steady state, once the engines are full),
+refused, lost, in-SLO share; each replica's /health admission mode and
 kvroute_router_admission_shared at the end), OUT_DIR/fleet_admission.json them all; the table is
 printed. Lost: a request with neither an answer nor a 429/503 refusal.
 """
@@ -36,6 +38,8 @@ from kvroute.loadgen.processes import Processes, kvroute_argv
 from kvroute.loadgen.redis_server import RedisServer
 
 SLO = 0.5
+QUIET = 3.0  # the quiet tenant's requests/s
+WARMUP_S = 3.0  # the steady ratio counts requests sent from then on (the engines fill first: everyone is admitted)
 RATE_LIMIT, RATE_BURST = 4, 4
 TENANTS = f"""\
 [tenants.A]
@@ -63,13 +67,13 @@ class Run:
 
 
 def runs(rate: float) -> dict[str, Run]:
-    """The runs, each tenant's flood at `rate` req/s in all (a quiet tenant at 1 req/s)."""
+    """The runs, each tenant's flood at `rate` req/s in all (the quiet tenant at QUIET req/s)."""
     half = rate / 2
     floods = (("A", half), ("B", half))
     return {
         "one": Run(routers=1, workers=1, sends=((("A", rate), ("B", rate)),)),
         "shares": Run(routers=2, workers=2, sends=(floods, floods)),
-        "quiet": Run(routers=2, workers=2, sends=((("Q", 1.0),), (("N", 2 * rate),))),
+        "quiet": Run(routers=2, workers=2, sends=((("Q", QUIET),), (("N", 2 * rate),))),
         "rate": Run(routers=2, workers=2, sends=((("R", half),), (("R", half),))),
         "redis-lost": Run(routers=2, workers=2, sends=(floods, floods), kill_redis_at=1 / 3),
     }
@@ -146,11 +150,12 @@ def tally(run_dir: pathlib.Path, duration: float) -> dict:
         for line in path.read_text().splitlines():
             r = json.loads(line)
             t = out.setdefault(r["group"].partition(":")[0], dict.fromkeys(
-                ("sent", "admitted", "refused", "lost", "in_slo"), 0))
+                ("sent", "admitted", "refused", "lost", "in_slo", "admitted_steady"), 0))
             t["sent"] += 1
             ok = r["status"] == 200 and not r["error"]
             refused = r["status"] in (429, 503)
             t["admitted"] += not refused
+            t["admitted_steady"] += not refused and r.get("send_s", 0.0) >= WARMUP_S
             t["refused"] += refused
             t["lost"] += not ok and not refused
             t["in_slo"] += ok and r["ttft_s"] is not None and r["ttft_s"] <= SLO
@@ -171,7 +176,9 @@ def table(figures: dict[str, dict]) -> list[str]:
     for name in ("one", "shares", "redis-lost"):
         t = figures.get(name, {}).get("tenants", {})
         if t.get("A") and t.get("B") and t["B"]["admitted"]:
-            lines.append(f"{name}: admitted A:B {t['A']['admitted'] / t['B']['admitted']:.2f}")
+            steady = t["B"].get("admitted_steady") and t["A"]["admitted_steady"] / t["B"]["admitted_steady"]
+            lines.append(f"{name}: admitted A:B {t['A']['admitted'] / t['B']['admitted']:.2f} "
+                         f"(sent from {WARMUP_S:.0f} s on: {steady or 0:.2f})")
     r = figures.get("rate", {}).get("tenants", {}).get("R")
     if r:
         limit = RATE_LIMIT * figures["rate"]["duration_s"] + RATE_BURST

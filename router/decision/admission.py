@@ -10,13 +10,19 @@ it a request waits in the router's fair queue (router/decision/fair_queue.py), s
 keep a backlog that keeps them busy and the excess waits where it can be ordered by
 priority and tenant, and refused while refusing is cheap:
 
-    arrival   nothing queued ahead (and, shared by replicas, in its turn: fleet_share.py)
+    arrival   its tenant over its weighted fair share while a tenant short of its
+              own asked lately, the fleet contended (`held_back`)               -> refuse 429
+              nothing queued ahead (and, shared by replicas, in its turn: fleet_share.py)
               and predicted <= min(threshold, budget)                           -> admit
+              the same, its tenant light (at most half its share while others
+              flood: shares.py `light`) and predicted <= budget                 -> admit
               queue wait (ahead + 1) / drain rate, or the engines' excess
               predicted - threshold, plus threshold > budget                    -> refuse
               the queue full and nobody to displace                             -> refuse
               otherwise                                                         -> queue
-    head      not in its turn over the fleet                                    -> wait
+    head      its tenant held back, as on arrival (a queue is contention)        -> refuse 429
+              its tenant light and predicted <= budget                          -> admit
+              not in its turn over the fleet                                    -> wait
               predicted <= min(threshold, budget)                               -> admit
               predicted > budget (an engine's backlog drains in real time, as
               fast as the budget does: it will not fit)                         -> refuse
@@ -27,9 +33,11 @@ priority and tenant, and refused while refusing is cheap:
 next request goes anyway: predictions learn from first tokens (the prefill rate from long prompts),
 and requests that are all refused would never bring the first token that corrects a pessimistic one.
 
-A refusal is 429 when the tenant takes more than its weighted share of what the fleet admitted
-lately (it should slow down), else 503 (the fleet is saturated); Retry-After is the queue wait
-beyond what the budget allows, at least 1 s. Nothing admitted is refused afterwards.
+The first rule is where the weights act: under a flood the queue holds about one entry, so its
+order alone leaves admission first come, first served. A refusal is 429 when the tenant takes more
+than its weighted fair share of what the fleet admitted lately (it should slow down), else 503 (the
+fleet is saturated); Retry-After is the queue wait beyond what the budget allows, at least 1 s.
+Nothing admitted is refused afterwards.
 """
 
 from __future__ import annotations
@@ -43,9 +51,11 @@ import msgspec
 
 from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, Range
 from kvroute.router.contract.settings import check_settings, setting
+from kvroute.router.decision import shares
 from kvroute.router.decision.base import Decision
 from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry
+from kvroute.router.decision.shares import Rates, over_share
 
 ADMIT, QUEUE, WAIT, REFUSE = "admit", "queue", "wait", "refuse"
 
@@ -72,13 +82,14 @@ class AdmissionConfig:
     drain_halflife_s: float = 2.0  # half-life of the admitted-rate estimate (the drain rate)
     min_drain_rps: float = 1.0  # the drain rate assumed before anything was admitted
     probe_s: float = 1.0  # nothing admitted this long: the next request goes anyway, so predictions relearn
+    recent_s: float = 0.5  # a tenant that asked this lately still wants its share (shares.py `held_back`)
 
     def __post_init__(self) -> None:
         check_settings(self)
         if list(self.priority_edges) != sorted(set(self.priority_edges)) or len(self.priority_edges) > 7:
             raise ValueError(f"priority band edges must be increasing, at most 7, got {self.priority_edges}")
-        if self.drain_halflife_s <= 0 or self.min_drain_rps <= 0 or self.probe_s <= 0:
-            raise ValueError("drain_halflife_s, min_drain_rps and probe_s must be positive")
+        if min(self.drain_halflife_s, self.min_drain_rps, self.probe_s, self.recent_s) <= 0:
+            raise ValueError("drain_halflife_s, min_drain_rps, probe_s and recent_s must be positive")
 
     @property
     def bands(self) -> int:
@@ -120,41 +131,6 @@ class Verdict:
                 f"estimated queue wait {self.wait_s:.3f} s)")
 
 
-class Rates:
-    """Requests admitted per second, in total and per tenant: counts decaying with a half-life."""
-
-    def __init__(self, halflife_s: float) -> None:
-        self.halflife_s = halflife_s
-        self._counts: dict[str, tuple[float, float]] = {}  # tenant -> (decayed count, as of)
-        self._last: dict[str, float] = {}  # tenant -> when it was last admitted
-
-    def _value(self, tenant: str, now: float) -> float:
-        value, since = self._counts.get(tenant, (0.0, now))
-        return decayed(value, since, now, self.halflife_s)
-
-    def add(self, tenant: str, now: float) -> None:
-        self._counts[tenant] = (self._value(tenant, now) + 1.0, now)
-        self._last[tenant] = now
-
-    def last(self, tenant: str) -> float:
-        """When `tenant` was last admitted (-inf: never, or long enough ago to be forgotten)."""
-        return self._last.get(tenant, -math.inf)
-
-    def rate(self, tenant: str, now: float) -> float:
-        return self._value(tenant, now) * math.log(2) / self.halflife_s
-
-    def shares(self, now: float) -> dict[str, float]:
-        """The rates weighted shares are judged by: this router's own (router/decision/fleet_share.py
-        `SharedRates` adds the other replicas')."""
-        return self.rates(now)
-
-    def rates(self, now: float) -> dict[str, float]:
-        out = {t: self.rate(t, now) for t in self._counts}
-        self._counts = {t: v for t, v in self._counts.items() if out[t] > 1e-3}  # forget the long idle
-        self._last = {t: v for t, v in self._last.items() if t in self._counts}
-        return out
-
-
 class Calibration:
     """How far observed TTFT runs from predicted, added to predictions: what the router's own work and
     the engines' step overheads add to the cost model. An EWMA of observed - predicted (each sample
@@ -178,18 +154,6 @@ class Calibration:
             return prediction
         return Prediction(ttft_s=max(prediction.prefill_s, prediction.ttft_s + self.bias_s(now)),
                           prefill_s=prediction.prefill_s)
-
-
-def over_share(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float], tolerance: float = 0.05) -> bool:
-    """`tenant` was admitted more than its weighted share of the recent admissions, among the
-    tenants admitted lately (alone, a tenant is never over its share)."""
-    total = sum(rates.values())
-    mine = rates.get(tenant, 0.0)
-    active = {t for t, r in rates.items() if r > 0.02 * total} | {tenant}
-    if total <= 0 or len(active) < 2:
-        return False
-    fair = weights.get(tenant, 1.0) / sum(weights.get(t, 1.0) for t in active)
-    return mine / total > fair + tolerance
 
 
 class Prediction(msgspec.Struct, frozen=True, kw_only=True):
@@ -222,8 +186,12 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     first = ahead == 0 and queue.in_turn(ask.tenant, ask.band, ask.weight)
     predicted = ask.predicted_s
     common = _Common(budget_s=budget, threshold_s=threshold)
+    if held_back(config, ask, queue, rates, weights, now):
+        return _refuse("over_share", True, 0.0, 0.0, common)
     if first and (predicted is None or predicted <= min(threshold, budget)):
         return Verdict(action=ADMIT, reason="fits", **common)
+    if first and predicted is not None and predicted <= budget and light_tenant(ask, rates, weights, now):
+        return Verdict(action=ADMIT, reason="light", **common)
     if first and now - rates.last(ask.tenant) >= config.probe_s:
         return Verdict(action=ADMIT, reason="probe", **common)
     admitted = rates.rates(now)
@@ -231,7 +199,7 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     excess = max(0.0, predicted - threshold) if predicted is not None else 0.0
     wait = max((ahead + 1) / drain if ahead else 0.0, excess)
     engine = threshold if predicted is not None else 0.0  # the engines' backlog when its turn comes
-    over = over_share(ask.tenant, weights, rates.shares(now))
+    over = over_share(ask.tenant, weights, rates.shares(now), rates.demands(now))
     if wait + engine > budget:
         return _refuse("over_share" if over else "saturated", over, wait + engine - budget, wait, common)
     displace = None
@@ -245,28 +213,58 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
 
 def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates,
                       weights: Mapping[str, float], now: float) -> Verdict | None:
-    """A refusal the queue alone decides, before the request is tokenized and predicted (the
-    cheap path of a flood); None: go on to `on_arrival`."""
+    """A refusal decided before the request is tokenized and predicted (the cheap path of a flood):
+    its tenant held back for another's share, or the queue ahead too long; None: go on to `on_arrival`."""
+    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
+    common = _Common(budget_s=budget, threshold_s=threshold)
+    if held_back(config, ask, queue, rates, weights, now):
+        return _refuse("over_share", True, 0.0, 0.0, common)
     ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
     if not ahead:
         return None
-    threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
-    admitted = rates.rates(now)
-    wait = (ahead + 1) / max(sum(admitted.values()), config.min_drain_rps)
+    wait = (ahead + 1) / max(sum(rates.rates(now).values()), config.min_drain_rps)
     if wait + threshold <= budget:
         return None
-    over = over_share(ask.tenant, weights, rates.shares(now))
-    return _refuse("over_share" if over else "saturated", over, wait + threshold - budget, wait,
-                   _Common(budget_s=budget, threshold_s=threshold))
+    over = over_share(ask.tenant, weights, rates.shares(now), rates.demands(now))
+    return _refuse("over_share" if over else "saturated", over, wait + threshold - budget, wait, common)
+
+
+CONTENDED = 0.25  # the engines past this share of the threshold in predicted wait: contended
+
+
+def held_back(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
+              now: float) -> bool:
+    """The request's tenant is over its weighted fair share while another tenant under its own asked
+    lately (shares.py `held_back`, `recent_s`), and the fleet is contended: requests wait in the
+    queue, or the engines hold more than CONTENDED x the threshold of predicted wait (the request's
+    own prefill aside; before a prediction, only the queue says so). Otherwise it goes on: refusing
+    it would leave the engines idle, and what is admitted is what the shares are judged by."""
+    if not len(queue):
+        if ask.predicted_s is None or ask.predicted_s - ask.prefill_s <= CONTENDED * threshold_of(config, ask):
+            return False
+    return shares.held_back(ask.tenant, weights, rates.shares(now), rates.demands(now),
+                            rates.arrived_since(now - config.recent_s))
+
+
+def light_tenant(ask: Ask, rates: Rates, weights: Mapping[str, float], now: float) -> bool:
+    """The request's tenant is light (shares.py `light`): it goes once its prediction fits its budget,
+    threshold or not, on arrival and at the queue's head (`on_head`'s `light`)."""
+    return shares.light(ask.tenant, weights, rates.shares(now), rates.demands(now))
 
 
 def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf,
-            in_turn: bool = True) -> Verdict:
-    """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline).
+            in_turn: bool = True, held: bool = False, light: bool = False) -> Verdict:
+    """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline;
+    `held`: its tenant is held back for another's share now, `held_back`, as on arrival; `light`:
+    it goes once its prediction fits its budget, in its turn or not, as on arrival).
     Not `in_turn` (the fleet's other queues hold entries well before it: fleet_share.py), it waits."""
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     predicted = ask.predicted_s
     common = _Common(budget_s=budget, threshold_s=threshold)
+    if held:
+        return _refuse("over_share", True, 0.0, 0.0, common)
+    if light and predicted is not None and predicted <= budget:
+        return Verdict(action=ADMIT, reason="light", **common)
     if not in_turn:
         if predicted is not None and predicted > budget:
             return _refuse("deadline", False, predicted - budget, 0.0, common)

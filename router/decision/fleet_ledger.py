@@ -7,7 +7,9 @@ memory (the simulator, and the reference the tests hold the Redis script to) and
 
     rates    per tenant, requests admitted lately, fleet-wide: a count decaying with the
              admission half-life, to which each replica adds what it admitted since its last sync
-             (the weighted shares of `over_share`)
+             (the weighted shares of `over_share`, shares.py)
+    demand   per tenant, requests arrived lately (admitted or refused), fleet-wide, the same way
+             (which tenants want what share: shares.py `water_level`)
     bucket   per tenant with a `rate`: the fleet's token bucket (rate, burst). A replica leases
              tokens ahead (`take`), gives unused ones back (`give`), and is always charged what it
              spent beyond its lease (`owe`), bucket or not
@@ -36,6 +38,7 @@ from kvroute.router.decision.decay import decayed
 
 class TenantSync(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     admitted: float = 0.0  # requests admitted here since the last sync
+    arrived: float = 0.0  # requests arrived here since the last sync (admitted or refused)
     rate: float | None = None  # the tenant's rate limit, fleet-wide (None: none)
     burst: float | None = None
     take: float = 0.0  # tokens asked for
@@ -60,6 +63,7 @@ class SyncRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 class SyncReply(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int  # replicas alive, this one included
     rates: dict[str, float] = {}  # tenant -> decayed admitted count, fleet-wide (this sync's included)
+    demand: dict[str, float] = {}  # tenant -> decayed arrived count, fleet-wide (this sync's included)
     tokens: dict[str, float] = {}  # tenant -> tokens granted (the owed included)
     left: dict[str, float] = {}  # tenant -> tokens left in its bucket
     slots: dict[str, int] = {}  # tenant -> slots this replica holds now
@@ -73,6 +77,23 @@ class SyncReply(msgspec.Struct, frozen=True, kw_only=True):
 _FORGET = 1e-3  # a decayed admitted count below this is forgotten
 
 
+def _add(table: dict[str, tuple[float, float]], tenant: str, n: float, now: float, halflife_s: float) -> None:
+    value, since = table.get(tenant, (0.0, now))
+    table[tenant] = (decayed(value, since, now, halflife_s) + n, now)
+
+
+def _values(table: dict[str, tuple[float, float]], now: float, halflife_s: float) -> dict[str, float]:
+    """The decayed counts now; those below _FORGET are forgotten."""
+    out = {}
+    for tenant, (value, since) in list(table.items()):
+        value = decayed(value, since, now, halflife_s)
+        if value < _FORGET:
+            del table[tenant]
+        else:
+            out[tenant] = value
+    return out
+
+
 class FleetLedger:
     """The ledger in memory, on the caller's clock (seconds)."""
 
@@ -81,7 +102,8 @@ class FleetLedger:
         self.slots: dict[str, dict[str, int]] = {}  # replica -> tenant -> slots held
         self.heads: dict[str, dict[str, float]] = {}
         self.load: dict[str, dict[str, tuple[int, int]]] = {}
-        self.rates: dict[str, tuple[float, float]] = {}  # tenant -> (value, as of)
+        self.rates: dict[str, tuple[float, float]] = {}  # tenant -> (admitted, as of)
+        self.demand: dict[str, tuple[float, float]] = {}  # tenant -> (arrived, as of)
         self.buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, as of)
         self.tags: dict[str, float] = {}
         self.vtime: dict[str, float] = {}
@@ -94,7 +116,9 @@ class FleetLedger:
         tokens, left, held, free = {}, {}, {}, {}
         for name, t in req.tenants.items():
             if t.admitted:
-                self._add_rate(name, t.admitted, now, req.halflife_s)
+                _add(self.rates, name, t.admitted, now, req.halflife_s)
+            if t.arrived:
+                _add(self.demand, name, t.arrived, now, req.halflife_s)
             if t.rate is not None:
                 tokens[name] = self._lease_tokens(name, t, t.rate, now)
                 left[name] = self.buckets[name][0]
@@ -109,7 +133,8 @@ class FleetLedger:
         self.heads[me] = dict(req.heads)
         self.load[me] = dict(req.load)
         self._forget_idle_bands()
-        return SyncReply(replicas=len(self.seen), rates=self._rates(now, req.halflife_s), tokens=tokens, left=left,
+        return SyncReply(replicas=len(self.seen), rates=_values(self.rates, now, req.halflife_s),
+                         demand=_values(self.demand, now, req.halflife_s), tokens=tokens, left=left,
                          slots=held, free=free, tags=dict(self.tags), vtime=dict(self.vtime),
                          heads=self._lowest_heads(others), load=self._others_load(others))
 
@@ -118,20 +143,6 @@ class FleetLedger:
             if now - last > ttl:
                 for table in (self.seen, self.slots, self.heads, self.load):
                     table.pop(replica, None)
-
-    def _add_rate(self, tenant: str, admitted: float, now: float, halflife_s: float) -> None:
-        value, since = self.rates.get(tenant, (0.0, now))
-        self.rates[tenant] = (decayed(value, since, now, halflife_s) + admitted, now)
-
-    def _rates(self, now: float, halflife_s: float) -> dict[str, float]:
-        out = {}
-        for tenant, (value, since) in list(self.rates.items()):
-            value = decayed(value, since, now, halflife_s)
-            if value < _FORGET:
-                del self.rates[tenant]
-            else:
-                out[tenant] = value
-        return out
 
     def _lease_tokens(self, tenant: str, t: TenantSync, rate: float, now: float) -> float:
         """Refill the tenant's bucket to `now`, take back what is given, charge the owed and lease

@@ -5,9 +5,9 @@ waits on another: it decides from what it knows now, and syncs with the fleet's 
 (fleet_ledger.py; in Redis, router/service/admission_store.py) every `sync_s` in the
 background, one round trip that both reports and learns:
 
-    weighted shares  `SharedRates`: `over_share` reads the fleet's admitted rates (the last
-                     sync's, plus what this replica admitted since), the drain rate this
-                     replica's own (its queue drains at its own pace)
+    weighted shares  `SharedRates`: `over_share` (shares.py) reads the fleet's admitted and
+                     arrival rates (the last sync's, plus what this replica counted since),
+                     the drain rate this replica's own (its queue drains at its own pace)
     fair queueing    `SharedTags`: the local queue tags entries from the fleet's virtual time
                      and each tenant's fleet-wide last tag, so a tenant's entries order behind
                      what it was served anywhere; an entry is `in_turn` while its tag is at most
@@ -38,33 +38,32 @@ from collections.abc import Mapping
 
 import msgspec
 
-from kvroute.router.decision.admission import AdmissionConfig, Rates
+from kvroute.router.decision.admission import AdmissionConfig
 from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fair_queue import LocalTags
 from kvroute.router.decision.fleet_ledger import SyncReply, SyncRequest, TenantSync
 from kvroute.router.decision.leases import LeasedLimits
+from kvroute.router.decision.shares import Rates
 
 DEFAULT_WINDOW = 1.0  # virtual time a head may run ahead of the other replicas' heads: one weight-1 request
 
 
-class SharedRates(Rates):
-    """This replica's admitted rates (the drain rate) and the fleet's (`shares`, weighted shares)."""
+class FleetCounts:
+    """One per-tenant count as the fleet has it: the last sync's decayed counts, plus what this
+    replica counted since (not yet sent, or in the sync in flight)."""
 
     def __init__(self, halflife_s: float) -> None:
-        super().__init__(halflife_s)
-        self.shared = False
+        self.halflife_s = halflife_s
         self._fleet: dict[str, float] = {}  # decayed counts as of `_fleet_at`, this replica's synced ones included
         self._fleet_at = 0.0
-        self._pending: dict[str, float] = {}  # admitted here since the last sync request
+        self._pending: dict[str, float] = {}  # counted here since the last sync request
         self._sent: dict[str, float] = {}  # ... in the sync in flight
+        self.others_at: dict[str, float] = {}  # tenant -> the last sync that showed other replicas' counts of it
 
-    def add(self, tenant: str, now: float) -> None:
-        super().add(tenant, now)
+    def add(self, tenant: str) -> None:
         self._pending[tenant] = self._pending.get(tenant, 0.0) + 1.0
 
-    def shares(self, now: float) -> dict[str, float]:
-        if not self.shared:
-            return self.rates(now)
+    def rates(self, now: float) -> dict[str, float]:
         per_count = math.log(2) / self.halflife_s
         out = {t: decayed(v, self._fleet_at, now, self.halflife_s) * per_count for t, v in self._fleet.items()}
         for extra in (self._sent, self._pending):
@@ -77,13 +76,63 @@ class SharedRates(Rates):
         return self._sent
 
     def synced(self, fleet: Mapping[str, float], now: float) -> None:
-        self.shared, self._fleet, self._fleet_at, self._sent = True, dict(fleet), now, {}
+        for t, v in fleet.items():  # grown by more than this replica sent: the others counted some
+            before = decayed(self._fleet.get(t, 0.0), self._fleet_at, now, self.halflife_s)
+            if v - before - self._sent.get(t, 0.0) > 0.5:
+                self.others_at[t] = now
+        self._fleet, self._fleet_at, self._sent = dict(fleet), now, {}
 
     def unsent(self) -> None:
         """The sync failed: what it carried goes with the next one."""
         for t, n in self._sent.items():
             self._pending[t] = self._pending.get(t, 0.0) + n
         self._sent = {}
+
+
+class SharedRates(Rates):
+    """This replica's admitted rates (the drain rate) and the fleet's admitted and arrival rates
+    (`shares`, `demands`: weighted shares, shares.py)."""
+
+    def __init__(self, halflife_s: float) -> None:
+        super().__init__(halflife_s)
+        self.shared = False
+        self.fleet_admitted = FleetCounts(halflife_s)
+        self.fleet_arrived = FleetCounts(halflife_s)
+
+    def add(self, tenant: str, now: float) -> None:
+        super().add(tenant, now)
+        self.fleet_admitted.add(tenant)
+
+    def arrived(self, tenant: str, now: float) -> None:
+        super().arrived(tenant, now)
+        self.fleet_arrived.add(tenant)
+
+    def shares(self, now: float) -> dict[str, float]:
+        return self.fleet_admitted.rates(now) if self.shared else self.rates(now)
+
+    def arrived_since(self, since: float) -> set[str]:
+        here = super().arrived_since(since)
+        if not self.shared:
+            return here
+        others = self.fleet_arrived.others_at
+        self.fleet_arrived.others_at = {t: at for t, at in others.items() if at > since}
+        return here | set(self.fleet_arrived.others_at)
+
+    def demands(self, now: float) -> dict[str, float]:
+        return self.fleet_arrived.rates(now) if self.shared else super().demands(now)
+
+    def outgoing(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(admitted, arrived) here since the last sync request."""
+        return self.fleet_admitted.outgoing(), self.fleet_arrived.outgoing()
+
+    def synced(self, admitted: Mapping[str, float], arrived: Mapping[str, float], now: float) -> None:
+        self.shared = True
+        self.fleet_admitted.synced(admitted, now)
+        self.fleet_arrived.synced(arrived, now)
+
+    def unsent(self) -> None:
+        self.fleet_admitted.unsent()
+        self.fleet_arrived.unsent()
 
 
 class SharedTags(LocalTags):
@@ -170,9 +219,11 @@ class FleetShare:
         """What to send the ledger now: this replica's news since the last sync, and its asks."""
         self._asked = self.limits.asks(now)
         tenants = dict(self._asked)
-        for name, n in self.rates.outgoing().items():
-            ask = tenants.get(name)
-            tenants[name] = TenantSync(admitted=n) if ask is None else msgspec.structs.replace(ask, admitted=n)
+        admitted, arrived = self.rates.outgoing()
+        for name in admitted.keys() | arrived.keys():
+            ask = tenants.get(name, TenantSync())
+            tenants[name] = msgspec.structs.replace(ask, admitted=admitted.get(name, 0.0),
+                                                    arrived=arrived.get(name, 0.0))
         costs, served = self.tags.outgoing()
         return SyncRequest(replica=self.replica, ttl_s=self.ttl_s, halflife_s=self.config.drain_halflife_s,
                            tenants=tenants, tags=costs, served=served,
@@ -180,7 +231,7 @@ class FleetShare:
 
     def apply(self, reply: SyncReply, now: float) -> None:
         self.limits.granted(self._asked, reply)
-        self.rates.synced(reply.rates, now)
+        self.rates.synced(reply.rates, reply.demand, now)
         self.tags.synced(reply)
         self._asked = {}
 

@@ -8,6 +8,7 @@ prefix (default `kvroute:adm:`):
     ttl             HASH  replica -> seconds without a sync after which it is gone
     rep:{replica}   HASH  s:{tenant} -> slots held, h:{band} -> queue head tag, l:{instance} -> "queued inflight"
     rate            HASH  tenant -> "count as-of": admitted lately, decaying with the half-life
+    demand          HASH  tenant -> "count as-of": arrived lately (admitted or refused), the same
     bucket          HASH  tenant -> "tokens as-of": the tenant's fleet token bucket
     tag             HASH  "{band}:{tenant}" -> the tenant's last fair-queue tag
     vtime           HASH  band -> the highest tag served
@@ -34,6 +35,24 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 local me, hl = req.replica, req.halflife_s
 local function pair(v) local a, b = string.match(v, '^(%S+) (%S+)$'); return tonumber(a), tonumber(b) end
+local function count(key, name, n)
+  if not n or n == 0 then return end
+  local v, since = 0, now
+  local old = redis.call('HGET', key, name)
+  if old then v, since = pair(old) end
+  v = v * 0.5 ^ (math.max(0, now - since) / hl) + n
+  redis.call('HSET', key, name, string.format('%.17g %.17g', v, now))
+end
+local function counts(key)
+  local out = {}
+  local rs = redis.call('HGETALL', key)
+  for i = 1, #rs, 2 do
+    local v, since = pair(rs[i + 1])
+    v = v * 0.5 ^ (math.max(0, now - since) / hl)
+    if v < 1e-3 then redis.call('HDEL', key, rs[i]) else out[rs[i]] = v end
+  end
+  return out
+end
 
 local alive = {}
 local reps = redis.call('ZRANGE', p .. 'replicas', 0, -1, 'WITHSCORES')
@@ -49,13 +68,8 @@ local mine = p .. 'rep:' .. me
 
 local tokens, left, held, free = {}, {}, {}, {}
 for name, t in pairs(req.tenants or {}) do
-  if t.admitted and t.admitted ~= 0 then
-    local v, since = 0, now
-    local old = redis.call('HGET', p .. 'rate', name)
-    if old then v, since = pair(old) end
-    v = v * 0.5 ^ (math.max(0, now - since) / hl) + t.admitted
-    redis.call('HSET', p .. 'rate', name, string.format('%.17g %.17g', v, now))
-  end
+  count(p .. 'rate', name, t.admitted)
+  count(p .. 'demand', name, t.arrived)
   if t.rate then
     local burst = t.burst or math.max(1, t.rate)
     local k, since = burst, now
@@ -122,18 +136,12 @@ for i = 1, #all, 2 do
   local band = string.match(all[i], '^([^:]*):')
   if busy[band] then tags[all[i]] = tonumber(all[i + 1]) else redis.call('HDEL', p .. 'tag', all[i]) end
 end
-local rates = {}
-local rs = redis.call('HGETALL', p .. 'rate')
-for i = 1, #rs, 2 do
-  local v, since = pair(rs[i + 1])
-  v = v * 0.5 ^ (math.max(0, now - since) / hl)
-  if v < 1e-3 then redis.call('HDEL', p .. 'rate', rs[i]) else rates[rs[i]] = v end
-end
+local rates, demand = counts(p .. 'rate'), counts(p .. 'demand')
 local vtime = {}
 local vs = redis.call('HGETALL', p .. 'vtime')
 for i = 1, #vs, 2 do vtime[vs[i]] = tonumber(vs[i + 1]) end
-return cjson.encode({replicas = #alive + 1, rates = rates, tokens = tokens, left = left, slots = held, free = free,
-                     tags = tags, vtime = vtime, heads = heads, load = load})
+return cjson.encode({replicas = #alive + 1, rates = rates, demand = demand, tokens = tokens, left = left,
+                     slots = held, free = free, tags = tags, vtime = vtime, heads = heads, load = load})
 """
 
 

@@ -12,11 +12,11 @@ from tests.support.router_cluster import FAST, prompt
 
 SYNCS = [
     SyncRequest(replica="a", ttl_s=5, halflife_s=2, tenants={
-        "A": TenantSync(admitted=3, rate=10, take=4, slots_max=5, slots_want=4, slots_min=1)},
+        "A": TenantSync(admitted=3, arrived=5, rate=10, take=4, slots_max=5, slots_want=4, slots_min=1)},
         tags={"1:A": 0.5}, served={"1": 0.25}, heads={"1": 0.75}, load={"e1": (100, 2)}),
     SyncRequest(replica="b", ttl_s=5, halflife_s=2, tenants={
         "A": TenantSync(admitted=1, rate=10, take=20, owe=1, slots_max=5, slots_want=3, slots_min=2),
-        "B": TenantSync(admitted=2)}, tags={"1:B": 1.0, "1:A": 0.25, "2:x:y": 1.0}, heads={"1": 2.0},
+        "B": TenantSync(admitted=2, arrived=9)}, tags={"1:B": 1.0, "1:A": 0.25, "2:x:y": 1.0}, heads={"1": 2.0},
         load={"e1": (5, 1), "e2": (7, 1)}),
     SyncRequest(replica="a", ttl_s=5, halflife_s=2, tenants={"A": TenantSync(give=2, rate=10, slots_max=5)}),
     SyncRequest(replica="b", ttl_s=5, halflife_s=2),
@@ -32,7 +32,7 @@ async def test_the_redis_ledger_answers_as_the_memory_ledger(redis_url):
             want = memory.sync(request, time.monotonic() - t0)
             for field in ("replicas", "slots", "free", "tags", "vtime", "heads", "load"):
                 assert getattr(got, field) == getattr(want, field), field
-            for field in ("rates", "tokens", "left"):  # on two clocks a few ms apart
+            for field in ("rates", "demand", "tokens", "left"):  # on two clocks a few ms apart
                 assert getattr(got, field) == pytest.approx(getattr(want, field), abs=0.05), field
     finally:
         await redis.close()

@@ -14,11 +14,15 @@ def ask(predicted, tenant="a", band=1, weight=1.0, arrived=0.0, slo=0.5, prefill
                    prefill_s=prefill)
 
 
-def busy_rates(now=10.0, **per_tenant):
+def busy_rates(now=10.0, asked=None, **per_tenant):
+    """n admitted per tenant over the last second; `asked`: arrivals per tenant over it (default: n)."""
     rates = adm.Rates(2.0)
     for tenant, n in per_tenant.items():
-        for i in range(n):  # n over the last second
+        for i in range(n):
             rates.add(tenant, now - 1.0 + i / n)
+    for tenant, n in {**per_tenant, **(asked or {})}.items():
+        for i in range(n):
+            rates.arrived(tenant, now - 1.0 + i / n)
     return rates
 
 
@@ -119,8 +123,13 @@ def test_the_tenant_over_its_share_gets_429_and_the_saturated_fleet_503():
     q = FairQueue(3)
     for i in range(50):
         q.push(tenant="b", band=1, weight=1.0, arrived=10.0, item=i)
-    hog = adm.on_arrival(CFG, ask(0.3, tenant="b", arrived=10.0), q, busy_rates(a=4, b=36), {}, now=10.0)
+    # a asked 20 and got 4: b, which got 36, takes more than its half of what the fleet admits
+    hog = adm.on_arrival(CFG, ask(0.3, tenant="b", arrived=10.0), q, busy_rates(asked={"a": 20}, a=4, b=36), {},
+                         now=10.0)
     assert hog.action == adm.REFUSE and hog.status == 429 and hog.reason == "over_share"
+    # a got all the 4 it asked: b takes what nobody else wants, over no share (work-conserving)
+    rest = adm.on_arrival(CFG, ask(0.3, tenant="b", arrived=10.0), q, busy_rates(a=4, b=36), {}, now=10.0)
+    assert rest.status == 503 and rest.reason == "saturated"
     alone = adm.on_arrival(CFG, ask(0.3, tenant="b", arrived=10.0), q, busy_rates(b=40), {}, now=10.0)
     assert alone.status == 503 and alone.reason == "saturated"
 

@@ -27,6 +27,9 @@ from kvroute.router.service.tenant_book import TenantBook
 CONFIG = AdmissionConfig(slo_ttft_s=100.0, margin=-0.5)  # the engines may hold 50 s of predicted TTFT
 FITS, BUSY = 1.0, 60.0  # predicted TTFT: within the threshold, or over it and within the SLO
 FIRST, ADMITTED_FIRST, SECOND = 6, 3, 3
+# as many admitted of each tenant just before: neither is light nor over its share (shares.py), so
+# only the queue orders them
+BALANCED = 20
 
 
 class Fleet:
@@ -64,7 +67,8 @@ def expected_order() -> list[str]:
 async def test_the_routers_gate_admits_in_the_queues_fair_order():
     gate, fleet, order = AdmissionGate(CONFIG, TenantBook(None), AdmissionMetrics(CollectorRegistry())), Fleet(), []
     for tenant in ("a", "b"):
-        gate.rates.add(tenant, gate.clock())  # admitted just now: no probe is due
+        for _ in range(BALANCED):  # admitted just now: no probe is due
+            gate.rates.add(tenant, gate.clock())
 
     async def predict() -> Prediction:
         return Prediction(ttft_s=fleet.ttft(), prefill_s=0.01)
@@ -114,7 +118,8 @@ def test_the_simulators_admission_admits_in_the_queues_fair_order():
                        record=lambda spec, record: order.append(f"refused {spec.group}"),
                        call_at=lambda at, fn: calls.append((at, fn)))
     for tenant in ("a", "b"):
-        sim.rates.add(tenant, 0.0)  # admitted just now: no probe is due
+        for _ in range(BALANCED):  # admitted just now: no probe is due
+            sim.rates.add(tenant, 0.0)
 
     def run_due(now: float) -> None:
         due = [fn for at, fn in calls if at <= now]

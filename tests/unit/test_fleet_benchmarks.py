@@ -8,20 +8,21 @@ from kvroute.benchmarks import fleet_admission, routing_loss_gap
 
 
 def test_fleet_admission_tallies_every_replicas_records_and_calls_nothing_refused_lost(tmp_path):
-    records = {"r0": [("A", 200, "", 0.2), ("A", 429, "over_share", None), ("B", 200, "", 0.9)],
-               "r1": [("A", 503, "saturated", None), ("B", 0, "connection reset", None)]}
+    records = {"r0": [("A", 200, "", 0.2, 0.5), ("A", 429, "over_share", None, 4.0), ("B", 200, "", 0.9, 3.5)],
+               "r1": [("A", 503, "saturated", None, 4.5), ("B", 0, "connection reset", None, 1.0)]}
     for replica, rows in records.items():
         (tmp_path / replica).mkdir()
         (tmp_path / replica / "requests.jsonl").write_text("".join(
-            json.dumps({"group": f"{t}:random", "status": s, "error": e, "ttft_s": ttft}) + "\n"
-            for t, s, e, ttft in rows))
+            json.dumps({"group": f"{t}:random", "status": s, "error": e, "ttft_s": ttft, "send_s": at}) + "\n"
+            for t, s, e, ttft, at in rows))
     got = fleet_admission.tally(tmp_path, duration=2.0)
     assert {k: got["A"][k] for k in ("sent", "admitted", "refused", "lost", "in_slo")} == \
         {"sent": 3, "admitted": 1, "refused": 2, "lost": 0, "in_slo": 1}
     assert got["B"]["lost"] == 1 and got["B"]["in_slo"] == 0 and got["B"]["admitted"] == 2  # late or lost: not in SLO
     assert got["A"]["admitted_per_s"] == 0.5
+    assert got["A"]["admitted_steady"] == 0 and got["B"]["admitted_steady"] == 1  # sent from WARMUP_S on
     lines = fleet_admission.table({"one": {"tenants": got, "replicas": [{"admission": None}], "duration_s": 2.0}})
-    assert lines[-1] == "one: admitted A:B 0.50"
+    assert lines[-1] == "one: admitted A:B 0.50 (sent from 3 s on: 0.00)"
 
 
 def test_fleet_admission_refuses_bad_arguments(capsys, tmp_path):
