@@ -7,7 +7,6 @@ import hmac
 import logging
 import os
 import random
-import time
 
 import aiohttp
 from aiohttp import web
@@ -62,6 +61,7 @@ from kvroute.router.service.endpoints import Endpoints
 from kvroute.router.service.entry import Entry
 from kvroute.router.service.fleet_admission import SharedAdmission, replica_id
 from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.service.model_cards import models_list, one_model
 from kvroute.router.service.picker import Picker
 from kvroute.router.service.proxy import Proxy
 from kvroute.router.service.request_path import RequestPath
@@ -217,17 +217,13 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     return await request.app[ENTRY].handle(request, "chat")
 
 
-def _model_card(model: str) -> dict:
-    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "kvroute"}
-
-
 async def handle_models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": [_model_card(m) for m in request.app[CLUSTER].models()]})
+    return json_response(models_list(request.app[CLUSTER]))
 
 
 async def handle_model(request: web.Request) -> web.Response:
     """GET /v1/models/{id}: the model's card, or 404 model_not_found naming the served models."""
-    return json_response(_model_card(request.app[ROUTER].resolve_model(request.match_info["model"])))
+    return json_response(one_model(request.app[ROUTER], request.match_info["model"]))
 
 
 async def handle_health(request: web.Request) -> web.Response:

@@ -117,11 +117,20 @@ def echoed(body: bytes, end: bool, phase: str = "request_body") -> list[Processi
         for i, chunk in enumerate(chunks)]
 
 
-def refusal(error: KVRouteError) -> ProcessingResponse:
-    """The answer Envoy sends the client at once: the proxy's status, Retry-After and OpenAI error body."""
-    pairs = [("content-type", "application/json")]
+def refusal(error: KVRouteError, status: int | None = None,
+            headers: tuple[tuple[str, str], ...] = ()) -> ProcessingResponse:
+    """The answer Envoy sends the client at once: the proxy's status (or `status`), Retry-After and
+    OpenAI error body."""
+    pairs = list(headers)
     if isinstance(error, Overloaded):
         pairs.append(("retry-after", str(max(1, math.ceil(error.retry_after)))))
+    details = f"kvroute_{error.code or 'error'}"
+    return immediate(status or status_of(error), orjson.dumps(error.to_dict()), pairs, details)
+
+
+def immediate(status: int, body: bytes, pairs: list[tuple[str, str]], details: str) -> ProcessingResponse:
+    """An answer the client gets from Envoy at once (a JSON body), the engine nothing."""
+    pairs = [("content-type", "application/json"), *pairs]
     return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=status_of(error)), headers=_set_headers(pb.HeaderMutation(), pairs),
-        body=orjson.dumps(error.to_dict()), details=f"kvroute_{error.code or 'error'}"))
+        status=http_status_pb2.HttpStatus(code=status), headers=_set_headers(pb.HeaderMutation(), pairs),
+        body=body, details=details))
