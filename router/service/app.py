@@ -187,13 +187,13 @@ async def _router_ctx(app: web.Application):
 
 async def _ext_proc_ctx(app: web.Application):
     """The endpoint picker's gRPC server (--ext-proc-port), over the same picker as POST /v1/route."""
-    from kvroute.router.service.ext_proc.exchange import Exchange  # grpc and the protos: only with the flag
-    from kvroute.router.service.ext_proc.server import ExtProcServer
+    from kvroute.router.service.ext_proc.exchange import Exchange  # the protos: only with the flag
+    from kvroute.router.service.ext_proc.servers import make_server
 
     config, cluster, picker, book = app[CONFIG], app[CLUSTER], app[PICKER], app[TENANTS]
     assert config.ext_proc_port is not None  # this context runs only with the flag
-    server = ExtProcServer(lambda: Exchange(picker, book, cluster.max_body_bytes),
-                           lambda: any(inst.routable for inst in cluster.instances), config.host, config.ext_proc_port)
+    server = make_server(config.ext_proc_server, lambda: Exchange(picker, book, cluster.max_body_bytes),
+                         lambda: any(inst.routable for inst in cluster.instances), config.host, config.ext_proc_port)
     await server.start()
     app[EXT_PROC_PORT] = server.port
     yield
