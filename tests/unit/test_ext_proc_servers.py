@@ -132,3 +132,24 @@ async def test_a_malformed_connection_is_refused_and_others_are_served(picker, s
     stub = health_pb2_grpc.HealthStub(channel)
     assert (await stub.Check(health_pb2.HealthCheckRequest(service=""))).status == health_pb2.HealthCheckResponse.SERVING
     assert echoed_body(await exchange(channel))[0] == BODY
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_stop_lets_a_call_in_flight_finish_then_serves_no_more(server):
+    from kvroute.benchmarks.ext_proc_floor import FixedExchange
+    from kvroute.router.service.ext_proc.servers import make_server
+
+    picker = make_server(server, lambda: FixedExchange("127.0.0.1:9"), lambda: True, "127.0.0.1", 0)
+    await picker.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.port}") as channel:
+        stream = ExtProcStream(channel)
+        assert (await stream.send(response_headers(200), answers=1))[0].HasField("response_headers")  # it is open
+        stopping = asyncio.create_task(picker.stop())
+        answers = await stream.send(request_body(BODY, end=True), answers=2)  # still served while stopping
+        assert echoed_body(answers) == (BODY, [True])
+        assert await stream.end() == []
+        await asyncio.wait_for(stopping, 4.0)  # when the call ended, not after the 5 s grace
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.port}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -44,12 +44,13 @@ WHOLE_BODY_CAP = 1 << 20  # a whole answer's bytes kept for its usage; past it, 
 
 class Exchange:
     __slots__ = ("picker", "book", "max_body", "headers", "body", "request_mode", "response_mode", "among",
-                 "picked", "answered", "status", "stream", "first_seen", "whole", "ended", "kind", "key_tenant")
+                 "picked", "answered", "status", "stream", "first_seen", "whole", "ended", "kind", "key_tenant", "size")
 
     def __init__(self, picker: Picker, book: TenantBook, max_body: int) -> None:
         self.picker, self.book, self.max_body = picker, book, max_body
         self.headers: CIMultiDict = CIMultiDict()  # the request's, once they came
-        self.body = bytearray()
+        self.body: list[bytes] = []  # the request body's chunks (most bodies come in one: not copied)
+        self.size = 0
         self.request_mode = msg.FULL_DUPLEX  # until Envoy's protocol_config says otherwise
         self.response_mode = msg.Mode.NONE
         self.among: list[str] | None = None  # the data plane's subset hint: the endpoints allowed
@@ -106,9 +107,11 @@ class Exchange:
         part = request.request_body
         if self.answered:  # a duplicate end of stream, or bytes after the decision: nothing to answer
             return []
-        if len(self.body) + len(part.body) > self.max_body:
+        if self.size + len(part.body) > self.max_body:
             raise PayloadTooLarge(f"request body is over {self.max_body} bytes (--max-body-bytes)")
-        self.body += part.body
+        if part.body:
+            self.body.append(part.body)
+            self.size += len(part.body)
         if self.request_mode == msg.Mode.BUFFERED_PARTIAL and not part.end_of_stream:
             raise PayloadTooLarge("request body is over what the gateway buffers (BUFFERED_PARTIAL): give the "
                                   "ext_proc filter FULL_DUPLEX_STREAMED or a larger buffer")
@@ -123,15 +126,15 @@ class Exchange:
         return out + [msg.carry_on("request_trailers")]
 
     async def response_headers(self, request) -> list[msg.ProcessingResponse]:
-        headers = msg.headers_of(request.response_headers)
-        self.status = headers.get(":status", "")
+        status, content_type = msg.status_and_type(request.response_headers)
+        self.status = status
         picked = self.picked
         if picked is None:
             return [msg.carry_on("response_headers")]
         served = msg.metadata_value(request, msg.LB_NAMESPACE, msg.SERVED)
         if isinstance(served, str):
             self.picker.served_by(picked, served)
-        self.stream = "text/event-stream" in headers.get("content-type", "")
+        self.stream = "text/event-stream" in content_type
         if request.response_headers.end_of_stream or self.response_mode == msg.Mode.NONE:
             self._first_byte()  # no body will show it: the head is the first byte
         if request.response_headers.end_of_stream:
@@ -164,7 +167,7 @@ class Exchange:
     async def _picked(self, trailers: bool) -> list[msg.ProcessingResponse]:
         """Pick from the whole body; the answers in the order the request's mode needs."""
         phase = "request_headers" if self.request_mode == msg.FULL_DUPLEX else "request_body"
-        original = bytes(self.body)
+        original = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         body, raw = forwardable(parse_json(original), original)
         self.picked = picked = await self.picker.pick(body, self.kind, self.headers, self.key_tenant, self.among, raw)
         raw = picked.flight.raw  # the priority within the tenant's: the bytes the engine gets

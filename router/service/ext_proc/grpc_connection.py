@@ -40,6 +40,7 @@ class H2Connection(Sending, asyncio.Protocol):
         self.streams: dict[int, Stream] = {}
         self.decoder = hpack.Decoder()
         self.decoder.max_allowed_table_size = 4096
+        self.decoded: dict[bytes, dict[bytes, bytes]] = {}  # header blocks of indexed fields only, decoded
         self.preface = False
         self.last_id = 0
         self.headers_of: tuple[int, int, bytearray] | None = None  # (stream, flags, block) until END_HEADERS
@@ -159,15 +160,18 @@ class H2Connection(Sending, asyncio.Protocol):
             stream.ended()
 
     def credit(self, stream: Stream | None, n: int) -> None:
-        """`n` bytes the peer may send again; a stream's held back while its handler is behind."""
+        """`n` bytes the peer may send again: told in WINDOW_UPDATEs of a quarter window or more; a
+        stream's held back while its handler has more than HELD_LIMIT bytes of messages to take."""
         if stream is not None:
+            if stream.held > HELD_LIMIT:
+                stream.deferred += n
+                return
             n += stream.deferred
             stream.deferred = 0
-            if stream.held > HELD_LIMIT:
-                stream.deferred = n
-                return
-            if n and stream.id in self.streams and not stream.remote_done:
-                self.write(h2.window_update(stream.id, n))
+            stream.unacked += n
+            if stream.unacked >= STREAM_WINDOW // 4 and stream.id in self.streams and not stream.remote_done:
+                self.write(h2.window_update(stream.id, stream.unacked))
+                stream.unacked = 0
         self.conn_credit += n
         if self.conn_credit >= CONN_WINDOW // 4:
             self.write(h2.window_update(0, self.conn_credit))
@@ -188,13 +192,25 @@ class H2Connection(Sending, asyncio.Protocol):
             return
         stream_id, first_flags, block = self.headers_of
         self.headers_of = None
-        try:
-            fields = self.decoder.decode(bytes(block), raw=True)
-        except hpack.HPACKError as e:
-            raise h2.ConnectionError_(h2.COMPRESSION_ERROR, f"bad header block: {e}") from None
-        self._call(stream_id, first_flags, dict(fields))
+        self._call(stream_id, first_flags, self._decoded(bytes(block)))
 
-    def _call(self, stream_id: int, flags: int, fields: dict) -> None:
+    def _decoded(self, block: bytes) -> dict[bytes, bytes]:
+        """A header block's fields. A block of one-byte indexed fields only (Envoy's, once its table is
+        warm: every call the same) changes no table: its fields are kept and found again by its bytes."""
+        indexed_only = bool(block) and min(block) >= 0x80 and 0xFF not in block
+        fields = self.decoded.get(block) if indexed_only else None
+        if fields is None:
+            try:
+                fields = dict(self.decoder.decode(block, raw=True))
+            except hpack.HPACKError as e:
+                raise h2.ConnectionError_(h2.COMPRESSION_ERROR, f"bad header block: {e}") from None
+            if not indexed_only:
+                self.decoded.clear()  # the table may have changed: what was kept may read differently now
+            elif len(self.decoded) < 64:
+                self.decoded[block] = fields
+        return fields
+
+    def _call(self, stream_id: int, flags: int, fields: dict[bytes, bytes]) -> None:
         if stream_id in self.streams:
             return  # the client's trailers: gRPC has none to read
         if stream_id % 2 == 0 or stream_id <= self.last_id:
