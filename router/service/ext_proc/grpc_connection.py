@@ -31,7 +31,7 @@ MAX_STREAMS, MAX_FRAME, MAX_HEADER_LIST = 4096, 1 << 20, 16 << 10
 MAX_MESSAGE = 4 << 20  # as grpcio's server receives by default
 OURS = h2.settings({h2.MAX_CONCURRENT_STREAMS: MAX_STREAMS, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                     h2.MAX_FRAME_SIZE: MAX_FRAME, h2.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST, h2.ENABLE_PUSH: 0})
-RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 8, 12, 13  # gRPC status codes
+UNIMPLEMENTED, INTERNAL = 12, 13  # gRPC status codes
 
 
 class H2Connection(Sending, asyncio.Protocol):
@@ -155,7 +155,7 @@ class H2Connection(Sending, asyncio.Protocol):
         error = stream.took(data, MAX_MESSAGE)
         self.credit(stream, len(data))
         if error is not None:
-            self._end(stream, RESOURCE_EXHAUSTED, error)
+            self._end(stream, *error)
         elif flags & h2.END_STREAM:
             stream.ended()
 
@@ -211,8 +211,10 @@ class H2Connection(Sending, asyncio.Protocol):
         return fields
 
     def _call(self, stream_id: int, flags: int, fields: dict[bytes, bytes]) -> None:
-        if stream_id in self.streams:
-            return  # the client's trailers: gRPC has none to read
+        if stream_id in self.streams:  # the client's trailers: nothing in them for gRPC, but they may end it
+            if flags & h2.END_STREAM:
+                self.streams[stream_id].ended()
+            return
         if stream_id % 2 == 0 or stream_id <= self.last_id:
             raise h2.ConnectionError_(h2.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id} out of order")
         self.last_id = stream_id

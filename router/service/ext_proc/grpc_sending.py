@@ -46,7 +46,8 @@ class Sending:
             if stream.drained is None or stream.drained.done():
                 stream.drained = asyncio.get_running_loop().create_future()
             return stream.drained
-        return self.paused  # None while the socket takes more
+        # None while the socket takes more; else shielded: a sender cancelled must not cancel the others' wait
+        return None if self.paused is None else asyncio.shield(self.paused)
 
     def _send_out(self, stream: Stream) -> None:
         """As much of the stream's queued bytes as the windows allow, in frames the peer takes."""

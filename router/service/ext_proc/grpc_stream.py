@@ -14,6 +14,7 @@ from kvroute.router.service.ext_proc.h2_frames import U32
 if TYPE_CHECKING:
     from kvroute.router.service.ext_proc.grpc_connection import H2Connection
 
+RESOURCE_EXHAUSTED, UNIMPLEMENTED = 8, 12  # gRPC status codes
 HELD_LIMIT = 1 << 20  # bytes of whole messages a handler has not taken yet, past which the peer gets no more window
 
 
@@ -37,16 +38,17 @@ class Stream:
 
     # -- what the connection does ----------------------------------------------------------------
 
-    def took(self, data: bytes, max_message: int) -> str | None:
-        """DATA bytes in: whole messages to the inbox; an error message for one over `max_message`."""
+    def took(self, data: bytes, max_message: int) -> tuple[int, str] | None:
+        """DATA bytes in: whole messages to the inbox; the gRPC status and message ending the call for a
+        message over `max_message` (checked on its prefix, before it is gathered) or a compressed one."""
         partial = self.partial
         partial += data
         while len(partial) >= 5:
             if partial[0]:
-                return "compressed messages are not accepted (no grpc-encoding is negotiated)"
+                return UNIMPLEMENTED, "compressed messages are not accepted (no grpc-encoding is negotiated)"
             n = U32.unpack_from(partial, 1)[0]
             if n > max_message:
-                return f"message of {n} bytes is over the limit of {max_message}"
+                return RESOURCE_EXHAUSTED, f"message of {n} bytes is over the limit of {max_message}"
             if len(partial) < 5 + n:
                 break
             self.inbox.append(bytes(partial[5:5 + n]))
