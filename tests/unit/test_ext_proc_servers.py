@@ -18,6 +18,7 @@ from tests.support.picker_fleet import BODY, charged
 from tests.support.waiting import wait_for
 
 SERVERS = ["lean", "grpcio"]
+SERVING = health_pb2.HealthCheckResponse.SERVING
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
@@ -71,11 +72,11 @@ async def test_health_check_and_watch(picker, server):
     url, app, channel = await picker(ext_proc_server=server)
     stub = health_pb2_grpc.HealthStub(channel)
     for name in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor", ""):
-        assert (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status == health_pb2.HealthCheckResponse.SERVING
+        assert (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status == SERVING
     with pytest.raises(grpc.aio.AioRpcError) as unknown:
         await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
-    for name, status in (("readiness", health_pb2.HealthCheckResponse.SERVING),
+    for name, status in (("readiness", SERVING),
                          ("nope", health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)):
         watch = stub.Watch(health_pb2.HealthCheckRequest(service=name))
         assert (await watch.read()).status == status
@@ -130,7 +131,7 @@ async def test_a_malformed_connection_is_refused_and_others_are_served(picker, s
         assert await protocol_error(app.app[EXT_PROC_PORT], MALFORMED[case]) in ("goaway", "rst", "closed")
     assert not any(r.exc_info for r in caplog.records)  # a one-line log, never a traceback
     stub = health_pb2_grpc.HealthStub(channel)
-    assert (await stub.Check(health_pb2.HealthCheckRequest(service=""))).status == health_pb2.HealthCheckResponse.SERVING
+    assert (await stub.Check(health_pb2.HealthCheckRequest(service=""))).status == SERVING
     assert echoed_body(await exchange(channel))[0] == BODY
 
 
