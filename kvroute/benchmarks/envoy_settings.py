@@ -1,6 +1,7 @@
 """Envoy's own CPU per request under settings GIE's configuration does not need, against
 deploy/envoy/envoy.yaml as it is: one kvroute endpoint picker over 4 sim engines, Envoy restarted per
-variant (as configured, then tuned, alternately, --pairs times), c=32 for --duration seconds each.
+variant (as configured, then tuned, alternately, --pairs times), c=32 for 10 s each (as the gateway
+benchmark's runs).
 
     python -m kvroute.benchmarks.envoy_settings [--workload stream256|whole] [--pairs 2] [--out FILE]
 
@@ -21,6 +22,7 @@ from kvroute.benchmarks.router.routers import cpu_seconds, load
 from kvroute.loadgen.envoy_gateway import LocalEnvoy
 from kvroute.loadgen.processes import Processes, free_port
 
+DURATION_S, CONCURRENCY = 10.0, 32
 ROUTER = '"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router'
 
 
@@ -64,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=list(g.WORKLOADS), default="stream256")
     p.add_argument("--pairs", type=int, default=2, help="as configured, then tuned: this many times")
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--out", default=None, help="write the result as JSON")
     args = p.parse_args(argv)
+    args.duration, args.concurrency = DURATION_S, CONCURRENCY
     write_json(args.out, asyncio.run(run(args)))
     return 0
 
