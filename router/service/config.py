@@ -20,6 +20,12 @@ def _policies() -> list[str]:
     return sorted(POLICIES)
 
 
+def _ext_proc_servers() -> list[str]:
+    from kvroute.router.service.ext_proc.servers import SERVERS  # names only: no grpc, no protos
+
+    return list(SERVERS)
+
+
 def _indexes() -> list[str]:
     from kvroute.router.index import INDEXES
 
@@ -135,6 +141,9 @@ class RouterConfig:
                                               "endpoint picker of a gateway (the Gateway API Inference Extension; "
                                               "docs/gateway.md); needs kvroute[gateway]", check=Range(0, 65535),
                                         metavar="PORT", default_text="off")
+    ext_proc_server: str = setting("lean", "the endpoint picker's gRPC server: lean (HTTP/2 on the router's "
+                                           "event loop) or grpcio (grpcio's asyncio server, the fallback)",
+                                   choices=_ext_proc_servers)
     # the GIE protocol's list, tried in order by gateways that implement it
     ext_proc_fallbacks: int = setting(0, "next-best endpoints after the choice in x-gateway-destination-endpoint, for "
                                          "gateways that try the list in order (0: the choice alone, as plain Envoy's "

@@ -153,3 +153,16 @@ async def test_an_admission_refusal_reaches_the_client_as_429_with_retry_after(g
     assert response.status_code == 429 and int(response.headers["retry-after"]) >= 1
     assert refused.value.body["code"] == "rate_limit"  # the OpenAI error body, as the proxy answers it
     assert await wait_for(lambda: not charged(server)), charged(server)
+
+
+async def test_through_envoy_the_key_is_checked_and_no_engine_path_is_reached(gateway, http):
+    url, server, client = await gateway(api_key=("s3cret",))
+    envoy = str(client.base_url).removesuffix("/v1/")
+    good = {"Authorization": "Bearer s3cret"}
+    async with http.get(envoy + "/load", headers=good) as r:  # an engine's own path: the proxy has none
+        assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
+    async with http.post(envoy + "/v1/completions", json={"model": "kvroute-tiny", "prompt": "hi"}) as r:
+        assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+    async with http.get(envoy + "/v1/models", headers=good) as r:
+        assert r.status == 200 and [m["id"] for m in (await r.json())["data"]] == ["kvroute-tiny"]
+    assert not charged(server)

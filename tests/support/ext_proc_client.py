@@ -31,8 +31,8 @@ def _metadata(namespaces: dict | None):
 
 def request_headers(path: str = "/v1/completions", headers: dict | None = None, end: bool = False,
                     body_mode=Mode.FULL_DUPLEX_STREAMED, response_mode=Mode.NONE,
-                    metadata: dict | None = None) -> pb.ProcessingRequest:
-    pairs = [(":method", "POST"), (":path", path), (":authority", "kvroute"),
+                    metadata: dict | None = None, method: str = "POST") -> pb.ProcessingRequest:
+    pairs = [(":method", method), (":path", path), (":authority", "kvroute"),
              ("content-type", "application/json"), *(headers or {}).items()]
     return pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(headers=_header_map(pairs), end_of_stream=end),

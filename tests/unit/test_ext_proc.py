@@ -169,12 +169,68 @@ async def test_the_fallback_that_served_takes_the_charge(picker):
     assert await wait_for(lambda: not charged(server)), charged(server)
 
 
-async def test_a_bodiless_request_goes_to_the_least_loaded_instance(picker):
+KEY = "s3cret"
+# (method, path, headers, body or None for a bodiless request): what the proxy answers each, the picker must
+AS_THE_PROXY = [
+    ("GET", "/v1/models", {}, None),
+    ("GET", "/v1/models/kvroute-tiny", {}, None),
+    ("GET", "/v1/models/no-such-model", {}, None),
+    ("GET", "/v1/completions", {}, None),
+    ("DELETE", "/v1/chat/completions", {}, None),
+    ("POST", "/v1/completions", {}, None),
+    ("POST", "/v1/completions", {"content-length": "9999999"}, None),
+    ("GET", "/load", {}, None),  # an engine's own paths: the proxy sends none of them to an engine
+    ("POST", "/kv/pull", {}, b"{}"),
+    ("GET", "/v1/models", {"authorization": "Bearer wrong"}, None),
+    ("POST", "/v1/completions", {"authorization": ""}, BODY),
+]
+
+
+async def picker_answer(channel, method, path, headers, body) -> tuple[int, dict]:
+    """The status and JSON body the picker answers at once to a request Envoy shows it."""
+    stream = ExtProcStream(channel)
+    await stream.call.write(request_headers(path, headers, end=body is None, method=method))
+    answer = (await stream.call.read()) if body is None else (await stream.send(request_body(body, True), 1))[0]
+    await stream.end()
+    assert answer.HasField("immediate_response"), (method, path, answer)
+    return answer.immediate_response.status.code, json.loads(answer.immediate_response.body)
+
+
+async def test_what_the_proxy_refuses_or_answers_itself_the_picker_does_too_and_no_engine_sees_it(picker, http):
+    url, server, channel = await picker(api_key=(KEY,), max_body_bytes=65536)
+    seen_before = [i.inflight for i in server.app[CLUSTER].instances]
+    for method, path, extra, body in AS_THE_PROXY:
+        headers = {"authorization": f"Bearer {KEY}", **extra}
+        status, answer = await picker_answer(channel, method, path, headers, body)
+        async with http.request(method, url + path, headers=headers, data=body) as r:
+            assert (status, "error" in answer) == (r.status, r.status >= 400), (method, path, answer)
+            if r.status == 200:
+                want = await r.json()
+                assert [m["id"] for m in answer.get("data", [answer])] == [m["id"] for m in want.get("data", [want])]
+    assert [i.inflight for i in server.app[CLUSTER].instances] == seen_before
+    assert not charged(server)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/models", "/kv/pull"])
+async def test_the_api_key_is_checked_at_the_headers_of_every_request(picker, path):
+    url, server, channel = await picker(api_key=(KEY,))
+    stream = ExtProcStream(channel)
+    answer = (await stream.send(request_headers(path, {"authorization": "Bearer nope"}), answers=1))[0]
+    assert answer.immediate_response.status.code == 401  # before any body came
+    assert json.loads(answer.immediate_response.body)["error"]["code"] == "invalid_api_key"
+    await stream.end()
+    assert not charged(server)
+
+
+@pytest.mark.parametrize("mode", [Mode.NONE, Mode.STREAMED])
+async def test_a_completion_the_picker_may_not_read_first_is_refused_not_routed_on_load(picker, mode):
     url, server, channel = await picker()
     stream = ExtProcStream(channel)
-    answer = (await stream.send(request_headers("/v1/models", end=True), answers=1))[0]
-    assert destination_of(answer)[0] in {endpoint(i) for i in server.app[CLUSTER].instances}
+    answer = (await stream.send(request_headers(body_mode=mode), answers=1))[0]
+    assert answer.immediate_response.status.code == 500
+    assert "FULL_DUPLEX_STREAMED or BUFFERED" in json.loads(answer.immediate_response.body)["error"]["message"]
     await stream.end()
+    assert not charged(server)
 
 
 async def test_grpc_health_says_serving_for_liveness_readiness_and_the_service(picker):

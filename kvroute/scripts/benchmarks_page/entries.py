@@ -155,7 +155,9 @@ ENTRIES = (
                 "streams; each router started fresh, added p50 at c=1 against one engine direct, then c=32 for "
                 "10 s with the CPU of each of its processes (Envoy and kvroute apart) per request served, also "
                 "less what each burns idle (load and event polls, which weigh most on the slow stream runs). "
-                "Envoy's request body FULL_DUPLEX_STREAMED (GIE's) and BUFFERED (a message less per request).",
+                "Envoy's request body FULL_DUPLEX_STREAMED (GIE's) and BUFFERED (a message less per request); the "
+                "floors serve the picker's messages with no routing on each of its gRPC servers "
+                "(`--ext-proc-server lean`, the default, and `grpcio`).",
           args=("-m", "kvroute.benchmarks.gateway", "--out", "{out}"), out="gateway.json", render=render.gateway),
     Entry(name="decision-scale", title="Decision time against fleet size (simulator)", full_only=True,
           about="Index lookup + candidates + kv_aware score with every pool full, all candidates and fast path.",

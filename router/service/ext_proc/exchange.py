@@ -13,8 +13,12 @@
     response trailers, or the body's end: the finish
     the stream's end  whatever the request still charges is released (a client gone: cancelled)
 
-Bodiless requests and those Envoy does not let the picker read first (body mode NONE or STREAMED:
-the headers must go before the body) are routed on load alone: the least loaded routable instance.
+Every request passes what the proxy applies to its path before anything else: with API keys, the key
+(401); a path the proxy sends no engine is answered here (router/service/ext_proc/own_routes.py: the
+models, else 404); a completion path takes POST only (405), a Content-Length within --max-body-bytes
+(413) and a body (400). A completion Envoy does not let the picker read first (request body mode NONE
+or STREAMED: the headers must go before the body) is refused (500, the gateway's configuration):
+the proxy's checks need the body.
 """
 
 from __future__ import annotations
@@ -27,24 +31,26 @@ from kvroute.router.contract.errors import KVRouteError, PayloadTooLarge, Unauth
 from kvroute.router.contract.http import parse_json, status_of
 from kvroute.router.service.endpoints import split_endpoints
 from kvroute.router.service.ext_proc import messages as msg
+from kvroute.router.service.ext_proc.own_routes import ROUTED, answer, not_allowed
 from kvroute.router.service.picker import Picked, Picker
 from kvroute.router.service.steering import forwardable
 from kvroute.router.service.tenant_book import TenantBook
 
 log = logging.getLogger(__name__)
 
-KINDS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+UNREAD_MODES = (msg.Mode.NONE, msg.Mode.STREAMED)  # Envoy sends the body after the headers' answer, if at all
 WHOLE_BODY_CAP = 1 << 20  # a whole answer's bytes kept for its usage; past it, none is read
 
 
 class Exchange:
     __slots__ = ("picker", "book", "max_body", "headers", "body", "request_mode", "response_mode", "among",
-                 "picked", "answered", "status", "stream", "first_seen", "whole", "ended")
+                 "picked", "answered", "status", "stream", "first_seen", "whole", "ended", "kind", "key_tenant", "size")
 
     def __init__(self, picker: Picker, book: TenantBook, max_body: int) -> None:
         self.picker, self.book, self.max_body = picker, book, max_body
         self.headers: CIMultiDict = CIMultiDict()  # the request's, once they came
-        self.body = bytearray()
+        self.body: list[bytes] = []  # the request body's chunks (most bodies come in one: not copied)
+        self.size = 0
         self.request_mode = msg.FULL_DUPLEX  # until Envoy's protocol_config says otherwise
         self.response_mode = msg.Mode.NONE
         self.among: list[str] | None = None  # the data plane's subset hint: the endpoints allowed
@@ -55,6 +61,8 @@ class Exchange:
         self.first_seen = False
         self.whole: bytearray | None = None
         self.ended = False
+        self.kind = ""  # completion or chat, once the headers came
+        self.key_tenant: str | None = None  # the tenant of the request's API key (with keys)
 
     async def on(self, request: msg.ProcessingRequest) -> list[msg.ProcessingResponse]:
         """The answers to one of Envoy's messages, in order (none while the body is held)."""
@@ -72,8 +80,25 @@ class Exchange:
 
     async def request_headers(self, request) -> list[msg.ProcessingResponse]:
         self.headers = msg.headers_of(request.request_headers)
-        if request.request_headers.end_of_stream or self.request_mode in (msg.Mode.NONE, msg.Mode.STREAMED):
-            return self._on_load("request_headers")
+        self.key_tenant = self._tenant_by_key()  # every request, before anything else
+        path = self.headers.get(":path", "").split("?", 1)[0]
+        method = self.headers.get(":method", "")
+        self.answered = True  # unless the request goes on to be picked below
+        kind = ROUTED.get(path)
+        if kind is None:
+            return [answer(method, path, self.picker)]
+        if method != "POST":
+            return [not_allowed("POST")]
+        if self.request_mode in UNREAD_MODES:
+            raise KVRouteError("the gateway sends kvroute no request body before the headers' answer (ext_proc "
+                               "request_body_mode NONE or STREAMED): give it FULL_DUPLEX_STREAMED or BUFFERED",
+                               code="ext_proc_body_mode")
+        length = self.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body:
+            raise PayloadTooLarge(f"request body is over {self.max_body} bytes (--max-body-bytes)")
+        self.kind, self.answered = kind, False
+        if request.request_headers.end_of_stream:
+            return await self._picked(trailers=False)  # no body: refused as the proxy refuses one (400)
         if self.request_mode in msg.BUFFERED_MODES:
             return [msg.carry_on("request_headers")]
         return []  # full duplex: held until the body has come
@@ -82,9 +107,11 @@ class Exchange:
         part = request.request_body
         if self.answered:  # a duplicate end of stream, or bytes after the decision: nothing to answer
             return []
-        if len(self.body) + len(part.body) > self.max_body:
+        if self.size + len(part.body) > self.max_body:
             raise PayloadTooLarge(f"request body is over {self.max_body} bytes (--max-body-bytes)")
-        self.body += part.body
+        if part.body:
+            self.body.append(part.body)
+            self.size += len(part.body)
         if self.request_mode == msg.Mode.BUFFERED_PARTIAL and not part.end_of_stream:
             raise PayloadTooLarge("request body is over what the gateway buffers (BUFFERED_PARTIAL): give the "
                                   "ext_proc filter FULL_DUPLEX_STREAMED or a larger buffer")
@@ -99,15 +126,15 @@ class Exchange:
         return out + [msg.carry_on("request_trailers")]
 
     async def response_headers(self, request) -> list[msg.ProcessingResponse]:
-        headers = msg.headers_of(request.response_headers)
-        self.status = headers.get(":status", "")
+        status, content_type = msg.status_and_type(request.response_headers)
+        self.status = status
         picked = self.picked
         if picked is None:
             return [msg.carry_on("response_headers")]
         served = msg.metadata_value(request, msg.LB_NAMESPACE, msg.SERVED)
         if isinstance(served, str):
             self.picker.served_by(picked, served)
-        self.stream = "text/event-stream" in headers.get("content-type", "")
+        self.stream = "text/event-stream" in content_type
         if request.response_headers.end_of_stream or self.response_mode == msg.Mode.NONE:
             self._first_byte()  # no body will show it: the head is the first byte
         if request.response_headers.end_of_stream:
@@ -139,15 +166,10 @@ class Exchange:
 
     async def _picked(self, trailers: bool) -> list[msg.ProcessingResponse]:
         """Pick from the whole body; the answers in the order the request's mode needs."""
-        path = self.headers.get(":path", "").split("?", 1)[0]
-        kind = KINDS.get(path)
         phase = "request_headers" if self.request_mode == msg.FULL_DUPLEX else "request_body"
-        if kind is None:
-            return self._on_load(phase, trailers)
-        original = bytes(self.body)
+        original = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         body, raw = forwardable(parse_json(original), original)
-        self.picked = picked = await self.picker.pick(body, kind, self.headers, self._tenant_by_key(), self.among,
-                                                      raw)
+        self.picked = picked = await self.picker.pick(body, self.kind, self.headers, self.key_tenant, self.among, raw)
         raw = picked.flight.raw  # the priority within the tenant's: the bytes the engine gets
         self.answered = True
         fallbacks = picked.fallbacks[: self.picker.cluster.config.ext_proc_fallbacks]
@@ -157,18 +179,6 @@ class Exchange:
         changed = raw is not original  # engine-only fields were dropped: the body replaced, a new length
         return [msg.destination(endpoints, picked.instance.id, phase, len(raw) if changed else None,
                                 body=raw if changed else None)]
-
-    def _on_load(self, phase: str, trailers: bool = False) -> list[msg.ProcessingResponse]:
-        """Not a completion, or a body Envoy does not show first: the least loaded routable instance."""
-        routable = [inst for inst in self.picker.cluster.instances if inst.routable]
-        if not routable:
-            raise Unavailable("no engine instance is available yet")
-        inst = min(routable, key=lambda i: i.inflight)
-        self.answered = True
-        out = [msg.destination([self.picker.endpoint(inst)], inst.id, phase)]
-        if phase == "request_headers" and self.body:
-            out += msg.echoed(bytes(self.body), end=not trailers)
-        return out
 
     def _tenant_by_key(self) -> str | None:
         """The tenant of the request's API key, as the proxy's auth middleware finds it; none without keys."""

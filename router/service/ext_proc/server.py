@@ -1,13 +1,9 @@
-"""The endpoint picker's gRPC server on --ext-proc-port: Envoy's
-`envoy.service.ext_proc.v3.ExternalProcessor/Process` and the gRPC health service, on grpcio's
-asyncio server in the router's own event loop, over the router's own decision, index, feeds and
-admission (router/service/picker.py).
+"""The endpoint picker's gRPC server on grpcio's asyncio server (ext_proc_server "grpcio", the
+fallback to the lean default, router/service/ext_proc/grpc_server.py): Envoy's
+`envoy.service.ext_proc.v3.ExternalProcessor/Process` and the gRPC health service
+(router/service/ext_proc/health_book.py's rules), over the same `Exchange`.
 
-Health (grpc.health.v1.Health): `liveness` is SERVING while the process answers; `readiness`, the
-ext_proc service's name and "" are SERVING while the router has a routable instance, NOT_SERVING
-otherwise (checked every HEALTH_INTERVAL_S), as the Endpoint Picker Protocol asks.
-
-This module is imported only with --ext-proc-port: `kvroute router` without it needs no grpc.
+This module is imported only with --ext-proc-server grpcio.
 """
 
 from __future__ import annotations
@@ -21,12 +17,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvroute.router.service.ext_proc.exchange import Exchange
+from kvroute.router.service.ext_proc.grpc_server import STOP_GRACE_S
+from kvroute.router.service.ext_proc.health_book import HEALTH_INTERVAL_S, LIVENESS, READY_NAMES, ready_status
 
 log = logging.getLogger(__name__)
-
-SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-HEALTH_INTERVAL_S = 1.0
-STOP_GRACE_S = 5.0  # streams in flight get this long when the router stops (as its HTTP requests do)
 
 
 class Processor(pb_grpc.ExternalProcessorServicer):
@@ -63,11 +57,11 @@ class ExtProcServer:
         if not bound:  # the port asked for, not the 0 grpc answers
             raise OSError(f"cannot listen for ext_proc on {host}:{self.port}")
         self.port = bound
-        await self.health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         await self._mark()
         await self.server.start()
         self._watch = asyncio.create_task(self._watch_loop(), name="ext-proc-health")
-        log.info("ext_proc endpoint picker listening on %s:%d", host, self.port)
+        log.info("ext_proc endpoint picker listening on %s:%d (grpcio server)", host, self.port)
 
     async def stop(self) -> None:
         if self._watch is not None:
@@ -78,8 +72,8 @@ class ExtProcServer:
             await self.server.stop(STOP_GRACE_S)
 
     async def _mark(self) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if self.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", "readiness", SERVICE):
+        status = ready_status(self.ready())
+        for name in READY_NAMES:
             await self.health.set(name, status)
 
     async def _watch_loop(self) -> None:

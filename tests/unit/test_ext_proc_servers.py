@@ -1,0 +1,156 @@
+"""The endpoint picker's two gRPC servers (--ext-proc-server lean, the default, and grpcio) answer the
+same, spoken to with grpcio's client: many concurrent streams on one connection, a body echoed back
+over the 64 KiB default window, a stream the client cancels (its charges released), health Check
+and Watch, an unknown method (UNIMPLEMENTED), and a malformed frame or an oversized header block (a
+connection error, no traceback, the server still serving other connections)."""
+
+import asyncio
+import json
+import logging
+import struct
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.ext_proc_client import ExtProcStream, echoed_body, request_body, request_headers, response_headers
+from tests.support.picker_fleet import BODY, charged
+from tests.support.waiting import wait_for
+
+SERVERS = ["lean", "grpcio"]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return struct.pack(">BHBBL", len(payload) >> 16, len(payload) & 0xFFFF, kind, flags, stream) + payload
+
+
+async def exchange(channel, body: bytes = BODY) -> list:
+    stream = ExtProcStream(channel)
+    await stream.call.write(request_headers())
+    answers = await stream.send(request_body(body, end=True), answers=1)
+    while echoed_body(answers)[1][-1:] != [True]:
+        answers.append(await stream.call.read())
+    answers += await stream.send(response_headers(200), answers=1)
+    assert await stream.end() == []
+    return answers
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_many_concurrent_streams_on_one_connection(picker, server):
+    url, app, channel = await picker(ext_proc_server=server)
+    results = await asyncio.gather(*[exchange(channel) for _ in range(40)])
+    for answers in results:
+        assert [a.WhichOneof("response") for a in answers] == ["request_headers", "request_body", "response_headers"]
+        assert echoed_body(answers) == (BODY, [True])
+    assert await wait_for(lambda: not charged(app)), charged(app)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_body_over_the_default_window_is_echoed_whole(picker, server):
+    url, app, channel = await picker(ext_proc_server=server, max_body_bytes=1 << 20)
+    big = json.dumps({**json.loads(BODY), "user": "u" * 300_000}).encode()
+    answers = await exchange(channel, big)
+    assert echoed_body(answers) == (big, [False] * 4 + [True])  # in 62,000-byte chunks
+    assert await wait_for(lambda: not charged(app)), charged(app)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_stream_the_client_cancels_releases_its_charges(picker, server):
+    url, app, channel = await picker(ext_proc_server=server)
+    stream = ExtProcStream(channel)
+    await stream.call.write(request_headers())
+    await stream.send(request_body(BODY, end=True), answers=2)
+    assert charged(app)  # picked: charged as sent
+    stream.call.cancel()  # RST_STREAM
+    assert await wait_for(lambda: not charged(app)), charged(app)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_health_check_and_watch(picker, server):
+    url, app, channel = await picker(ext_proc_server=server)
+    stub = health_pb2_grpc.HealthStub(channel)
+    for name in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor", ""):
+        assert (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status == SERVING
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    for name, status in (("readiness", SERVING),
+                         ("nope", health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)):
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service=name))
+        assert (await watch.read()).status == status
+        watch.cancel()
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_an_unknown_method_is_unimplemented(picker, server):
+    url, app, channel = await picker(ext_proc_server=server)
+    call = channel.unary_unary("/envoy.service.ext_proc.v3.ExternalProcessor/Nope")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(b"")
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def protocol_error(port: int, data: bytes) -> str:
+    """What the server does to a connection sending `data` after the preface: 'goaway', 'rst', 'closed'
+    (frames read until one of them), or 'nothing' after 5 s."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(PREFACE + frame(4, 0, 0, b"") + data)
+    try:
+        async with asyncio.timeout(5):
+            while True:
+                head = await reader.readexactly(9)
+                length = head[0] << 16 | head[1] << 8 | head[2]
+                await reader.readexactly(length)
+                if head[3] in (7, 3):
+                    return {7: "goaway", 3: "rst"}[head[3]]
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return "closed"
+    except TimeoutError:
+        return "nothing"
+    finally:
+        writer.close()
+
+
+MALFORMED = {
+    "a frame over the size allowed": struct.pack(">BHBBL", 0x20, 0, 0, 0, 1) + b"x" * 1000,  # says 2 MiB
+    "a header block over the size allowed": frame(1, 0x4 | 0x1, 1, b"\x00" + bytes([0x7f, 0x81, 0x80, 0x01])
+                                                  + b"x" * 20000 + b"\x01v"),
+    "a window update of zero": frame(8, 0, 0, b"\0\0\0\0"),
+}
+
+
+@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("case", list(MALFORMED))
+async def test_a_malformed_connection_is_refused_and_others_are_served(picker, server, case, caplog):
+    from kvroute.router.service.app_keys import EXT_PROC_PORT
+
+    url, app, channel = await picker(ext_proc_server=server)
+    with caplog.at_level(logging.INFO):
+        assert await protocol_error(app.app[EXT_PROC_PORT], MALFORMED[case]) in ("goaway", "rst", "closed")
+    assert not any(r.exc_info for r in caplog.records)  # a one-line log, never a traceback
+    stub = health_pb2_grpc.HealthStub(channel)
+    assert (await stub.Check(health_pb2.HealthCheckRequest(service=""))).status == SERVING
+    assert echoed_body(await exchange(channel))[0] == BODY
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_stop_lets_a_call_in_flight_finish_then_serves_no_more(server):
+    from kvroute.benchmarks.ext_proc_floor import FixedExchange
+    from kvroute.router.service.ext_proc.servers import make_server
+
+    picker = make_server(server, lambda: FixedExchange("127.0.0.1:9"), lambda: True, "127.0.0.1", 0)
+    await picker.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.port}") as channel:
+        stream = ExtProcStream(channel)
+        assert (await stream.send(response_headers(200), answers=1))[0].HasField("response_headers")  # it is open
+        stopping = asyncio.create_task(picker.stop())
+        answers = await stream.send(request_body(BODY, end=True), answers=2)  # still served while stopping
+        assert echoed_body(answers) == (BODY, [True])
+        assert await stream.end() == []
+        await asyncio.wait_for(stopping, 4.0)  # when the call ended, not after the 5 s grace
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{picker.port}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
