@@ -154,3 +154,35 @@ async def test_stop_lets_a_call_in_flight_finish_then_serves_no_more(server):
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
         assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def _answers_ping_after(port: int, data: bytes) -> bool:
+    """A connection sends `data` after the preface, then a PING: True when the PING is answered before
+    the connection is refused (GOAWAY, or closed)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(PREFACE + frame(4, 0, 0, b"") + data + frame(6, 0, 0, b"12345678"))
+    try:
+        async with asyncio.timeout(5):
+            while True:
+                head = await reader.readexactly(9)
+                payload = await reader.readexactly(head[0] << 16 | head[1] << 8 | head[2])
+                if head[3] == 7:
+                    return False
+                if head[3] == 6 and head[4] & 1 and payload == b"12345678":
+                    return True
+    except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_late_headers_on_a_call_the_server_ended_leave_the_connection_up(picker, server):
+    """Envoy multiplexes every request's ext_proc call on one connection: a frame in flight on a call
+    the server already ended (here: an unknown method, answered and reset) must not end the others."""
+    from kvroute.router.service.app_keys import EXT_PROC_PORT
+
+    url, app, channel = await picker(ext_proc_server=server)
+    opening = b"\x83\x86\x04\x05/Nope"  # :method POST, :scheme http, :path /Nope (literal, not indexed)
+    late = frame(1, 0x4 | 0x1, 1, b"\x83")  # HEADERS with END_STREAM on the ended call
+    assert await _answers_ping_after(app.app[EXT_PROC_PORT], frame(1, 0x4, 1, opening) + late)

@@ -215,8 +215,10 @@ class H2Connection(Sending, asyncio.Protocol):
             if flags & h2.END_STREAM:
                 self.streams[stream_id].ended()
             return
-        if stream_id % 2 == 0 or stream_id <= self.last_id:
-            raise h2.ConnectionError_(h2.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id} out of order")
+        if stream_id % 2 == 0:
+            raise h2.ConnectionError_(h2.PROTOCOL_ERROR, f"HEADERS opening even stream {stream_id}")
+        if stream_id <= self.last_id:  # a stream closed here already (reset, refused): its late headers
+            return  # are ignored (RFC 9113 5.1), never an error that would end every call on the connection
         self.last_id = stream_id
         if self.going_away or len(self.streams) >= MAX_STREAMS:
             self.write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
