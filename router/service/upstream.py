@@ -331,7 +331,16 @@ class Upstream:
         """POST `body` (JSON) and wait for the answer's head; its body is read from the Response."""
         request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
-        key = (host, port)
+        return await self._request((host, port), request, connect_timeout_s, read_timeout_s)
+
+    async def get(self, host: str, port: int, path: str, connect_timeout_s: float,
+                  read_timeout_s: float | None) -> Response:
+        """GET `path` (with its query) and wait for the answer's head, as `post` does."""
+        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode("latin-1")
+        return await self._request((host, port), request, connect_timeout_s, read_timeout_s)
+
+    async def _request(self, key: tuple[str, int], request: bytes, connect_timeout_s: float,
+                       read_timeout_s: float | None) -> Response:
         conn = self._take(key)
         if conn is not None:
             response = await self._send(conn, request, read_timeout_s)
