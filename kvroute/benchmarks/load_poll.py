@@ -1,8 +1,12 @@
-"""What one load poll costs the router's process: GET /load from a sim engine through aiohttp's client
-and through the lean keep-alive client (router/fleet/kinds/http.py EngineHTTP, with and without `lean`),
-CPU per poll of this process (user + system), polls one after another.
+"""What load polls cost a router: GET /load from a sim engine through aiohttp's client and through the
+lean keep-alive client (router/fleet/kinds/http.py EngineHTTP, with and without `lean`), CPU per poll of
+this process (user + system), polls one after another; then a router over 4 sim engines, idle (load
+polls every --load-interval-s, health checks, event long polls), its CPU per second over --idle-s.
 
-    python -m kvroute.benchmarks.load_poll [--polls 2000] [--out load_poll.json]
+    python -m kvroute.benchmarks.load_poll [--polls 2000] [--idle-s 20] [--out load_poll.json]
+
+A 256-token stream run serves ~150 requests a second on this machine's sim fleet, so each ms/s the
+router burns idle is ~7 us of its CPU per stream (kvroute/benchmarks/gateway.py counts it in).
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import argparse
 import asyncio
 import resource
 import sys
+import time
 
 import aiohttp
 
 from kvroute.benchmarks.results import write_json
-from kvroute.loadgen.processes import Processes
+from kvroute.benchmarks.router.routers import cpu_seconds
+from kvroute.loadgen.processes import Processes, free_port, kvroute_argv
 from kvroute.router.contract.serve import install_uvloop
 from kvroute.router.fleet.kinds.http import EngineHTTP
 from kvroute.router.service.upstream import Upstream
@@ -49,16 +55,35 @@ async def measure(engine: str, polls: int) -> dict:
     return {"polls": polls, "cpu_us_per_poll": rows}
 
 
+def idle_router(procs: Processes, engines: list[str], idle_s: float) -> float:
+    """ms of CPU per second a router over `engines` burns with no request, after a 2 s settling."""
+    port = free_port()
+    router = procs.start("router", kvroute_argv("router", "--port", str(port), "--log-level", "WARNING",
+                                                *[a for u in engines for a in ("--engine", u)]))
+    asyncio.run(procs.wait_ready(f"http://127.0.0.1:{port}"))
+    time.sleep(2.0)
+    start = cpu_seconds(router.pid)
+    time.sleep(idle_s)
+    used = (cpu_seconds(router.pid) - start) / idle_s * 1e3
+    procs.stop(router)
+    print(f"router idle over 4 engines: {used:.1f} ms of CPU per second", flush=True)
+    return used
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--polls", type=int, default=2000, help="polls per client")
+    p.add_argument("--idle-s", type=float, default=20.0, help="seconds the idle router is measured over")
     p.add_argument("--out", default=None, help="write the result as JSON")
     args = p.parse_args(argv)
+    install_uvloop()  # as the router runs
     with Processes() as procs:
-        engine = procs.server("engine-0", *ENGINE, "--instance-id", "e0")
-        asyncio.run(procs.wait_ready(engine))
-        install_uvloop()
-        write_json(args.out, asyncio.run(measure(engine, args.polls)))
+        engines = [procs.server(f"engine-{i}", *ENGINE, "--instance-id", f"e{i}") for i in range(4)]
+        for engine in engines:
+            asyncio.run(procs.wait_ready(engine))
+        result = asyncio.run(measure(engines[0], args.polls))
+        result["router_idle_cpu_ms_per_s"] = idle_router(procs, engines, args.idle_s)
+    write_json(args.out, result)
     return 0
 
 

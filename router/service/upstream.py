@@ -351,6 +351,9 @@ class Upstream:
                 response.close()
                 if response.received_any:
                     raise
+            except BaseException:  # a timeout or a cancel while waiting for the head: the connection goes
+                response.close()
+                raise
         conn = await self._connect(key, connect_timeout_s)
         response = await self._send(conn, request, read_timeout_s)
         try:

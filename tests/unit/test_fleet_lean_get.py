@@ -80,3 +80,33 @@ def test_only_plain_http_urls_with_a_port_go_through_the_lean_client():
     assert plain_target("http://[::1]:9/load") == ("::1", 9, "/load")
     for url in ("https://e:8000/load", "http://e/load", "http://user:pw@e:8000/load"):
         assert plain_target(url) is None
+
+
+async def test_a_poll_that_times_out_on_a_reused_connection_closes_it():
+    """A connection taken from the pool and given up on before the answer's head is closed, not left open."""
+    closed = asyncio.Event()
+    requests = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        while await reader.readuntil(b"\r\n\r\n"):
+            requests += 1
+            if requests > 1:  # the second request on this connection is never answered
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await reader.read()  # until the client closes
+        closed.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    lean = Upstream()
+    http = EngineHTTP(None, 0.3, lean)
+    try:
+        assert await http.json(f"http://127.0.0.1:{port}/load") == {}
+        with pytest.raises(TimeoutError):
+            await http.json(f"http://127.0.0.1:{port}/load")  # on the pooled connection
+        await asyncio.wait_for(closed.wait(), 5.0)
+    finally:
+        lean.close()
+        server.close()
+        await server.wait_closed()
