@@ -10,6 +10,7 @@ from aiohttp import web
 
 from kvroute.router.fleet.kinds import http as engine_http
 from kvroute.router.fleet.kinds.http import EngineHTTP, NotServed, plain_target
+from kvroute.router.fleet.upstream_errors import BadAnswer
 from kvroute.router.service.upstream import Upstream
 from tests.support.loopback import LoopbackServer
 
@@ -110,3 +111,15 @@ async def test_a_poll_that_times_out_on_a_reused_connection_closes_it():
         lean.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_the_event_feeds_go_through_the_lean_client_with_their_query_and_errors(engine, clients):
+    http, _, lean = clients
+    assert await http.feed(engine, "/load", {"since": 3, "epoch": 1}, wait_s=0.1) == {
+        "running": 1, "query": "since=3&epoch=1"}
+    target = plain_target(engine + "/load")
+    assert target is not None and len(lean._idle[target[:2]]) == 1  # through the lean client, kept
+    with pytest.raises(BadAnswer, match=r"GET /status/503 answered HTTP 503"):
+        await http.feed(engine, "/status/503")
+    with pytest.raises(BadAnswer, match=r"GET /big did not answer JSON"):
+        await http.feed(engine, "/big")
