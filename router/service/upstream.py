@@ -3,8 +3,9 @@ asyncio protocols, no per-request machinery beyond parsing the answer.
 
 aiohttp's client costs the router about as much CPU per request as its whole routing
 decision (timers, tracing hooks, cookie jar, multidicts, stream readers); on the hot
-path the router only needs: POST a body to http://host:port/path, read the status and
-a few headers, then the body whole or as it streams. This does exactly that:
+path the router only needs: POST a body to http://host:port/path (or GET it: the fleet's
+load polls and event feeds, router/fleet/kinds/http.py), read the status and a few
+headers, then the body whole or as it streams. This does exactly that:
 
 - one pool of idle connections per host:port, most recently used first; a connection
   idle for more than `idle_s` (below the engines' 75 s keep-alive) is closed, not reused;
