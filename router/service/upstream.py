@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import time
 
 import aiohttp
+
+from kvroute.router.fleet.upstream_errors import LookupFailed
 
 HIGH_WATER = 1 << 20
 MAX_HEAD = 64 << 10
@@ -385,6 +388,8 @@ class Upstream:
         try:
             async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(lambda: _Conn(key), *key)
+        except socket.gaierror as e:
+            raise LookupFailed(key[0], e) from e
         except OSError as e:
             raise aiohttp.ClientOSError(e.errno or 0, e.strerror or str(e)) from e
         return conn
