@@ -19,7 +19,7 @@ from kvroute.router.fleet.fleet_shape import FleetShape
 from kvroute.router.fleet.groups import Group, Groups
 from kvroute.router.fleet.instance import EngineInfo, Generation, Instance
 from kvroute.router.fleet.kinds import assign_kinds, discover_info, poll_load
-from kvroute.router.fleet.kinds.http import EngineHTTP
+from kvroute.router.fleet.kinds.http import EngineHTTP, LeanGet
 from kvroute.router.fleet.metrics import FleetMetrics
 from kvroute.router.fleet.progress import ProgressWatch
 from kvroute.router.fleet.settings import FleetSettings
@@ -44,11 +44,12 @@ class Cluster(Generic[Settings, Metrics]):
 
     def __init__(self, config: Settings, index: BlockIndex, tokenizer_fingerprint: str,
                  metrics: Metrics, session: aiohttp.ClientSession | None = None,
-                 on_load: Callable[[], None] = lambda: None) -> None:
+                 on_load: Callable[[], None] = lambda: None, lean: LeanGet | None = None) -> None:
         """`config`: the router's settings, of which the fleet reads its section; `session`: the
         engines' HTTP client (None: nothing is probed or polled, as in tests that drive the cluster
         by hand; `engine_http` is also what the event feeds read /kv/events and /kv/snapshot with);
-        `on_load`: called after each load report is applied."""
+        `on_load`: called after each load report is applied; `lean`: the client of plain http://
+        GETs (load polls, discovery; router/fleet/kinds/http.py)."""
         self.config = config
         self.on_load = on_load
         self.index = index
@@ -59,7 +60,7 @@ class Cluster(Generic[Settings, Metrics]):
                           for url in config.engines]  # grows, shrinks
         assign_kinds(self.instances, config)
         self.session = session
-        self.engine_http = EngineHTTP(session, config.connect_timeout_s)  # discovery, load polling, feeds
+        self.engine_http = EngineHTTP(session, config.connect_timeout_s, lean)  # discovery, load polling, feeds
         self.shape = FleetShape(tokenizer_fingerprint, config.limits.max_prompt_chars, config.limits.max_body_bytes)
         self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
         self.progress = ProgressWatch(config.first_byte_timeout_s, metrics)  # stalled engines out, and back

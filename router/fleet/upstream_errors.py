@@ -28,6 +28,15 @@ class Incompatible(ValueError):
     """A kvroute engine the router cannot use (its /kv/info lacks or mistypes a field)."""
 
 
+class LookupFailed(aiohttp.ClientOSError):
+    """A host name that does not resolve, from the router's lean client (router/service/upstream.py);
+    aiohttp's own client raises ClientConnectorDNSError."""
+
+    def __init__(self, host: str, error: OSError) -> None:
+        super().__init__(error.errno or 0, error.strerror or str(error))
+        self.host = host
+
+
 def _os_reason(e: OSError | None) -> str:
     if e is None:
         return "connection failed"
@@ -45,7 +54,7 @@ def describe_failure(e: BaseException) -> str:
         return f"incompatible: {e}"
     if isinstance(e, BadAnswer):
         return str(e)
-    if isinstance(e, aiohttp.ClientConnectorDNSError):
+    if isinstance(e, (aiohttp.ClientConnectorDNSError, LookupFailed)):
         return f"DNS lookup failed for {e.host}"
     if isinstance(e, aiohttp.ClientConnectorError):
         return _os_reason(e.os_error)

@@ -69,6 +69,7 @@ from kvroute.router.service.routing import Router
 from kvroute.router.service.routing_loss import RoutingLoss
 from kvroute.router.service.silent_miss_alarms import SilentMissAlarms
 from kvroute.router.service.tenant_book import TENANT_KEY, TenantBook
+from kvroute.router.service.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,8 @@ async def _router_ctx(app: web.Application):
              if config.shared_admission else None)
     app[GATE] = gate = AdmissionGate(config.admission, app[TENANTS], AdmissionMetrics(metrics.registry),
                                      workers=config.workers, share=share)
-    cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke)
+    lean = Upstream()  # the load polls' keep-alive client (router/fleet/kinds/http.py)
+    cluster = Cluster(config, index, tokenizer.fingerprint, metrics, session=session, on_load=gate.poke, lean=lean)
     shared = None
     if share is not None:
         assert config.redis is not None  # shared_admission is --redis with --admission-sync-s > 0
@@ -182,6 +184,7 @@ async def _router_ctx(app: web.Application):
     await index.close()
     await session.close()
     proxy.upstream.close()
+    lean.close()
     pool.close()
 
 

@@ -3,8 +3,9 @@ asyncio protocols, no per-request machinery beyond parsing the answer.
 
 aiohttp's client costs the router about as much CPU per request as its whole routing
 decision (timers, tracing hooks, cookie jar, multidicts, stream readers); on the hot
-path the router only needs: POST a body to http://host:port/path, read the status and
-a few headers, then the body whole or as it streams. This does exactly that:
+path the router only needs: POST a body to http://host:port/path (or GET it: the fleet's
+load polls and event feeds, router/fleet/kinds/http.py), read the status and a few
+headers, then the body whole or as it streams. This does exactly that:
 
 - one pool of idle connections per host:port, most recently used first; a connection
   idle for more than `idle_s` (below the engines' 75 s keep-alive) is closed, not reused;
@@ -28,9 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import time
 
 import aiohttp
+
+from kvroute.router.fleet.upstream_errors import LookupFailed
 
 HIGH_WATER = 1 << 20
 MAX_HEAD = 64 << 10
@@ -331,7 +335,16 @@ class Upstream:
         """POST `body` (JSON) and wait for the answer's head; its body is read from the Response."""
         request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
-        key = (host, port)
+        return await self._request((host, port), request, connect_timeout_s, read_timeout_s)
+
+    async def get(self, host: str, port: int, path: str, connect_timeout_s: float,
+                  read_timeout_s: float | None) -> Response:
+        """GET `path` (with its query) and wait for the answer's head, as `post` does."""
+        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode("latin-1")
+        return await self._request((host, port), request, connect_timeout_s, read_timeout_s)
+
+    async def _request(self, key: tuple[str, int], request: bytes, connect_timeout_s: float,
+                       read_timeout_s: float | None) -> Response:
         conn = self._take(key)
         if conn is not None:
             response = await self._send(conn, request, read_timeout_s)
@@ -342,6 +355,9 @@ class Upstream:
                 response.close()
                 if response.received_any:
                     raise
+            except BaseException:  # a timeout or a cancel while waiting for the head: the connection goes
+                response.close()
+                raise
         conn = await self._connect(key, connect_timeout_s)
         response = await self._send(conn, request, read_timeout_s)
         try:
@@ -372,6 +388,8 @@ class Upstream:
         try:
             async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(lambda: _Conn(key), *key)
+        except socket.gaierror as e:
+            raise LookupFailed(key[0], e) from e
         except OSError as e:
             raise aiohttp.ClientOSError(e.errno or 0, e.strerror or str(e)) from e
         return conn
