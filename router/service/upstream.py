@@ -323,6 +323,11 @@ class Response:
 
 
 
+def authority(host: str, port: int) -> str:
+    """The Host header's value: an IPv6 address in brackets (RFC 9110 7.2), as URLs write it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class Upstream:
     """Keep-alive connection pools, one per host:port."""
 
@@ -333,14 +338,14 @@ class Upstream:
     async def post(self, host: str, port: int, path: str, body: bytes, connect_timeout_s: float,
                    read_timeout_s: float | None) -> Response:
         """POST `body` (JSON) and wait for the answer's head; its body is read from the Response."""
-        request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        request = (f"POST {path} HTTP/1.1\r\nHost: {authority(host, port)}\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
         return await self._request((host, port), request, connect_timeout_s, read_timeout_s)
 
     async def get(self, host: str, port: int, path: str, connect_timeout_s: float,
                   read_timeout_s: float | None) -> Response:
         """GET `path` (with its query) and wait for the answer's head, as `post` does."""
-        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode("latin-1")
+        request = f"GET {path} HTTP/1.1\r\nHost: {authority(host, port)}\r\n\r\n".encode("latin-1")
         return await self._request((host, port), request, connect_timeout_s, read_timeout_s)
 
     async def _request(self, key: tuple[str, int], request: bytes, connect_timeout_s: float,

@@ -123,3 +123,11 @@ async def test_the_event_feeds_go_through_the_lean_client_with_their_query_and_e
         await http.feed(engine, "/status/503")
     with pytest.raises(BadAnswer, match=r"GET /big did not answer JSON"):
         await http.feed(engine, "/big")
+
+
+def test_the_host_header_brackets_an_ipv6_address():
+    from kvroute.router.service.upstream import authority
+
+    assert authority("::1", 8000) == "[::1]:8000"  # urlsplit's hostname drops the brackets
+    assert authority("127.0.0.1", 8000) == "127.0.0.1:8000"
+    assert authority("engine-0.svc", 80) == "engine-0.svc:80"
