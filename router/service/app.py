@@ -58,10 +58,10 @@ from kvroute.router.service.app_keys import (
 from kvroute.router.service.config import RouterConfig
 from kvroute.router.service.disagg import Disaggregation
 from kvroute.router.service.endpoints import Endpoints
-from kvroute.router.service.entry import Entry
+from kvroute.router.service.entry import ROUTED, Entry
 from kvroute.router.service.fleet_admission import SharedAdmission, replica_id
 from kvroute.router.service.metrics import RouterMetrics
-from kvroute.router.service.model_cards import models_list, one_model
+from kvroute.router.service.model_cards import MODELS_PATH, models_list, one_model
 from kvroute.router.service.picker import Picker
 from kvroute.router.service.proxy import Proxy
 from kvroute.router.service.request_path import RequestPath
@@ -212,12 +212,13 @@ async def _index_size_loop(cluster: Cluster, metrics: RouterMetrics) -> None:
         await asyncio.sleep(5.0)
 
 
-async def handle_completions(request: web.Request) -> web.StreamResponse:
-    return await request.app[ENTRY].handle(request, "completion")
+def _entry(kind: str):
+    """The handler of a path whose requests go to an engine (router/service/entry.py `ROUTED`)."""
 
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await request.app[ENTRY].handle(request, kind)
 
-async def handle_chat(request: web.Request) -> web.StreamResponse:
-    return await request.app[ENTRY].handle(request, "chat")
+    return handle
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -282,7 +283,6 @@ async def handle_explain(request: web.Request) -> web.Response:
     return json_response(out)
 
 
-PROXY_ROUTES = {"/v1/completions": handle_completions, "/v1/chat/completions": handle_chat}
 
 
 def create_app(config: RouterConfig) -> web.Application:
@@ -298,10 +298,10 @@ def create_app(config: RouterConfig) -> web.Application:
     app.cleanup_ctx.append(_router_ctx)
     if config.ext_proc_port is not None:
         app.cleanup_ctx.append(_ext_proc_ctx)
-    for path, handler in PROXY_ROUTES.items():
-        add_body_route(app, path, handler)
-    app.router.add_get("/v1/models", handle_models)
-    app.router.add_get("/v1/models/{model:.+}", handle_model)
+    for path, kind in ROUTED.items():
+        add_body_route(app, path, _entry(kind))
+    app.router.add_get(MODELS_PATH, handle_models)
+    app.router.add_get(MODELS_PATH + "/{model:.+}", handle_model)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/router/instances", handle_instances)

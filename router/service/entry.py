@@ -17,6 +17,10 @@ from kvroute.router.service.request_path import Flight, RequestPath
 from kvroute.router.service.steering import forwardable
 from kvroute.router.service.tenant_book import TENANT_KEY
 
+# The paths whose POSTs go to an engine, and the kind of body each takes: the proxy's routes
+# (router/service/app.py) and what the endpoint picker routes (router/service/ext_proc/own_routes.py).
+ROUTED = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+
 
 class SplitServing(Protocol):
     """Serves a model's requests on a prefill engine then a decode engine, when it has both."""

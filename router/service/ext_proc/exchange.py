@@ -30,8 +30,9 @@ from multidict import CIMultiDict
 from kvroute.router.contract.errors import KVRouteError, PayloadTooLarge, Unauthorized, Unavailable
 from kvroute.router.contract.http import parse_json, status_of
 from kvroute.router.service.endpoints import split_endpoints
+from kvroute.router.service.entry import ROUTED
 from kvroute.router.service.ext_proc import messages as msg
-from kvroute.router.service.ext_proc.own_routes import ROUTED, answer, not_allowed
+from kvroute.router.service.ext_proc.own_routes import answer, not_allowed
 from kvroute.router.service.picker import Picked, Picker
 from kvroute.router.service.steering import forwardable
 from kvroute.router.service.tenant_book import TenantBook

@@ -13,11 +13,10 @@ from urllib.parse import unquote
 import orjson
 
 from kvroute.router.contract.errors import KVRouteError, NotFound
+from kvroute.router.service.entry import ROUTED
 from kvroute.router.service.ext_proc import messages as msg
 from kvroute.router.service.model_cards import MODELS_PATH, models_list, one_model
 from kvroute.router.service.picker import Picker
-
-ROUTED = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}  # the paths sent to an engine
 
 
 def not_allowed(allow: str) -> msg.ProcessingResponse:
