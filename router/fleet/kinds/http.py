@@ -50,6 +50,21 @@ def plain_target(url: str) -> tuple[str, int, str] | None:
     return parts.hostname, parts.port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
+def _check_status(method: str, url: str, status: int) -> None:
+    """NotServed for a path the engine does not serve, ValueError for any other answer than 200."""
+    if status in (404, 405, 501):
+        raise NotServed(f"{method} {url} answered HTTP {status}")
+    if status != 200:
+        raise ValueError(f"{method} {url} answered HTTP {status}")
+
+
+def _bounded(method: str, url: str, body: bytes) -> bytes:
+    """`body`, read to MAX_BODY_BYTES + 1: ValueError when it is over the bound."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ValueError(f"{method} {url} answered more than {MAX_BODY_BYTES} bytes")
+    return body
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineHTTP:
     session: aiohttp.ClientSession | None  # None: a cluster driven by hand (tests), that fetches nothing
@@ -63,14 +78,8 @@ class EngineHTTP:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         assert self.session is not None, "made without a session: nothing is fetched"
         async with self.session.request(method, url, json=json, timeout=timeout) as r:
-            if r.status in (404, 405, 501):
-                raise NotServed(f"{method} {url} answered HTTP {r.status}")
-            if r.status != 200:
-                raise ValueError(f"{method} {url} answered HTTP {r.status}")
-            body = await r.content.read(MAX_BODY_BYTES + 1)
-            if len(body) > MAX_BODY_BYTES:
-                raise ValueError(f"{method} {url} answered more than {MAX_BODY_BYTES} bytes")
-            return body
+            _check_status(method, url, r.status)
+            return _bounded(method, url, await r.content.read(MAX_BODY_BYTES + 1))
 
     async def _lean_get(self, url: str, host: str, port: int, path: str) -> bytes:
         """`_read` of a GET through the lean client: the same checks, the same errors, the same bound."""
@@ -78,16 +87,11 @@ class EngineHTTP:
         async with asyncio.timeout(self.timeout_s):
             r = await self.lean.get(host, port, path, self.timeout_s, None)
             try:
-                if r.status in (404, 405, 501):
-                    raise NotServed(f"GET {url} answered HTTP {r.status}")
-                if r.status != 200:
-                    raise ValueError(f"GET {url} answered HTTP {r.status}")
+                _check_status("GET", url, r.status)
                 body = await r.read(MAX_BODY_BYTES + 1)
             finally:
                 r.close()
-        if len(body) > MAX_BODY_BYTES:
-            raise ValueError(f"GET {url} answered more than {MAX_BODY_BYTES} bytes")
-        return body
+        return _bounded("GET", url, body)
 
     async def text(self, url: str) -> str:
         return (await self._read("GET", url)).decode("utf-8", errors="replace")
