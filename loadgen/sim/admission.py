@@ -83,8 +83,7 @@ class SimAdmission:
     def arrive(self, spec: RequestSpec, now: float) -> bool:
         """True: dispatch now; False: queued or refused."""
         ask = self._ask(spec, now, adm.NO_PREDICTION)
-        self.rates.arrived(ask.tenant, now)
-        verdict = adm.before_prediction(self.config, ask, self.queue, self.rates, self.weights, now)
+        verdict = adm.arriving(self.config, ask, self.queue, self.rates, self.weights, now)
         if verdict is None:
             ask = self._ask(spec, now, self.predict(spec, now))
             verdict = adm.on_arrival(self.config, ask, self.queue, self.rates, self.weights, now)
@@ -118,9 +117,8 @@ class SimAdmission:
             while (head := self.queue.head()) is not None:
                 in_turn = self.queue.in_turn(head.tenant, head.band, self.weights.get(head.tenant, 1.0), head)
                 ask = self._ask(head.item, head.arrived, self.predict(head.item, now))
-                held = adm.held_back(self.config, ask, self.queue, self.rates, self.weights, now)
-                light = adm.light_tenant(ask, self.rates, self.weights, now)
-                verdict = adm.on_head(self.config, ask, now, self.rates.last(head.tenant), in_turn, held, light)
+                verdict = adm.head_verdict(self.config, ask, self.queue, self.rates, self.weights, now,
+                                           last_admitted=self.rates.last(head.tenant), in_turn=in_turn)
                 if verdict.action == adm.WAIT:
                     return
                 self.queue.remove(head, served=verdict.action == adm.ADMIT)

@@ -252,7 +252,24 @@ def light_tenant(ask: Ask, rates: Rates, weights: Mapping[str, float], now: floa
     return shares.light(ask.tenant, weights, rates.shares(now), rates.demands(now))
 
 
-def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf,
+def arriving(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
+             now: float) -> Verdict | None:
+    """A request arrives within its tenant's limits: its demand counted (shares.py), then
+    `before_prediction`. The router's gate and the simulator both enter here."""
+    rates.arrived(ask.tenant, now)
+    return before_prediction(config, ask, queue, rates, weights, now)
+
+
+def head_verdict(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
+                 now: float, *, last_admitted: float, in_turn: bool) -> Verdict:
+    """`on_head` with its tenant's shares read here (held back; else light): the router's gate and the
+    simulator both decide the head by this."""
+    held = held_back(config, ask, queue, rates, weights, now)
+    light = not held and light_tenant(ask, rates, weights, now)
+    return on_head(config, ask, now, last_admitted, in_turn=in_turn, held=held, light=light)
+
+
+def on_head(config: AdmissionConfig, ask: Ask, now: float, last_admitted: float = -math.inf, *,
             in_turn: bool = True, held: bool = False, light: bool = False) -> Verdict:
     """The queue's head, woken by news from the fleet: admit, keep waiting, or refuse (its deadline;
     `held`: its tenant is held back for another's share now, `held_back`, as on arrival; `light`:

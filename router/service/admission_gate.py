@@ -108,9 +108,8 @@ class AdmissionGate:
             self.limits.refused(ticket.spec, now)
             raise self._refused(ticket, limited, 429, self.limits.retry_after(ticket.spec, now))
         if ticket.slo_s is not None:
-            self.rates.arrived(ticket.spec.name, now)  # its demand, within its limits (shares.py)
-            verdict = adm.before_prediction(self.config, self._ask(ticket, adm.NO_PREDICTION), self.queue, self.rates,
-                                            self.weights(), now)
+            verdict = adm.arriving(self.config, self._ask(ticket, adm.NO_PREDICTION), self.queue, self.rates,
+                                   self.weights(), now)
             if verdict is not None:
                 raise self._refused(ticket, verdict.reason, verdict.status, verdict.retry_after_s)
         self.limits.take(ticket.spec, now)
@@ -190,12 +189,10 @@ class AdmissionGate:
                 self._again = False
                 predicted = await predict()
                 now = self.clock()
-                last = self.rates.last(ticket.spec.name)
                 in_turn = self.queue.in_turn(ticket.spec.name, ticket.band, ticket.spec.weight, entry)
-                ask = self._ask(ticket, predicted)
-                held = adm.held_back(self.config, ask, self.queue, self.rates, self.weights(), now)
-                light = adm.light_tenant(ask, self.rates, self.weights(), now)
-                verdict = adm.on_head(self.config, ask, now, last, in_turn, held, light)
+                verdict = adm.head_verdict(self.config, self._ask(ticket, predicted), self.queue, self.rates,
+                                           self.weights(), now, last_admitted=self.rates.last(ticket.spec.name),
+                                           in_turn=in_turn)
                 if verdict.action == adm.REFUSE:
                     raise self._leave(entry, self._refused(ticket, verdict.reason, verdict.status,
                                                            verdict.retry_after_s))
