@@ -186,3 +186,17 @@ async def test_late_headers_on_a_call_the_server_ended_leave_the_connection_up(p
     opening = b"\x83\x86\x04\x05/Nope"  # :method POST, :scheme http, :path /Nope (literal, not indexed)
     late = frame(1, 0x4 | 0x1, 1, b"\x83")  # HEADERS with END_STREAM on the ended call
     assert await _answers_ping_after(app.app[EXT_PROC_PORT], frame(1, 0x4, 1, opening) + late)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_data_over_the_granted_window_is_a_flow_control_error(picker, server):
+    """A client that sends past the windows the server granted (here on a health Watch, whose handler
+    reads one message and no more) is cut off, not buffered without bound."""
+    from kvroute.router.service.app_keys import EXT_PROC_PORT
+
+    url, app, channel = await picker(ext_proc_server=server)
+    path = b"/grpc.health.v1.Health/Watch"
+    opening = frame(1, 0x4, 1, b"\x83\x86\x04" + bytes([len(path)]) + path)
+    message = b"\0" + struct.pack(">L", 16 << 10) + b"\0" * (16 << 10)  # 16 KiB messages nobody reads
+    flood = b"".join(frame(0, 0, 1, b"\0\0\0\0\0" if i == 0 else message) for i in range(1 + 4 * 64))  # 4 MiB
+    assert await protocol_error(app.app[EXT_PROC_PORT], opening + flood) in ("goaway", "rst", "closed")

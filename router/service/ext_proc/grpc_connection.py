@@ -46,6 +46,7 @@ class H2Connection(Sending, asyncio.Protocol):
         self.headers_of: tuple[int, int, bytearray] | None = None  # (stream, flags, block) until END_HEADERS
         self.peer_window, self.peer_initial, self.peer_frame = h2.DEFAULT_WINDOW, h2.DEFAULT_WINDOW, h2.DEFAULT_FRAME
         self.conn_credit = 0
+        self.conn_recv = CONN_WINDOW  # what the peer may still send on the connection: granted, less received
         self.out: list[bytes] = []
         self.paused: asyncio.Future | None = None
         self.going_away = False
@@ -146,6 +147,11 @@ class H2Connection(Sending, asyncio.Protocol):
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         data = h2.unpadded(flags, payload)
         stream = self.streams.get(stream_id)
+        self.conn_recv -= len(payload)
+        if stream is not None:
+            stream.recv_window -= len(payload)
+        if self.conn_recv < 0 or (stream is not None and stream.recv_window < 0):
+            raise h2.ConnectionError_(h2.FLOW_CONTROL_ERROR, "DATA over the flow-control window granted")
         self.credit(None, len(payload) - len(data))  # padding: nothing to hold
         if stream is None or stream.remote_done:
             self.credit(None, len(data))
@@ -171,10 +177,12 @@ class H2Connection(Sending, asyncio.Protocol):
             stream.unacked += n
             if stream.unacked >= STREAM_WINDOW // 4 and stream.id in self.streams and not stream.remote_done:
                 self.write(h2.window_update(stream.id, stream.unacked))
+                stream.recv_window += stream.unacked
                 stream.unacked = 0
         self.conn_credit += n
         if self.conn_credit >= CONN_WINDOW // 4:
             self.write(h2.window_update(0, self.conn_credit))
+            self.conn_recv += self.conn_credit
             self.conn_credit = 0
 
     def _headers(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
@@ -223,7 +231,7 @@ class H2Connection(Sending, asyncio.Protocol):
         if self.going_away or len(self.streams) >= MAX_STREAMS:
             self.write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
             return
-        stream = Stream(stream_id, self, self.peer_initial)
+        stream = Stream(stream_id, self, self.peer_initial, STREAM_WINDOW)
         self.streams[stream_id] = stream
         if flags & h2.END_STREAM:
             stream.remote_done = True

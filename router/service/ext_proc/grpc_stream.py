@@ -20,15 +20,16 @@ HELD_LIMIT = 1 << 20  # bytes of whole messages a handler has not taken yet, pas
 
 class Stream:
     __slots__ = ("id", "conn", "inbox", "partial", "held", "deferred", "unacked", "waiter", "remote_done",
-                 "send_window", "out", "drained", "head_sent", "finished", "task")
+                 "send_window", "out", "drained", "head_sent", "finished", "task", "recv_window")
 
-    def __init__(self, stream_id: int, conn: H2Connection, send_window: int) -> None:
+    def __init__(self, stream_id: int, conn: H2Connection, send_window: int, recv_window: int) -> None:
         self.id, self.conn, self.send_window = stream_id, conn, send_window
         self.inbox: deque[bytes] = deque()  # whole messages, without their 5-byte prefix
         self.partial = bytearray()  # the start of the next message
         self.held = 0  # bytes in inbox (with prefixes), not credited to the peer's window yet if over HELD_LIMIT
         self.deferred = 0  # window credit owed once the handler takes messages
         self.unacked = 0  # credit not told the peer yet (told a quarter window at a time)
+        self.recv_window = recv_window  # what the peer may still send: granted, less received
         self.waiter: asyncio.Future | None = None
         self.remote_done = False
         self.out = bytearray()  # message bytes waiting for window
