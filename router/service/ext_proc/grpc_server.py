@@ -15,11 +15,10 @@ from collections.abc import Callable
 from kvroute.router.service.ext_proc.exchange import Exchange
 from kvroute.router.service.ext_proc.grpc_connection import H2Connection
 from kvroute.router.service.ext_proc.grpc_methods import methods
-from kvroute.router.service.ext_proc.health_book import HEALTH_INTERVAL_S, HealthBook
+from kvroute.router.service.ext_proc.health_book import HEALTH_INTERVAL_S, STOP_GRACE_S, HealthBook
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 5.0  # streams in flight get this long when the router stops (as its HTTP requests do)
 
 
 class LeanServer:

@@ -13,6 +13,7 @@ SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 LIVENESS = "liveness"
 READY_NAMES = ("", "readiness", SERVICE)
 HEALTH_INTERVAL_S = 1.0
+STOP_GRACE_S = 5.0  # calls in flight get this long when the router stops (as its HTTP requests do), either server
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 

@@ -43,8 +43,12 @@ ProcessingResponse: TypeAlias = pb.ProcessingResponse
 
 def headers_of(message) -> CIMultiDict:
     """An HttpHeaders or HttpTrailers message's headers (Envoy sends raw_value; older ones value)."""
-    return CIMultiDict([(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
-                        for h in message.headers.headers])
+    return CIMultiDict([(h.key, _value(h)) for h in message.headers.headers])
+
+
+def _value(header) -> str:
+    """A HeaderValue's value: raw_value (Envoy's, bytes) decoded leniently, else value (older Envoys)."""
+    return header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
 
 
 def status_and_type(message) -> tuple[str, str]:
@@ -52,9 +56,9 @@ def status_and_type(message) -> tuple[str, str]:
     status = content_type = ""
     for h in message.headers.headers:
         if h.key == ":status":
-            status = h.raw_value.decode() if h.raw_value else h.value
+            status = _value(h)
         elif h.key == "content-type":
-            content_type = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+            content_type = _value(h)
     return status, content_type
 
 

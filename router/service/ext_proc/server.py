@@ -17,8 +17,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvroute.router.service.ext_proc.exchange import Exchange
-from kvroute.router.service.ext_proc.grpc_server import STOP_GRACE_S
-from kvroute.router.service.ext_proc.health_book import HEALTH_INTERVAL_S, LIVENESS, READY_NAMES, ready_status
+from kvroute.router.service.ext_proc.health_book import (
+    HEALTH_INTERVAL_S,
+    LIVENESS,
+    READY_NAMES,
+    STOP_GRACE_S,
+    ready_status,
+)
 
 log = logging.getLogger(__name__)
 
