@@ -38,8 +38,16 @@ def render(ext_proc_port: int, listen_port: int, admin_port: int, ext_proc_host:
     `request_body_mode`: FULL_DUPLEX_STREAMED or BUFFERED, a message less per request, docs/gateway.md)."""
     text = string.Template(TEMPLATE.read_text()).substitute(
         EXT_PROC_PORT=ext_proc_port, LISTEN_PORT=listen_port, ADMIN_PORT=admin_port, EXT_PROC_HOST=ext_proc_host)
-    text = text.replace("request_body_mode: FULL_DUPLEX_STREAMED", f"request_body_mode: {request_body_mode}")
-    return text.replace("response_body_mode: NONE", f"response_body_mode: {response_body_mode}")
+    text = replaced(text, "request_body_mode: FULL_DUPLEX_STREAMED", f"request_body_mode: {request_body_mode}")
+    return replaced(text, "response_body_mode: NONE", f"response_body_mode: {response_body_mode}")
+
+
+def replaced(text: str, old: str, new: str) -> str:
+    """`text` with its one `old` made `new`; ValueError when `old` is not there exactly once (a config
+    edit that would silently measure the unedited config)."""
+    if text.count(old) != 1:
+        raise ValueError(f"the Envoy config holds {old!r} {text.count(old)} times, not once")
+    return text.replace(old, new)
 
 
 class LocalEnvoy:

@@ -19,7 +19,7 @@ import sys
 from kvroute.benchmarks import gateway as g
 from kvroute.benchmarks.results import write_json
 from kvroute.benchmarks.router.routers import cpu_seconds, load
-from kvroute.loadgen.envoy_gateway import LocalEnvoy
+from kvroute.loadgen.envoy_gateway import LocalEnvoy, replaced
 from kvroute.loadgen.processes import Processes, free_port
 
 DURATION_S, CONCURRENCY = 10.0, 32
@@ -27,10 +27,10 @@ ROUTER = '"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.R
 
 
 def tuned(text: str) -> str:
-    text = text.replace("static_resources:", "stats_config:\n  stats_matcher: {reject_all: true}\nstatic_resources:", 1)
-    text = text.replace("          stat_prefix: inference\n", "          stat_prefix: inference\n"
-                        "          stream_idle_timeout: 0s\n          generate_request_id: false\n", 1)
-    return text.replace(ROUTER, ROUTER + "\n              suppress_envoy_headers: true", 1)
+    text = replaced(text, "static_resources:", "stats_config:\n  stats_matcher: {reject_all: true}\nstatic_resources:")
+    text = replaced(text, "          stat_prefix: inference\n", "          stat_prefix: inference\n"
+                    "          stream_idle_timeout: 0s\n          generate_request_id: false\n")
+    return replaced(text, ROUTER, ROUTER + "\n              suppress_envoy_headers: true")
 
 
 async def run(args) -> dict:

@@ -143,8 +143,8 @@ class LoadView:
             del self._dirty[i]
             load = self.engine[i]
             inflight, queued = with_peer_charges(self.inflight[i], self.queued[i], self.peers[i], load)
-            self.states[i] = InstanceState.of(self.ids[i], inflight, queued, load,
-                                              load.ts if load else 0.0, tier_costs=self.tier_costs[i])
+            self.states[i] = InstanceState.of(self.ids[i], inflight=inflight, queued_prefill_tokens=queued, load=load,
+                                              measured_at=load.ts if load else 0.0, tier_costs=self.tier_costs[i])
         return self.states[i]
 
     def _group(self, members: list[int], by_id: Mapping[str, int]) -> SimGroup:

@@ -60,7 +60,8 @@ class Cluster(Generic[Settings, Metrics]):
                           for url in config.engines]  # grows, shrinks
         assign_kinds(self.instances, config)
         self.session = session
-        self.engine_http = EngineHTTP(session, config.connect_timeout_s, lean)  # discovery, load polling, feeds
+        # discovery, load polling, feeds
+        self.engine_http = EngineHTTP(session=session, timeout_s=config.connect_timeout_s, lean=lean)
         self.shape = FleetShape(tokenizer_fingerprint, config.limits.max_prompt_chars, config.limits.max_body_bytes)
         self.groups = Groups(self.instances, self.generation)  # routable instances by (model, roles)
         self.progress = ProgressWatch(config.first_byte_timeout_s, metrics)  # stalled engines out, and back
