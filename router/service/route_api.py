@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kvroute.router.contract.errors import BadRequest
+from kvroute.router.contract.errors import BadRequest, Overloaded
 from kvroute.router.contract.http import CONTROL_BODY_LIMIT, add_body_route, json_response, parse_json, read_body
 from kvroute.router.service.app_keys import CLUSTER, CONFIG, PICKER, ROUTES
 from kvroute.router.service.endpoints import split_endpoints
@@ -30,7 +30,7 @@ from kvroute.router.service.tenant_book import TENANT_KEY
 from kvroute.router.service.usage import Usage
 
 SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
-MAX_OPEN = 1 << 16  # routes open at once: past it a new one is refused, 400 (a data plane that never finishes)
+MAX_OPEN = 1 << 16  # routes open at once: past it a new one is refused, 503 with Retry-After, before its body is read
 
 
 def _instance(picker, inst) -> dict:
@@ -40,10 +40,11 @@ def _instance(picker, inst) -> dict:
 async def handle_route(request: web.Request) -> web.Response:
     app = request.app
     routes, picker = app[ROUTES], app[PICKER]
+    if len(routes) >= MAX_OPEN:  # the router's capacity, not this request's fault: a 503 the client may retry
+        raise Overloaded(f"{MAX_OPEN} routes are open: retry, or finish them (POST /v1/route/{{id}}/finish)",
+                         retry_after=1.0, code="routes_open")
     raw = await read_body(request, app[CLUSTER].max_body_bytes)
     body, _ = forwardable(parse_json(raw), raw)
-    if len(routes) >= MAX_OPEN:
-        raise BadRequest(f"{MAX_OPEN} routes are open: finish them (POST /v1/route/{{id}}/finish)")
     subset = request.headers.get(SUBSET_HEADER)
     kind = "chat" if "messages" in body else "completion"
     picked = await picker.pick(body, kind, request.headers, request.get(TENANT_KEY),

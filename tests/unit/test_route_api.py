@@ -97,3 +97,17 @@ async def test_routes_still_open_when_the_router_stops_are_released(picker, http
     assert [s[0] for s in statuses] == [200] * 3 and charged(server)
     server.app[ROUTES].close()  # what the router's shutdown runs
     assert not charged(server)
+
+
+async def test_a_full_route_table_is_a_503_with_retry_after_before_the_body_is_read(picker, http, monkeypatch):
+    from kvroute.router.service import route_api
+
+    monkeypatch.setattr(route_api, "MAX_OPEN", 1)
+    url, server, _ = await picker()
+    first = await route(http, url)
+    status, headers, answer = await route(http, url, b"{not json")  # refused before the body matters
+    assert first[0] == 200 and status == 503 and int(headers["Retry-After"]) >= 1, answer
+    assert answer["error"]["code"] == "routes_open"
+    async with http.post(f"{url}/v1/route/{first[2]['route_id']}/finish", json={"status": 200}) as r:
+        assert r.status == 200
+    assert (await route(http, url))[0] == 200 and len(server.app[ROUTES]) == 1
