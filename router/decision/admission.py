@@ -51,11 +51,10 @@ import msgspec
 
 from kvroute.router.contract.constraints import NOT_NEGATIVE, POSITIVE, Range
 from kvroute.router.contract.settings import check_settings, setting
-from kvroute.router.decision import shares
 from kvroute.router.decision.base import Decision
 from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fair_queue import FairQueue, QueueEntry
-from kvroute.router.decision.shares import Rates, over_share
+from kvroute.router.decision.shares import Fair, Rates
 
 ADMIT, QUEUE, WAIT, REFUSE = "admit", "queue", "wait", "refuse"
 
@@ -186,11 +185,12 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     first = ahead == 0 and queue.in_turn(ask.tenant, ask.band, ask.weight)
     predicted = ask.predicted_s
     common = _Common(budget_s=budget, threshold_s=threshold)
-    if held_back(config, ask, queue, rates, weights, now):
+    fair = FairNow(rates, weights, now)
+    if held_back(config, ask, queue, rates, fair):
         return _refuse("over_share", True, 0.0, 0.0, common)
     if first and (predicted is None or predicted <= min(threshold, budget)):
         return Verdict(action=ADMIT, reason="fits", **common)
-    if first and predicted is not None and predicted <= budget and light_tenant(ask, rates, weights, now):
+    if first and predicted is not None and predicted <= budget and fair().light(ask.tenant):
         return Verdict(action=ADMIT, reason="light", **common)
     if first and now - rates.last(ask.tenant) >= config.probe_s:
         return Verdict(action=ADMIT, reason="probe", **common)
@@ -199,7 +199,7 @@ def on_arrival(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates
     excess = max(0.0, predicted - threshold) if predicted is not None else 0.0
     wait = max((ahead + 1) / drain if ahead else 0.0, excess)
     engine = threshold if predicted is not None else 0.0  # the engines' backlog when its turn comes
-    over = over_share(ask.tenant, weights, rates.shares(now), rates.demands(now))
+    over = fair().over_share(ask.tenant)
     if wait + engine > budget:
         return _refuse("over_share" if over else "saturated", over, wait + engine - budget, wait, common)
     displace = None
@@ -217,7 +217,8 @@ def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates
     its tenant held back for another's share, or the queue ahead too long; None: go on to `on_arrival`."""
     threshold, budget = threshold_of(config, ask), ask.slo_s - (now - ask.arrived)
     common = _Common(budget_s=budget, threshold_s=threshold)
-    if held_back(config, ask, queue, rates, weights, now):
+    fair = FairNow(rates, weights, now)
+    if held_back(config, ask, queue, rates, fair):
         return _refuse("over_share", True, 0.0, 0.0, common)
     ahead = queue.ahead(ask.tenant, ask.band, ask.weight)
     if not ahead:
@@ -225,15 +226,30 @@ def before_prediction(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates
     wait = (ahead + 1) / max(sum(rates.rates(now).values()), config.min_drain_rps)
     if wait + threshold <= budget:
         return None
-    over = over_share(ask.tenant, weights, rates.shares(now), rates.demands(now))
+    over = fair().over_share(ask.tenant)
     return _refuse("over_share" if over else "saturated", over, wait + threshold - budget, wait, common)
 
 
 CONTENDED = 0.25  # the engines past this share of the threshold in predicted wait: contended
 
 
-def held_back(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
-              now: float) -> bool:
+class FairNow:
+    """The fleet's fair shares for one decision at `now` (shares.py `Fair`), worked out at most once
+    and only if the decision asks: an uncontended request never needs them."""
+
+    __slots__ = ("rates", "weights", "now", "_fair")
+
+    def __init__(self, rates: Rates, weights: Mapping[str, float], now: float) -> None:
+        self.rates, self.weights, self.now = rates, weights, now
+        self._fair: Fair | None = None
+
+    def __call__(self) -> Fair:
+        if self._fair is None:
+            self._fair = Fair(self.weights, self.rates.shares(self.now), self.rates.demands(self.now))
+        return self._fair
+
+
+def held_back(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, fair: FairNow) -> bool:
     """The request's tenant is over its weighted fair share while another tenant under its own asked
     lately (shares.py `held_back`, `recent_s`), and the fleet is contended: requests wait in the
     queue, or the engines hold more than CONTENDED x the threshold of predicted wait (the request's
@@ -242,14 +258,7 @@ def held_back(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates,
     if not len(queue):
         if ask.predicted_s is None or ask.predicted_s - ask.prefill_s <= CONTENDED * threshold_of(config, ask):
             return False
-    return shares.held_back(ask.tenant, weights, rates.shares(now), rates.demands(now),
-                            rates.arrived_since(now - config.recent_s))
-
-
-def light_tenant(ask: Ask, rates: Rates, weights: Mapping[str, float], now: float) -> bool:
-    """The request's tenant is light (shares.py `light`): it goes once its prediction fits its budget,
-    threshold or not, on arrival and at the queue's head (`on_head`'s `light`)."""
-    return shares.light(ask.tenant, weights, rates.shares(now), rates.demands(now))
+    return fair().held_back(ask.tenant, rates.arrived_since(fair.now - config.recent_s))
 
 
 def arriving(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rates, weights: Mapping[str, float],
@@ -264,8 +273,9 @@ def head_verdict(config: AdmissionConfig, ask: Ask, queue: FairQueue, rates: Rat
                  now: float, *, last_admitted: float, in_turn: bool) -> Verdict:
     """`on_head` with its tenant's shares read here (held back; else light): the router's gate and the
     simulator both decide the head by this."""
-    held = held_back(config, ask, queue, rates, weights, now)
-    light = not held and light_tenant(ask, rates, weights, now)
+    fair = FairNow(rates, weights, now)
+    held = held_back(config, ask, queue, rates, fair)
+    light = not held and fair().light(ask.tenant)
     return on_head(config, ask, now, last_admitted, in_turn=in_turn, held=held, light=light)
 
 

@@ -65,7 +65,8 @@ class FleetCounts:
 
     def rates(self, now: float) -> dict[str, float]:
         per_count = math.log(2) / self.halflife_s
-        out = {t: decayed(v, self._fleet_at, now, self.halflife_s) * per_count for t, v in self._fleet.items()}
+        synced = decayed(per_count, self._fleet_at, now, self.halflife_s)  # one decay for every synced count
+        out = {t: v * synced for t, v in self._fleet.items()}
         for extra in (self._sent, self._pending):
             for t, n in extra.items():
                 out[t] = out.get(t, 0.0) + n * per_count

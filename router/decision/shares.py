@@ -33,8 +33,6 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 
-from kvroute.router.decision.decay import decayed
-
 FORGET = 1e-3  # a decayed count below this is forgotten
 TOLERANCE = 0.05  # a tenant is clearly over its share past (1 + TOLERANCE) x it
 SHORT = 0.05  # a tenant is clearly short of its due below (1 - SHORT) x it
@@ -43,24 +41,39 @@ ACTIVE = 0.02  # without demand counts: the tenants admitted more than this shar
 
 
 class Counts:
-    """Per tenant, events counted with a half-life: `rate` is events per second."""
+    """Per tenant, events counted with a half-life: `rate` is events per second. The counts are kept
+    scaled to one reference time, so reading every tenant's rate is a multiplication each (admission
+    reads them on every contended decision, with as many tenants as the fleet serves); the reference
+    moves forward, forgetting the long idle, once it is RESCALE half-lives behind. A clock that went
+    back decays nothing (decay.py)."""
+
+    RESCALE = 32.0  # half-lives between rescalings (2^32: far from a float's range)
 
     def __init__(self, halflife_s: float) -> None:
         self.halflife_s = halflife_s
-        self._counts: dict[str, tuple[float, float]] = {}  # tenant -> (decayed count, as of)
+        self._scaled: dict[str, float] = {}  # tenant -> its decayed count as of `_ref`, times 2^((latest - _ref) / h)
+        self._ref = 0.0
+        self._latest = -math.inf  # the latest clock reading: the counts never decay backwards
+
+    def _growth(self, now: float) -> float:
+        """2^((now - reference) / half-life), the reference moved up to `now` first when it is far behind."""
+        now = self._latest = max(self._latest, now)
+        if now - self._ref > self.RESCALE * self.halflife_s or not self._scaled:
+            factor = 0.5 ** ((now - self._ref) / self.halflife_s)
+            self._scaled = {t: v * factor for t, v in self._scaled.items() if v * factor > FORGET}
+            self._ref = now
+        return 2.0 ** ((now - self._ref) / self.halflife_s)
 
     def value(self, tenant: str, now: float) -> float:
-        value, since = self._counts.get(tenant, (0.0, now))
-        return decayed(value, since, now, self.halflife_s)
+        return self._scaled.get(tenant, 0.0) / self._growth(now)
 
     def add(self, tenant: str, now: float) -> None:
-        self._counts[tenant] = (self.value(tenant, now) + 1.0, now)
+        growth = self._growth(now)
+        self._scaled[tenant] = self._scaled.get(tenant, 0.0) + growth
 
     def rates(self, now: float) -> dict[str, float]:
-        per_count = math.log(2) / self.halflife_s
-        out = {t: self.value(t, now) * per_count for t in self._counts}
-        self._counts = {t: v for t, v in self._counts.items() if out[t] > FORGET}  # forget the long idle
-        return out
+        per_count = math.log(2) / self.halflife_s / self._growth(now)
+        return {t: r for t, v in self._scaled.items() if (r := v * per_count) > FORGET}  # the long idle left out
 
 
 class Rates:
@@ -139,45 +152,66 @@ def _fair(weights: Mapping[str, float], rates: Mapping[str, float],
     return wants, water_level(weights, wants, total)
 
 
+class Fair:
+    """The fair shares at one instant, worked out once for every question a decision asks of them."""
+
+    __slots__ = ("weights", "rates", "wants", "level", "total")
+
+    def __init__(self, weights: Mapping[str, float], rates: Mapping[str, float],
+                 demand: Mapping[str, float] | None = None) -> None:
+        self.weights, self.rates = weights, rates
+        self.total = sum(rates.values())
+        self.wants, self.level = _fair(weights, rates, demand)
+
+    def share(self, tenant: str) -> float:
+        return self.level * self.weights.get(tenant, 1.0)
+
+    def over_share(self, tenant: str, tolerance: float = TOLERANCE) -> bool:
+        """`tenant` was admitted more than its weighted fair share of what the fleet admitted lately.
+        Without demand counts every tenant admitted lately wants more than it gets (plain weighted
+        shares among them). Alone, a tenant is never over."""
+        if self.total <= 0 or len(self.wants | {tenant: 0.0}) < 2:
+            return False
+        return self.rates.get(tenant, 0.0) > self.share(tenant) * (1.0 + tolerance)
+
+    def held_back(self, tenant: str, recent: Collection[str]) -> bool:
+        """`tenant` is over its fair share while another tenant that gets less than its due (what it
+        asks, up to its own share) asked lately (`recent`: it will take the slot), and one of the two
+        clearly so: `tenant` past (1 + TOLERANCE) x its share, or the other below (1 - SHORT) x its due
+        (a quiet tenant's shortfall is a sliver of a flood's share; neither side's is the odd refusal of
+        a burst). A tenant whose demand has stopped (the counts still remember it) holds nobody back:
+        the fleet stays work-conserving."""
+        if self.total <= 0 or tenant not in self.rates:
+            return False
+        share, mine = self.share(tenant), self.rates[tenant]
+        if mine <= share:
+            return False
+        for u in recent:
+            due = min(self.wants.get(u, 0.0), self.share(u))
+            got = self.rates.get(u, 0.0)
+            if u != tenant and got < due and (mine > share * (1.0 + TOLERANCE) or got < due * (1.0 - SHORT)):
+                return True
+        return False
+
+    def light(self, tenant: str) -> bool:
+        """The fleet is contended (the demand exceeds what it admits) and `tenant` was admitted at most
+        LIGHT x its weighted share: it would be the fair queue's first, so it need not wait for the
+        engines to drain to the threshold (admission.py `on_arrival`); it cannot wait long among floods."""
+        return math.isfinite(self.level) and self.rates.get(tenant, 0.0) <= LIGHT * self.share(tenant)
+
+
 def over_share(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float],
                demand: Mapping[str, float] | None = None, tolerance: float = TOLERANCE) -> bool:
-    """`tenant` was admitted more than its weighted fair share of what the fleet admitted lately.
-    `demand`: the tenants' arrival rates (water-filling, above); None: every tenant admitted lately
-    wants more than it gets (plain weighted shares among them). Alone, a tenant is never over."""
-    if sum(rates.values()) <= 0:
-        return False
-    wants, level = _fair(weights, rates, demand)
-    if len(wants | {tenant: 0.0}) < 2:
-        return False
-    return rates.get(tenant, 0.0) > level * weights.get(tenant, 1.0) * (1.0 + tolerance)
+    """`Fair.over_share` for one question (`demand` None: plain weighted shares)."""
+    return Fair(weights, rates, demand).over_share(tenant, tolerance)
 
 
 def held_back(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float], demand: Mapping[str, float],
               recent: Collection[str]) -> bool:
-    """`tenant` is over its fair share while another tenant that gets less than its due (what it
-    asks, up to its own share) asked lately (`recent`: it will take the slot), and one of the two
-    clearly so: `tenant` past (1 + TOLERANCE) x its share, or the other below (1 - SHORT) x its due
-    (a quiet tenant's shortfall is a sliver of a flood's share; neither side's is the odd refusal of
-    a burst). A tenant whose demand has stopped (the counts still remember it) holds nobody back:
-    the fleet stays work-conserving."""
-    if sum(rates.values()) <= 0 or tenant not in rates:
-        return False
-    wants, level = _fair(weights, rates, demand)
-    share = level * weights.get(tenant, 1.0)
-    mine = rates[tenant]
-    if mine <= share:
-        return False
-    for u in recent:
-        due = min(wants.get(u, 0.0), level * weights.get(u, 1.0))
-        got = rates.get(u, 0.0)
-        if u != tenant and got < due and (mine > share * (1.0 + TOLERANCE) or got < due * (1.0 - SHORT)):
-            return True
-    return False
+    """`Fair.held_back` for one question."""
+    return Fair(weights, rates, demand).held_back(tenant, recent)
 
 
 def light(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float], demand: Mapping[str, float]) -> bool:
-    """The fleet is contended (the demand exceeds what it admits) and `tenant` was admitted at most
-    LIGHT x its weighted share: it would be the fair queue's first, so it need not wait for the
-    engines to drain to the threshold (admission.py `on_arrival`); it cannot wait long among floods."""
-    wants, level = _fair(weights, rates, demand)
-    return math.isfinite(level) and rates.get(tenant, 0.0) <= LIGHT * level * weights.get(tenant, 1.0)
+    """`Fair.light` for one question."""
+    return Fair(weights, rates, demand).light(tenant)

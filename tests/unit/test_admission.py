@@ -1,8 +1,11 @@
 """The pure admission decision and fair queue (router/decision/admission.py, fair_queue.py)."""
 
+import math
+
 import pytest
 
 from kvroute.router.decision import admission as adm
+from kvroute.router.decision import shares
 from kvroute.router.decision.fair_queue import FairQueue, band_of
 from kvroute.router.decision.tenants import Limits, TenantSpec
 
@@ -163,9 +166,23 @@ def test_rates_decay_and_share():
     rates = busy_rates(a=10, b=30)
     r = rates.rates(10.0)
     assert r["b"] > 2.5 * r["a"]
-    assert adm.over_share("b", {}, r) and not adm.over_share("a", {}, r)
-    assert not adm.over_share("b", {"b": 4.0}, r)  # weight 4 of 5: 75% is its share
+    assert shares.over_share("b", {}, r) and not shares.over_share("a", {}, r)
+    assert not shares.over_share("b", {"b": 4.0}, r)  # weight 4 of 5: 75% is its share
     assert sum(rates.rates(100.0).values()) < 1e-3
+
+
+def test_counts_decay_by_their_half_life_across_rescalings_and_never_backwards():
+    counts = shares.Counts(halflife_s=2.0)
+    counts.add("a", 0.0)
+    counts.add("a", 0.0)
+    assert counts.value("a", 2.0) == pytest.approx(1.0)  # one half-life: half of 2
+    assert counts.value("a", 1.0) == pytest.approx(1.0)  # the clock went back: no growth
+    for k in range(1, 200):  # past many rescalings (every 32 half-lives), one event a second
+        counts.add("b", float(k))
+    # the sum of a geometric series of ratio 2^-(1/2), after 199 terms: its limit
+    assert counts.value("b", 199.0) == pytest.approx(1.0 / (1.0 - 0.5 ** 0.5), rel=1e-6)
+    assert "a" not in counts.rates(199.0)  # 2 x 2^-99.5: forgotten
+    assert counts.rates(199.0)["b"] == pytest.approx(counts.value("b", 199.0) * math.log(2) / 2.0)
 
 
 def test_tenant_limits_rate_and_concurrency():

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from kvroute.router.decision import admission as adm
+from kvroute.router.decision import shares
 from kvroute.router.decision.fair_queue import FairQueue
 from kvroute.router.decision.fleet_ledger import FleetLedger
 from kvroute.router.decision.fleet_share import FleetShare
@@ -118,10 +119,10 @@ def test_weighted_shares_are_judged_by_what_the_whole_fleet_admitted():
         one.rates.add("A", 0.01 * k)
     two.rates.add("B", 0.4)
     weights = {"A": 1.0, "B": 1.0}
-    assert not adm.over_share("A", weights, one.rates.shares(0.4))  # alone here (not synced yet)
+    assert not shares.over_share("A", weights, one.rates.shares(0.4))  # alone here (not synced yet)
     fleet.advance(0.45)
-    assert adm.over_share("A", weights, two.rates.shares(0.45))  # the fleet admitted A 40 times, B once
-    assert not adm.over_share("B", weights, two.rates.shares(0.45))
+    assert shares.over_share("A", weights, two.rates.shares(0.45))  # the fleet admitted A 40 times, B once
+    assert not shares.over_share("B", weights, two.rates.shares(0.45))
     assert two.rates.rates(0.45)["B"] > 0 and "A" not in two.rates.rates(0.45)  # the drain rate stays its own
 
 
