@@ -101,20 +101,22 @@ def run_app(app: web.Application, sock: socket.socket, name: str,
         return INTERRUPTED
 
 
-SETUP_CLEANUP_S = 10.0
+CLEANUP_S = 10.0  # what stopping may take once requests are done (a drain of 30 s + this fits a 45 s grace period)
 
 
-async def _cleanup_after_failed_setup(runner: web.AppRunner) -> None:
-    """What the app's startup began (an engine's step loop, its threads) stopped, so that a startup
-    interrupted part way leaves nothing running that would keep the process from exiting; at most
-    SETUP_CLEANUP_S (a half-started part that hangs in its own cleanup does not hold the exit)."""
+async def _cleanup(runner: web.AppRunner, what: str) -> bool:
+    """What the app started stopped (an engine's step loop, its threads, the router's feeds and
+    clients), whether its startup finished or was cut short; at most CLEANUP_S, so a part that
+    hangs in its own cleanup does not hold the exit. False when it was given up on or failed."""
     try:
-        async with asyncio.timeout(SETUP_CLEANUP_S):
+        async with asyncio.timeout(CLEANUP_S):
             await runner.cleanup()
+        return True
     except TimeoutError:
-        log.warning("cleanup after an interrupted startup took over %.0f s; exiting without it", SETUP_CLEANUP_S)
+        log.warning("cleanup %s took over %.0f s; exiting without it", what, CLEANUP_S)
     except Exception as e:  # a partial startup may not clean up whole; the process is ending anyway
-        log.warning("cleanup after an interrupted startup: %s", e)
+        log.warning("cleanup %s: %s", what, e)
+    return False
 
 
 async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigterm: Callable[[], None] | None) -> int:
@@ -127,13 +129,13 @@ async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigter
     try:
         await runner.setup()
     except BaseException:  # Ctrl-C (the task cancelled) or a failure part way: stop what started
-        await _cleanup_after_failed_setup(runner)
+        await _cleanup(runner, "after an interrupted startup")
         raise
     try:
         await web.SockSite(runner, sock).start()
     except OSError as e:
         print(f"kvroute: cannot serve on {url}: {e}", file=sys.stderr)
-        await runner.cleanup()
+        await _cleanup(runner, "after a failed start")
         return 1
     loop = asyncio.get_running_loop()
     interrupted = asyncio.Event()
@@ -149,5 +151,5 @@ async def _serve(app: web.Application, sock: socket.socket, name: str, on_sigter
     await stop.wait()
     if interrupted.is_set():
         log.info("%s interrupted (SIGINT); stopping", name)
-    await runner.cleanup()
-    return INTERRUPTED if interrupted.is_set() else 0
+    clean = await _cleanup(runner, f"of {name}")
+    return INTERRUPTED if interrupted.is_set() else 0 if clean else 1
