@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.parse
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +34,7 @@ from kvroute.router.contract.http import (
     sse_error,
     write_client,
 )
+from kvroute.router.fleet.kinds.http import plain_target
 from kvroute.router.fleet.upstream_errors import describe_failure
 from kvroute.router.service.attempt_deadlines import Deadlines
 from kvroute.router.service.charges import Dispatch
@@ -60,7 +60,6 @@ class Proxy:
         self.session = session
         self.deadlines = Deadlines()  # the attempts' deadlines, on one timer (router/service/attempt_deadlines.py)
         self.upstream = Upstream()  # plain-http engines: the lean client (router/service/upstream.py)
-        self._addresses: dict[str, tuple[str, int, str] | None] = {}  # engine URL -> (host, port, path prefix)
         self.metrics = path.router.metrics
         self.config = path.cluster.config
 
@@ -123,13 +122,12 @@ class Proxy:
         return aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
                                      sock_read=self.config.read_timeout_s)
 
-    def _address(self, url: str) -> tuple[str, int, str] | None:
-        """(host, port, path prefix) of a plain-http engine URL; None: use aiohttp (https)."""
-        if url not in self._addresses:
-            u = urllib.parse.urlsplit(url)
-            self._addresses[url] = ((u.hostname, u.port or 80, u.path.rstrip("/"))
-                                    if u.scheme == "http" and u.hostname else None)  # no host: aiohttp says so
-        return self._addresses[url]
+    @staticmethod
+    def _address(url: str) -> tuple[str, int, str] | None:
+        """(host, port, path prefix) of a plain-http engine URL, by the rule the load polls follow
+        (router/fleet/kinds/http.py `plain_target`); None: aiohttp sends it (https, credentials)."""
+        target = plain_target(url)
+        return None if target is None else (target[0], target[1], target[2].rstrip("/"))
 
     async def _post(self, url: str, path: str, raw: bytes, stream: bool):
         """POST to an engine; the answer's head is in. Non-streamed answers arrive whole at the end,

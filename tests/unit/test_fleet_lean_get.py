@@ -76,11 +76,16 @@ async def test_a_body_over_the_cap_and_a_slow_answer_fail_as_through_aiohttp(eng
     assert not any(lean._idle.values())  # a connection given up on mid-answer is not reused
 
 
-def test_only_plain_http_urls_with_a_port_go_through_the_lean_client():
+def test_only_plain_http_urls_go_through_the_lean_client_by_one_rule_for_polls_and_the_proxy():
+    from kvroute.router.service.proxy import Proxy
+
     assert plain_target("http://10.0.0.1:8000/v1/load?a=b") == ("10.0.0.1", 8000, "/v1/load?a=b")
     assert plain_target("http://[::1]:9/load") == ("::1", 9, "/load")
-    for url in ("https://e:8000/load", "http://e/load", "http://user:pw@e:8000/load"):
-        assert plain_target(url) is None
+    assert plain_target("http://e/load") == ("e", 80, "/load")
+    for url in ("https://e:8000/load", "http://user:pw@e:8000/load", "http://e:99999/load", "http:///load"):
+        assert plain_target(url) is None and Proxy._address(url) is None  # aiohttp sends these (or says why not)
+    assert Proxy._address("http://e:8000/") == ("e", 8000, "")
+    assert Proxy._address("http://e/base/") == ("e", 80, "/base")
 
 
 async def test_a_poll_that_times_out_on_a_reused_connection_closes_it():

@@ -43,11 +43,17 @@ class LeanGet(Protocol):
 
 @functools.lru_cache(maxsize=1024)
 def plain_target(url: str) -> tuple[str, int, str] | None:
-    """(host, port, path with query) of a plain http:// URL with a port; None for any other."""
+    """(host, port, path with query) of a plain http:// URL, port 80 when it names none: what the
+    router's lean keep-alive client sends to (load polls, event feeds, the proxy's requests). None for
+    any other (https, credentials in the URL, no host, a bad port): aiohttp sends those, or says why not."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.username or parts.password:
+    if parts.scheme != "http" or not parts.hostname or parts.username or parts.password:
         return None
-    return parts.hostname, parts.port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        return None
+    return parts.hostname, port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 def _check_status(method: str, url: str, status: int) -> None:
