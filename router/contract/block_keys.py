@@ -118,6 +118,7 @@ class KeyRule(Protocol):
     """How an engine kind keys its blocks: the router hashes requests and events by it."""
 
     name: str
+    keys_images: bool  # an image's hash is in its blocks' keys (else only the text before it is hashed)
 
     def request_hashes(self, data: bytes, block_size: int, model: str, keys: RequestKeys) -> list[int]:
         """The router's hashes of a prompt's full blocks (`data`: its ids as u32le)."""
@@ -130,6 +131,7 @@ def _hashable(data: bytes, keys: RequestKeys) -> bytes:
 
 class VllmKeys:
     name = "vllm"
+    keys_images = True
 
     def request_hashes(self, data: bytes, block_size: int, model: str, keys: RequestKeys) -> list[int]:
         data = _hashable(data, keys)
@@ -142,6 +144,7 @@ class VllmKeys:
 
 class SeededKeys:
     name = "seeded"
+    keys_images = False
 
     def request_hashes(self, data: bytes, block_size: int, model: str, keys: RequestKeys) -> list[int]:
         data = _hashable(data, keys)

@@ -19,8 +19,10 @@ would need keys the engine never computed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from kvroute.router.contract.block_keys import KEY_RULES
 from kvroute.router.contract.kv_wire import Stored
 
 SEED_KEY = "kvroute_hash_seed"
@@ -44,9 +46,7 @@ PLAIN = EventKeys()
 
 def event_keys(ev: Stored, rule: str, router_block_size: int) -> EventKeys | str:
     """The event's keys under `rule`, or the reason its blocks cannot be reproduced."""
-    if rule == "vllm":
-        return _vllm(ev, router_block_size)
-    return _seeded(ev)
+    return READERS[rule](ev, router_block_size)
 
 
 def _vllm(ev: Stored, router_block_size: int) -> EventKeys | str:
@@ -74,7 +74,7 @@ def _vllm(ev: Stored, router_block_size: int) -> EventKeys | str:
     return EventKeys(extras=list(extras))
 
 
-def _seeded(ev: Stored) -> EventKeys | str:
+def _seeded(ev: Stored, router_block_size: int) -> EventKeys | str:
     extras = ev.extra_keys or ()
     seed = None
     if extras and extras[0] and ev.parent_block_hash is None:
@@ -91,6 +91,11 @@ def _seeded(ev: Stored) -> EventKeys | str:
     if seed is None and keyed is None:
         return PLAIN
     return EventKeys(seed=seed, routable=keyed if keyed is not None else ALL_BLOCKS)
+
+
+READERS: dict[str, Callable[[Stored, int], EventKeys | str]] = {"vllm": _vllm, "seeded": _seeded}  # by KEY_RULES' names
+if READERS.keys() != KEY_RULES.keys():
+    raise ImportError(f"event_keys reads events of {sorted(READERS)}, the key rules are {sorted(KEY_RULES)}")
 
 
 def _item_kind(item: Any) -> str:

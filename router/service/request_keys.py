@@ -56,7 +56,7 @@ def explain(keys: RequestKeys, rule: str, hashed_blocks: int, num_tokens: int, b
     if keys.hashable_tokens >= 0:
         out["note"] = (f"an image has no local hash (a remote URL, or not placeable): routed on the "
                        f"{keys.hashable_tokens} tokens before it")
-    elif hashed_blocks * block_size < num_tokens - block_size + 1 and keys.images and rule == "seeded":
+    elif hashed_blocks * block_size < num_tokens - block_size + 1 and keys.images and not KEY_RULES[rule].keys_images:
         out["note"] = "these engines key no images: routed on the text before the first image"
     return out
 
