@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Sequence as SequenceABC
 
 from kvroute.router.contract.protocol import LoadRecord
-from kvroute.router.decision.base import InstanceState, with_peer_charges
+from kvroute.router.decision.base import NO_PEER_LOAD, InstanceState, PeerLoad, with_peer_charges
 from kvroute.router.decision.candidates import LeastLoaded
 
 
@@ -87,7 +87,7 @@ class LoadView:
         # what each instance advertises about its tiers: at start (its /kv/info), then polled
         self.tier_costs: list = list(tier_costs) if tier_costs is not None else [None] * n
         self.states = [InstanceState(inst, tier_costs=costs) for inst, costs in zip(ids, self.tier_costs)]
-        self.peers = [(0, 0)] * n  # other router replicas' charges (queued, in flight), shared admission's
+        self.peers = [NO_PEER_LOAD] * n  # other router replicas' charges, shared admission's
         self.roles = ["both"] * n
         self._dirty: dict[int, None] = {}
         self.everyone = self._group(list(range(n)), self.position)
@@ -113,7 +113,7 @@ class LoadView:
         self.tier_costs[i] = tier_costs
         self._dirty[i] = None
 
-    def peer_charges(self, charges: list[tuple[int, int]]) -> None:
+    def peer_charges(self, charges: list[PeerLoad]) -> None:
         """The other replicas' router-side charges per instance, as shared admission last synced them."""
         for i, charge in enumerate(charges):
             if self.peers[i] != charge:

@@ -24,7 +24,7 @@ from kvroute.loadgen.sim.instance import SimInstance
 from kvroute.loadgen.sim.router import SimRouter
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.router.decision.admission import AdmissionConfig
-from kvroute.router.decision.base import Policy
+from kvroute.router.decision.base import NO_PEER_LOAD, PeerLoad, Policy
 from kvroute.router.decision.fleet_ledger import FleetLedger
 from kvroute.router.decision.fleet_share import FleetShare
 from kvroute.router.index.memory import MemoryIndex
@@ -107,12 +107,12 @@ class Replicas:
         now, share, replica = self.cluster.now, self.shares[i], self.replicas[i]
         assert share is not None
         view = replica.view
-        load = {view.ids[k]: (view.queued[k], view.inflight[k]) for k in range(len(view.ids))
+        load = {view.ids[k]: PeerLoad(queued=view.queued[k], inflight=view.inflight[k]) for k in range(len(view.ids))
                 if view.inflight[k] or view.queued[k]}
         heads = replica.admission.queue.head_tags() if replica.admission is not None else {}
         reply = self.ledger.sync(share.request(now, heads, load), now)
         share.apply(reply, now)
-        view.peer_charges([reply.load.get(inst, (0, 0)) for inst in view.ids])
+        view.peer_charges([reply.load.get(inst, NO_PEER_LOAD) for inst in view.ids])
         self.syncs += 1
         if replica.admission is not None:
             replica.admission.poke(now)

@@ -50,18 +50,28 @@ class InstanceState(msgspec.Struct, frozen=True):
                    adapters=frozenset(load.adapters), adapter_slots=load.adapter_slots)
 
 
-def with_peer_charges(inflight: int, queued_prefill_tokens: int, peer_charges: tuple[int, int],
+class PeerLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """An instance's router-side charges, by the replicas that charged them: the queued prefill
+    tokens and the requests in flight (shared admission's sync carries them, router/decision/fleet_ledger.py)."""
+
+    queued: int = 0
+    inflight: int = 0
+
+
+NO_PEER_LOAD = PeerLoad()
+
+
+def with_peer_charges(inflight: int, queued_prefill_tokens: int, peer_charges: PeerLoad,
                       load: LoadRecord | None, workers: int = 0) -> tuple[int, int]:
     """(in flight, queued prefill tokens) on an instance: this router's own charges plus the other
     replicas' (`peer_charges`: their queued tokens and in-flight requests, as shared admission last
     synced them). When others send it work too (peer replicas, or `workers` other workers of this
     router), the engine's own queued count is a floor: their prefills are in it. The router's
     `Instance.state()` (router/fleet/instance.py) and the simulator's (loadgen/sim/load_view.py)."""
-    peer_queued, peer_inflight = peer_charges
-    queued = queued_prefill_tokens + peer_queued
-    if (workers or peer_inflight) and load is not None:
+    queued = queued_prefill_tokens + peer_charges.queued
+    if (workers or peer_charges.inflight) and load is not None:
         queued = max(queued, load.queued_prefill_tokens)
-    return inflight + peer_inflight, queued
+    return inflight + peer_charges.inflight, queued
 
 
 class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -33,6 +33,7 @@ import math
 
 import msgspec
 
+from kvroute.router.decision.base import NO_PEER_LOAD, PeerLoad
 from kvroute.router.decision.decay import decayed
 
 
@@ -57,7 +58,7 @@ class SyncRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     tags: dict[str, float] = {}  # "band:tenant" -> cost tagged here since the last sync
     served: dict[str, float] = {}  # band -> the highest tag served here
     heads: dict[str, float] = {}  # band -> this replica's queue head's tag (bands with a backlog)
-    load: dict[str, tuple[int, int]] = {}  # instance -> (queued prefill tokens, in flight) charged here
+    load: dict[str, PeerLoad] = {}  # instance -> what is charged to it here
 
 
 class SyncReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,7 +72,7 @@ class SyncReply(msgspec.Struct, frozen=True, kw_only=True):
     tags: dict[str, float] = {}  # "band:tenant" -> the tenant's last tag, fleet-wide
     vtime: dict[str, float] = {}  # band -> the fleet's virtual time
     heads: dict[str, float] = {}  # band -> the lowest head tag of the other replicas
-    load: dict[str, tuple[int, int]] = {}  # instance -> the other replicas' charges
+    load: dict[str, PeerLoad] = {}  # instance -> the other replicas' charges, together
 
 
 _FORGET = 1e-3  # a decayed admitted count below this is forgotten
@@ -101,7 +102,7 @@ class FleetLedger:
         self.seen: dict[str, tuple[float, float]] = {}  # replica -> (last sync, ttl)
         self.slots: dict[str, dict[str, int]] = {}  # replica -> tenant -> slots held
         self.heads: dict[str, dict[str, float]] = {}
-        self.load: dict[str, dict[str, tuple[int, int]]] = {}
+        self.load: dict[str, dict[str, PeerLoad]] = {}
         self.rates: dict[str, tuple[float, float]] = {}  # tenant -> (admitted, as of)
         self.demand: dict[str, tuple[float, float]] = {}  # tenant -> (arrived, as of)
         self.buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, as of)
@@ -172,10 +173,10 @@ class FleetLedger:
                 out[band] = min(out.get(band, math.inf), tag)
         return out
 
-    def _others_load(self, others: list[str]) -> dict[str, tuple[int, int]]:
-        out: dict[str, tuple[int, int]] = {}
+    def _others_load(self, others: list[str]) -> dict[str, PeerLoad]:
+        out: dict[str, PeerLoad] = {}
         for replica in others:
-            for inst, (queued, inflight) in self.load.get(replica, {}).items():
-                q, n = out.get(inst, (0, 0))
-                out[inst] = (q + queued, n + inflight)
+            for inst, mine in self.load.get(replica, {}).items():
+                old = out.get(inst, NO_PEER_LOAD)
+                out[inst] = PeerLoad(queued=old.queued + mine.queued, inflight=old.inflight + mine.inflight)
         return out

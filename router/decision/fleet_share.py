@@ -39,6 +39,7 @@ from collections.abc import Mapping
 import msgspec
 
 from kvroute.router.decision.admission import AdmissionConfig
+from kvroute.router.decision.base import PeerLoad
 from kvroute.router.decision.decay import decayed
 from kvroute.router.decision.fair_queue import LocalTags
 from kvroute.router.decision.fleet_ledger import SyncReply, SyncRequest, TenantSync
@@ -216,7 +217,7 @@ class FleetShare:
         return self.limits.replicas
 
     def request(self, now: float, heads: Mapping[int, float],
-                load: Mapping[str, tuple[int, int]]) -> SyncRequest:
+                load: Mapping[str, PeerLoad]) -> SyncRequest:
         """What to send the ledger now: this replica's news since the last sync, and its asks."""
         self._asked = self.limits.asks(now)
         tenants = dict(self._asked)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from kvroute.router.contract.protocol import LoadRecord
 from kvroute.router.contract.tier_costs import TierCosts
-from kvroute.router.decision.base import InstanceState, with_peer_charges
+from kvroute.router.decision.base import NO_PEER_LOAD, InstanceState, PeerLoad, with_peer_charges
 from kvroute.router.fleet.progress import moved
 from kvroute.router.fleet.queued_prefill import QueuedPrefill
 
@@ -118,7 +118,7 @@ class Instance:
         self.peers = peers  # other router workers sending requests here (router/service/workers.py)
         # the other router replicas' charges here (queued prefill tokens, in flight), as shared
         # admission last heard (router/service/fleet_admission.py); (0, 0) without it
-        self.peer_charges: tuple[int, int] = (0, 0)
+        self.peer_charges: PeerLoad = NO_PEER_LOAD
         self.nonstreamed = QueuedPrefill()  # non-streamed requests whose prefill may still be queued
         self._costs_of: LoadRecord | None = None  # the load record `_costs` was parsed from
         self._costs: TierCosts | None = None
@@ -289,7 +289,7 @@ class Instance:
             "last_error": self.last_error,
             "inflight": self.inflight,
             "queued_prefill_tokens": self.queued_prefill_tokens,
-            "peer_charges": {"queued_prefill_tokens": self.peer_charges[0], "inflight": self.peer_charges[1]},
+            "peer_charges": {"queued_prefill_tokens": self.peer_charges.queued, "inflight": self.peer_charges.inflight},
             "load": self.load.to_dict() if self.load else None,
             "kind": self.kind,
             "engine": dict(self.kind_state),

@@ -110,7 +110,7 @@ for _, f in ipairs(fields) do
   if kind == 'h:' or kind == 'l:' then redis.call('HDEL', mine, f) end
 end
 for band, tag in pairs(req.heads or {}) do redis.call('HSET', mine, 'h:' .. band, string.format('%.17g', tag)) end
-for inst, ql in pairs(req.load or {}) do redis.call('HSET', mine, 'l:' .. inst, ql[1] .. ' ' .. ql[2]) end
+for inst, ql in pairs(req.load or {}) do redis.call('HSET', mine, 'l:' .. inst, ql.queued .. ' ' .. ql.inflight) end
 
 local busy, heads, load = {}, {}, {}
 for band, _ in pairs(req.heads or {}) do busy[band] = true end
@@ -125,8 +125,8 @@ for _, r in ipairs(alive) do
       if heads[rest] == nil or tag < heads[rest] then heads[rest] = tag end
     elseif kind == 'l:' then
       local q, n = pair(v)
-      local old = load[rest] or {0, 0}
-      load[rest] = {old[1] + q, old[2] + n}
+      local old = load[rest] or {queued = 0, inflight = 0}
+      load[rest] = {queued = old.queued + q, inflight = old.inflight + n}
     end
   end
 end

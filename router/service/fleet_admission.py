@@ -32,6 +32,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvroute.router.decision.base import NO_PEER_LOAD, PeerLoad
 from kvroute.router.decision.fleet_ledger import SyncReply, SyncRequest
 from kvroute.router.decision.fleet_share import FleetShare
 from kvroute.router.service.admission_store import LedgerUnavailable
@@ -47,7 +48,7 @@ class Charged(Protocol):
     id: str
     inflight: int
     queued_prefill_tokens: int
-    peer_charges: tuple[int, int]
+    peer_charges: PeerLoad
 
 
 class Ledger(Protocol):
@@ -93,7 +94,7 @@ class SharedAdmission:
     async def sync_once(self) -> bool:
         """One sync; False when it failed."""
         instances = list(self.instances())
-        load = {i.id: (max(0, i.queued_prefill_tokens), i.inflight) for i in instances
+        load = {i.id: PeerLoad(queued=max(0, i.queued_prefill_tokens), inflight=i.inflight) for i in instances
                 if i.inflight or i.queued_prefill_tokens > 0}
         request = self.share.request(self.clock(), self.heads(), load)
         t0 = time.perf_counter()
@@ -110,7 +111,7 @@ class SharedAdmission:
         self.consecutive = 0
         self.share.apply(reply, self.clock())
         for inst in instances:
-            inst.peer_charges = reply.load.get(inst.id, (0, 0))
+            inst.peer_charges = reply.load.get(inst.id, NO_PEER_LOAD)
         if self.reason is not None:
             if self.reason != "not synced yet":
                 log.warning("shared admission restored: %d router processes share it again", reply.replicas)
@@ -123,7 +124,7 @@ class SharedAdmission:
     def _lose(self, instances: list[Charged], why: str) -> None:
         self.share.lost()
         for inst in instances:
-            inst.peer_charges = (0, 0)
+            inst.peer_charges = NO_PEER_LOAD
         self.reason, self.since = f"Redis unreachable: {why}", self.clock()
         self._shared.set(0)
         log.warning("shared admission lost after %d failed syncs (%s): admitting locally, each tenant's limits "

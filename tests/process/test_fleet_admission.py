@@ -6,6 +6,7 @@ import time
 import pytest
 
 from kvroute.loadgen.redis_server import RedisServer
+from kvroute.router.decision.base import PeerLoad
 from kvroute.router.decision.fleet_ledger import FleetLedger, SyncRequest, TenantSync
 from kvroute.router.service.admission_store import LedgerUnavailable, RedisLedger
 from tests.support.router_cluster import FAST, prompt
@@ -13,11 +14,11 @@ from tests.support.router_cluster import FAST, prompt
 SYNCS = [
     SyncRequest(replica="a", ttl_s=5, halflife_s=2, tenants={
         "A": TenantSync(admitted=3, arrived=5, rate=10, take=4, slots_max=5, slots_want=4, slots_min=1)},
-        tags={"1:A": 0.5}, served={"1": 0.25}, heads={"1": 0.75}, load={"e1": (100, 2)}),
+        tags={"1:A": 0.5}, served={"1": 0.25}, heads={"1": 0.75}, load={"e1": PeerLoad(queued=100, inflight=2)}),
     SyncRequest(replica="b", ttl_s=5, halflife_s=2, tenants={
         "A": TenantSync(admitted=1, rate=10, take=20, owe=1, slots_max=5, slots_want=3, slots_min=2),
         "B": TenantSync(admitted=2, arrived=9)}, tags={"1:B": 1.0, "1:A": 0.25, "2:x:y": 1.0}, heads={"1": 2.0},
-        load={"e1": (5, 1), "e2": (7, 1)}),
+        load={"e1": PeerLoad(queued=5, inflight=1), "e2": PeerLoad(queued=7, inflight=1)}),
     SyncRequest(replica="a", ttl_s=5, halflife_s=2, tenants={"A": TenantSync(give=2, rate=10, slots_max=5)}),
     SyncRequest(replica="b", ttl_s=5, halflife_s=2),
 ]

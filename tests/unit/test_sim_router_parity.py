@@ -29,7 +29,7 @@ from kvroute.loadgen.sim.runner import SimConfig, arrivals
 from kvroute.loadgen.workloads import make_workload
 from kvroute.router.contract.protocol import LoadRecord, hash_seed
 from kvroute.router.contract.settings_values import build
-from kvroute.router.decision.base import RouteRequest
+from kvroute.router.decision.base import PeerLoad, RouteRequest
 from kvroute.router.decision.decode_choice import DECODE_ROLES, PREFILL_ROLES
 from kvroute.router.decision.policies import POLICIES, make_policy
 from kvroute.router.decision.route import RouteDecision
@@ -267,11 +267,11 @@ def test_other_replicas_charges_count_alike(peer, engine):
     real = Instance("http://127.0.0.1:9000")
     real.info = EngineInfo("i0", "m", 16, 0, FINGERPRINT)
     real.charge(2, 400)
-    real.peer_charges = peer
+    real.peer_charges = PeerLoad(queued=peer[0], inflight=peer[1])
     view = LoadView(["i0"])
     view.dispatched(0, 250)
     view.dispatched(0, 150)
-    view.peer_charges([peer])
+    view.peer_charges([PeerLoad(queued=peer[0], inflight=peer[1])])
     if record is not None:
         real.observe_load(record)
         view.polled(0, record)
