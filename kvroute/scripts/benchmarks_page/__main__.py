@@ -7,7 +7,8 @@ Each entry of kvroute/scripts/benchmarks_page/entries.py is run as a subprocess 
 from the repository root (so the checkout's code runs, whatever the current directory); its JSON is
 parsed and rendered as a Markdown table under its command. The page holds only those figures and one
 machine line (cores, load average, date, commit). --quick leaves out the full-only entries; --only
-runs the named ones. Entries not run are listed with their command and no figures.
+runs the named ones into the page as it is: their sections are replaced (each saying what ran it, when
+and at which commit), the others kept. Entries never run are listed with their command and no figures.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 
 from kvroute.benchmarks.checkout import root
 from kvroute.scripts.benchmarks_page.entries import ENTRIES, Entry
-from kvroute.scripts.benchmarks_page.page import machine_line, page, reused, run_entry, selected, shown
+from kvroute.scripts.benchmarks_page.page import machine_line, page, reused, run_entry, selected, shown, spliced
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     outcomes = run_all(run, work, {n.strip() for n in args.reuse.split(",") if n.strip()})
     out = pathlib.Path(args.out) if args.out else root() / "docs" / "benchmarks.md"
-    out.write_text(page(outcomes, argv, machine))
+    if args.only and out.exists():  # the named entries' sections replaced, the rest kept as they are
+        out.write_text(spliced(outcomes, argv, machine, out.read_text()))
+    else:
+        out.write_text(page(outcomes, argv, machine))
     print(f"wrote {out} (work files in {work})", file=sys.stderr)
     return 0 if all(o is None or o["ok"] for o in outcomes.values()) else 1
 
