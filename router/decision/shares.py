@@ -43,9 +43,9 @@ ACTIVE = 0.02  # without demand counts: the tenants admitted more than this shar
 class Counts:
     """Per tenant, events counted with a half-life: `rate` is events per second. The counts are kept
     scaled to one reference time, so reading every tenant's rate is a multiplication each (admission
-    reads them on every contended decision, with as many tenants as the fleet serves); the reference
-    moves forward, forgetting the long idle, once it is RESCALE half-lives behind. A clock that went
-    back decays nothing (decay.py)."""
+    reads them on every contended decision, with as many tenants as the fleet serves); an event
+    moves the reference up, forgetting the long idle, once it is RESCALE half-lives behind. Reading
+    changes nothing; a clock that went back decays nothing (decay.py)."""
 
     RESCALE = 32.0  # half-lives between rescalings (2^32: far from a float's range)
 
@@ -53,26 +53,25 @@ class Counts:
         self.halflife_s = halflife_s
         self._scaled: dict[str, float] = {}  # tenant -> its decayed count as of `_ref`, times 2^((latest - _ref) / h)
         self._ref = 0.0
-        self._latest = -math.inf  # the latest clock reading: the counts never decay backwards
+        self._latest = -math.inf  # the latest event's time: the counts never decay back before it
 
-    def _growth(self, now: float) -> float:
-        """2^((now - reference) / half-life), the reference moved up to `now` first when it is far behind."""
-        now = self._latest = max(self._latest, now)
-        if now - self._ref > self.RESCALE * self.halflife_s or not self._scaled:
-            factor = 0.5 ** ((now - self._ref) / self.halflife_s)
-            self._scaled = {t: v * factor for t, v in self._scaled.items() if v * factor > FORGET}
-            self._ref = now
-        return 2.0 ** ((now - self._ref) / self.halflife_s)
+    def _decay(self, now: float) -> float:
+        """0.5^((now - reference) / half-life): what the scaled counts are worth at `now`."""
+        return 0.5 ** ((max(now, self._latest) - self._ref) / self.halflife_s)
 
     def value(self, tenant: str, now: float) -> float:
-        return self._scaled.get(tenant, 0.0) / self._growth(now)
+        return self._scaled.get(tenant, 0.0) * self._decay(now)
 
     def add(self, tenant: str, now: float) -> None:
-        growth = self._growth(now)
-        self._scaled[tenant] = self._scaled.get(tenant, 0.0) + growth
+        now = self._latest = max(self._latest, now)
+        if now - self._ref > self.RESCALE * self.halflife_s or not self._scaled:
+            factor = self._decay(now)
+            self._scaled = {t: v * factor for t, v in self._scaled.items() if v * factor > FORGET}
+            self._ref = now
+        self._scaled[tenant] = self._scaled.get(tenant, 0.0) + 2.0 ** ((now - self._ref) / self.halflife_s)
 
     def rates(self, now: float) -> dict[str, float]:
-        per_count = math.log(2) / self.halflife_s / self._growth(now)
+        per_count = math.log(2) / self.halflife_s * self._decay(now)
         return {t: r for t, v in self._scaled.items() if (r := v * per_count) > FORGET}  # the long idle left out
 
 

@@ -176,11 +176,14 @@ def test_counts_decay_by_their_half_life_across_rescalings_and_never_backwards()
     counts.add("a", 0.0)
     counts.add("a", 0.0)
     assert counts.value("a", 2.0) == pytest.approx(1.0)  # one half-life: half of 2
-    assert counts.value("a", 1.0) == pytest.approx(1.0)  # the clock went back: no growth
+    assert counts.value("a", 1.0) == pytest.approx(2.0 * 0.5 ** 0.5)  # reading changed nothing
+    assert counts.value("a", -1.0) == pytest.approx(2.0)  # before the last event: no growth
     for k in range(1, 200):  # past many rescalings (every 32 half-lives), one event a second
         counts.add("b", float(k))
     # the sum of a geometric series of ratio 2^-(1/2), after 199 terms: its limit
     assert counts.value("b", 199.0) == pytest.approx(1.0 / (1.0 - 0.5 ** 0.5), rel=1e-6)
+    later = counts.value("b", 199.0 + 80 * 2.0)  # read far ahead: nothing changes, nothing overflows
+    assert later == pytest.approx(counts.value("b", 199.0) * 2.0 ** -80) and counts.value("b", 1e9) == 0.0
     assert "a" not in counts.rates(199.0)  # 2 x 2^-99.5: forgotten
     assert counts.rates(199.0)["b"] == pytest.approx(counts.value("b", 199.0) * math.log(2) / 2.0)
 
