@@ -1,6 +1,6 @@
 """One HTTP/2 connection of the lean gRPC server (router/service/ext_proc/grpc_server.py): cleartext
 with prior knowledge, as Envoy's gRPC client speaks it, on an asyncio Protocol in the router's event
-loop. Frames are read with struct (h2_frames.py), header blocks decoded with `hpack`; each call is a
+loop. Frames are read with struct (h2_frames.py), header blocks decoded by header_blocks.py; each call is a
 Stream (grpc_stream.py) served by its method's handler in a task.
 
 Flow control both ways: large windows offered (STREAM_WINDOW, CONN_WINDOW), credited back as the
@@ -15,11 +15,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import hpack
-
 from kvroute.router.service.ext_proc import h2_frames as h2
 from kvroute.router.service.ext_proc.grpc_sending import Sending
 from kvroute.router.service.ext_proc.grpc_stream import HELD_LIMIT, Stream
+from kvroute.router.service.ext_proc.header_blocks import BadHeaderBlock, HeaderBlocks
 
 if TYPE_CHECKING:
     from kvroute.router.service.ext_proc.grpc_server import LeanServer
@@ -38,9 +37,7 @@ class H2Connection(Sending, asyncio.Protocol):
     def __init__(self, server: LeanServer) -> None:
         self.server, self.buf = server, bytearray()
         self.streams: dict[int, Stream] = {}
-        self.decoder = hpack.Decoder()
-        self.decoder.max_allowed_table_size = 4096
-        self.decoded: dict[bytes, dict[bytes, bytes]] = {}  # header blocks of indexed fields only, decoded
+        self.blocks = HeaderBlocks()
         self.preface = False
         self.last_id = 0
         self.headers_of: tuple[int, int, bytearray] | None = None  # (stream, flags, block) until END_HEADERS
@@ -203,20 +200,10 @@ class H2Connection(Sending, asyncio.Protocol):
         self._call(stream_id, first_flags, self._decoded(bytes(block)))
 
     def _decoded(self, block: bytes) -> dict[bytes, bytes]:
-        """A header block's fields. A block of one-byte indexed fields only (Envoy's, once its table is
-        warm: every call the same) changes no table: its fields are kept and found again by its bytes."""
-        indexed_only = bool(block) and min(block) >= 0x80 and 0xFF not in block
-        fields = self.decoded.get(block) if indexed_only else None
-        if fields is None:
-            try:
-                fields = dict(self.decoder.decode(block, raw=True))
-            except hpack.HPACKError as e:
-                raise h2.ConnectionError_(h2.COMPRESSION_ERROR, f"bad header block: {e}") from None
-            if not indexed_only:
-                self.decoded.clear()  # the table may have changed: what was kept may read differently now
-            elif len(self.decoded) < 64:
-                self.decoded[block] = fields
-        return fields
+        try:
+            return self.blocks.decode(block)
+        except BadHeaderBlock as e:
+            raise h2.ConnectionError_(h2.COMPRESSION_ERROR, f"bad header block: {e}") from None
 
     def _call(self, stream_id: int, flags: int, fields: dict[bytes, bytes]) -> None:
         if stream_id in self.streams:  # the client's trailers: nothing in them for gRPC, but they may end it
