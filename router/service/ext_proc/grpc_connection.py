@@ -142,14 +142,15 @@ class H2Connection(Sending, asyncio.Protocol):
         # PRIORITY and unknown frame types are ignored, as the protocol asks
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        data = h2.unpadded(flags, payload)
+        data = h2.unpadded(flags, payload) if flags & h2.PADDED else payload
         stream = self.streams.get(stream_id)
         self.conn_recv -= len(payload)
         if stream is not None:
             stream.recv_window -= len(payload)
         if self.conn_recv < 0 or (stream is not None and stream.recv_window < 0):
             raise h2.ConnectionError_(h2.FLOW_CONTROL_ERROR, "DATA over the flow-control window granted")
-        self.credit(None, len(payload) - len(data))  # padding: nothing to hold
+        if data is not payload:
+            self.credit(None, len(payload) - len(data))  # padding: nothing to hold
         if stream is None or stream.remote_done:
             self.credit(None, len(data))
             if stream_id > self.last_id or stream_id == 0:

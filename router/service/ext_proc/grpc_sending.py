@@ -39,7 +39,13 @@ class Sending:
         if not stream.head_sent:
             stream.head_sent = True
             self.write(h2.frame(h2.HEADERS, HEAD_FLAGS, stream.id, h2.RESPONSE_HEAD))
-        stream.out += b"\0" + h2.U32.pack(len(message))  # not compressed, the length
+        n = 5 + len(message)
+        if not stream.out and n <= min(self.peer_window, stream.send_window, self.peer_frame):
+            self.write(h2.data_message(stream.id, message))  # all of it fits: one frame, no copy to queue
+            self.peer_window -= n
+            stream.send_window -= n
+            return None if self.paused is None else asyncio.shield(self.paused)
+        stream.out += h2.message_prefix(message)
         stream.out += message
         self._send_out(stream)
         if stream.out:
@@ -87,9 +93,13 @@ class Sending:
             stream.task.cancel()
 
     def _drop(self, stream: Stream) -> None:
-        """The client reset the call, or the connection is gone: its handler is cancelled."""
+        """The client reset the call, or the connection is gone: a handler waiting for a message is
+        told its input ended (as Envoy resets every ext_proc call once it has its answers: cheaper than
+        a cancellation thrown through it), any other is cancelled; either way it can send no more."""
         stream.finished = True
         self._forget(stream)
+        if stream.input_ended():
+            return
         if stream.task is not None:
             stream.task.cancel()
         for waiter in (stream.waiter, stream.drained):

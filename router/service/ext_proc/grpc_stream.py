@@ -1,7 +1,8 @@
 """One gRPC call on the lean server's HTTP/2 connection (router/service/ext_proc/grpc_connection.py),
 as its method's handler sees it: `receive` the client's messages in order (None once it is done
 writing), `send` messages (waiting while the peer's flow-control windows or the socket are full),
-`finish` with a gRPC status. A call the client resets (RST_STREAM) has its handler's task cancelled."""
+`finish` with a gRPC status. A call the client resets (RST_STREAM): a handler waiting in `receive`
+gets None, any other has its task cancelled; neither can send more."""
 
 from __future__ import annotations
 
@@ -61,6 +62,16 @@ class Stream:
     def ended(self) -> None:
         self.remote_done = True
         self._wake()
+
+    def input_ended(self) -> bool:
+        """The call was reset while its handler waits in `receive`: it gets None (no more messages);
+        False when the handler is elsewhere (it is cancelled instead)."""
+        if self.waiter is None or self.waiter.done():
+            return False
+        self.inbox.clear()
+        self.remote_done = True
+        self.waiter.set_result(None)
+        return True
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
