@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from kvroute.router.service.ext_proc import h2_frames as h2
 from kvroute.router.service.ext_proc.grpc_sending import Sending
-from kvroute.router.service.ext_proc.grpc_stream import HELD_LIMIT, Stream
+from kvroute.router.service.ext_proc.grpc_stream import HELD_LIMIT, INTERNAL, UNIMPLEMENTED, Stream
 from kvroute.router.service.ext_proc.header_blocks import BadHeaderBlock, HeaderBlocks
 
 if TYPE_CHECKING:
@@ -30,13 +30,14 @@ MAX_STREAMS, MAX_FRAME, MAX_HEADER_LIST = 4096, 1 << 20, 16 << 10
 MAX_MESSAGE = 4 << 20  # as grpcio's server receives by default
 OURS = h2.settings({h2.MAX_CONCURRENT_STREAMS: MAX_STREAMS, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                     h2.MAX_FRAME_SIZE: MAX_FRAME, h2.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST, h2.ENABLE_PUSH: 0})
-UNIMPLEMENTED, INTERNAL = 12, 13  # gRPC status codes
 
 
 class H2Connection(Sending, asyncio.Protocol):
     def __init__(self, server: LeanServer) -> None:
         self.server, self.buf = server, bytearray()
+        self.loop = asyncio.get_running_loop()  # the server's: kept, not looked up per message
         self.streams: dict[int, Stream] = {}
+        self.blocked: dict[Stream, None] = {}
         self.blocks = HeaderBlocks()
         self.preface = False
         self.last_id = 0
@@ -64,7 +65,7 @@ class H2Connection(Sending, asyncio.Protocol):
             self.paused.set_result(None)
 
     def pause_writing(self) -> None:
-        self.paused = asyncio.get_running_loop().create_future()
+        self.paused = self.loop.create_future()
 
     def resume_writing(self) -> None:
         if self.paused is not None and not self.paused.done():
@@ -228,7 +229,7 @@ class H2Connection(Sending, asyncio.Protocol):
             path = fields.get(b":path", b"").decode("utf-8", "replace")
             self._end(stream, UNIMPLEMENTED, f"unknown method {path[:100]}")
             return
-        stream.task = asyncio.get_running_loop().create_task(self._run(handler, stream))
+        stream.task = self.loop.create_task(self._run(handler, stream))
 
     async def _run(self, handler, stream: Stream) -> None:
         try:

@@ -16,15 +16,17 @@ TRAILER_FLAGS = h2.END_HEADERS | h2.END_STREAM
 
 class Sending:
     streams: dict[int, Stream]
+    blocked: dict[Stream, None]  # the streams with bytes waiting for window, in the order they blocked
     out: list[bytes]
     transport: asyncio.Transport | None
     paused: asyncio.Future | None
     peer_window: int
     peer_frame: int
+    loop: asyncio.AbstractEventLoop
 
     def write(self, data: bytes) -> None:
         if not self.out:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
         self.out.append(data)
 
     def _flush(self) -> None:
@@ -50,7 +52,7 @@ class Sending:
         self._send_out(stream)
         if stream.out:
             if stream.drained is None or stream.drained.done():
-                stream.drained = asyncio.get_running_loop().create_future()
+                stream.drained = self.loop.create_future()
             return stream.drained
         # None while the socket takes more; else shielded: a sender cancelled must not cancel the others' wait
         return None if self.paused is None else asyncio.shield(self.paused)
@@ -64,13 +66,16 @@ class Sending:
             del out[:n]
             self.peer_window -= n
             stream.send_window -= n
-        if not out and stream.drained is not None and not stream.drained.done():
+        if out:
+            self.blocked[stream] = None
+            return
+        self.blocked.pop(stream, None)
+        if stream.drained is not None and not stream.drained.done():
             stream.drained.set_result(None)
 
     def _flush_blocked(self) -> None:
-        for stream in list(self.streams.values()):
-            if stream.out:
-                self._send_out(stream)
+        for stream in list(self.blocked):
+            self._send_out(stream)
 
     def finish(self, stream: Stream, status: int, message: str) -> None:
         """The call ends with `status`: trailers (trailers alone when nothing was sent), and the
@@ -107,6 +112,7 @@ class Sending:
                 waiter.cancel()
 
     def _forget(self, stream: Stream) -> None:
+        self.blocked.pop(stream, None)
         if self.streams.pop(stream.id, None) is not None and (stream.held or stream.partial or stream.deferred):
             self.credit(None, stream.deferred + len(stream.partial) + stream.held)  # the rest will never be read
             stream.held = stream.deferred = 0

@@ -15,7 +15,8 @@ from kvroute.router.service.ext_proc.h2_frames import U32
 if TYPE_CHECKING:
     from kvroute.router.service.ext_proc.grpc_connection import H2Connection
 
-RESOURCE_EXHAUSTED, UNIMPLEMENTED = 8, 12  # gRPC status codes
+# the gRPC status codes the lean server ends calls with (grpc/doc/statuscodes.md), declared here alone
+INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 3, 5, 8, 12, 13
 HELD_LIMIT = 1 << 20  # bytes of whole messages a handler has not taken yet, past which the peer gets no more window
 
 
@@ -83,7 +84,7 @@ class Stream:
         while not self.inbox:
             if self.remote_done:
                 return None
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = self.conn.loop.create_future()
             await self.waiter
         message = self.inbox.popleft()
         self.held -= 5 + len(message)
