@@ -200,3 +200,29 @@ async def test_data_over_the_granted_window_is_a_flow_control_error(picker, serv
     message = b"\0" + struct.pack(">L", 16 << 10) + b"\0" * (16 << 10)  # 16 KiB messages nobody reads
     flood = b"".join(frame(0, 0, 1, b"\0\0\0\0\0" if i == 0 else message) for i in range(1 + 4 * 64))  # 4 MiB
     assert await protocol_error(app.app[EXT_PROC_PORT], opening + flood) in ("goaway", "rst", "closed")
+
+
+def _localhost_is_dual_stack() -> bool:
+    import socket
+
+    families = {family for family, *_ in socket.getaddrinfo("localhost", 0, type=socket.SOCK_STREAM)}
+    return {socket.AF_INET, socket.AF_INET6} <= families
+
+
+@pytest.mark.skipif(not _localhost_is_dual_stack(), reason="localhost is one address here")
+@pytest.mark.parametrize("server", SERVERS)
+async def test_port_0_on_a_host_of_two_addresses_binds_one_port(server):
+    """`localhost` is 127.0.0.1 and ::1: port 0 gets one port on both, the one reported."""
+    from kvroute.benchmarks.ext_proc_floor import FixedExchange
+    from kvroute.router.service.ext_proc.servers import make_server
+
+    picker = make_server(server, lambda: FixedExchange("127.0.0.1:9"), lambda: True, "localhost", 0)
+    await picker.start()
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            async with grpc.aio.insecure_channel(f"{host}:{picker.port}") as channel:
+                answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                         timeout=5)
+                assert answer.status == SERVING
+    finally:
+        await picker.stop()

@@ -1,6 +1,6 @@
 """One HTTP/2 connection of the lean gRPC server (router/service/ext_proc/grpc_server.py): cleartext
 with prior knowledge, as Envoy's gRPC client speaks it, on an asyncio Protocol in the router's event
-loop. Frames are read with struct (h2_frames.py), header blocks decoded with `hpack`; each call is a
+loop. Frames are read with struct (h2_frames.py), header blocks decoded by header_blocks.py; each call is a
 Stream (grpc_stream.py) served by its method's handler in a task.
 
 Flow control both ways: large windows offered (STREAM_WINDOW, CONN_WINDOW), credited back as the
@@ -15,11 +15,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import hpack
-
 from kvroute.router.service.ext_proc import h2_frames as h2
 from kvroute.router.service.ext_proc.grpc_sending import Sending
-from kvroute.router.service.ext_proc.grpc_stream import HELD_LIMIT, Stream
+from kvroute.router.service.ext_proc.grpc_stream import HELD_LIMIT, INTERNAL, UNIMPLEMENTED, Stream
+from kvroute.router.service.ext_proc.header_blocks import BadHeaderBlock, HeaderBlocks
 
 if TYPE_CHECKING:
     from kvroute.router.service.ext_proc.grpc_server import LeanServer
@@ -31,16 +30,15 @@ MAX_STREAMS, MAX_FRAME, MAX_HEADER_LIST = 4096, 1 << 20, 16 << 10
 MAX_MESSAGE = 4 << 20  # as grpcio's server receives by default
 OURS = h2.settings({h2.MAX_CONCURRENT_STREAMS: MAX_STREAMS, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                     h2.MAX_FRAME_SIZE: MAX_FRAME, h2.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST, h2.ENABLE_PUSH: 0})
-UNIMPLEMENTED, INTERNAL = 12, 13  # gRPC status codes
 
 
 class H2Connection(Sending, asyncio.Protocol):
     def __init__(self, server: LeanServer) -> None:
         self.server, self.buf = server, bytearray()
+        self.loop = asyncio.get_running_loop()  # the server's: kept, not looked up per message
         self.streams: dict[int, Stream] = {}
-        self.decoder = hpack.Decoder()
-        self.decoder.max_allowed_table_size = 4096
-        self.decoded: dict[bytes, dict[bytes, bytes]] = {}  # header blocks of indexed fields only, decoded
+        self.blocked: dict[Stream, None] = {}
+        self.blocks = HeaderBlocks()
         self.preface = False
         self.last_id = 0
         self.headers_of: tuple[int, int, bytearray] | None = None  # (stream, flags, block) until END_HEADERS
@@ -67,7 +65,7 @@ class H2Connection(Sending, asyncio.Protocol):
             self.paused.set_result(None)
 
     def pause_writing(self) -> None:
-        self.paused = asyncio.get_running_loop().create_future()
+        self.paused = self.loop.create_future()
 
     def resume_writing(self) -> None:
         if self.paused is not None and not self.paused.done():
@@ -145,14 +143,15 @@ class H2Connection(Sending, asyncio.Protocol):
         # PRIORITY and unknown frame types are ignored, as the protocol asks
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        data = h2.unpadded(flags, payload)
+        data = h2.unpadded(flags, payload) if flags & h2.PADDED else payload
         stream = self.streams.get(stream_id)
         self.conn_recv -= len(payload)
         if stream is not None:
             stream.recv_window -= len(payload)
         if self.conn_recv < 0 or (stream is not None and stream.recv_window < 0):
             raise h2.ConnectionError_(h2.FLOW_CONTROL_ERROR, "DATA over the flow-control window granted")
-        self.credit(None, len(payload) - len(data))  # padding: nothing to hold
+        if data is not payload:
+            self.credit(None, len(payload) - len(data))  # padding: nothing to hold
         if stream is None or stream.remote_done:
             self.credit(None, len(data))
             if stream_id > self.last_id or stream_id == 0:
@@ -203,20 +202,10 @@ class H2Connection(Sending, asyncio.Protocol):
         self._call(stream_id, first_flags, self._decoded(bytes(block)))
 
     def _decoded(self, block: bytes) -> dict[bytes, bytes]:
-        """A header block's fields. A block of one-byte indexed fields only (Envoy's, once its table is
-        warm: every call the same) changes no table: its fields are kept and found again by its bytes."""
-        indexed_only = bool(block) and min(block) >= 0x80 and 0xFF not in block
-        fields = self.decoded.get(block) if indexed_only else None
-        if fields is None:
-            try:
-                fields = dict(self.decoder.decode(block, raw=True))
-            except hpack.HPACKError as e:
-                raise h2.ConnectionError_(h2.COMPRESSION_ERROR, f"bad header block: {e}") from None
-            if not indexed_only:
-                self.decoded.clear()  # the table may have changed: what was kept may read differently now
-            elif len(self.decoded) < 64:
-                self.decoded[block] = fields
-        return fields
+        try:
+            return self.blocks.decode(block)
+        except BadHeaderBlock as e:
+            raise h2.ConnectionError_(h2.COMPRESSION_ERROR, f"bad header block: {e}") from None
 
     def _call(self, stream_id: int, flags: int, fields: dict[bytes, bytes]) -> None:
         if stream_id in self.streams:  # the client's trailers: nothing in them for gRPC, but they may end it
@@ -240,7 +229,7 @@ class H2Connection(Sending, asyncio.Protocol):
             path = fields.get(b":path", b"").decode("utf-8", "replace")
             self._end(stream, UNIMPLEMENTED, f"unknown method {path[:100]}")
             return
-        stream.task = asyncio.get_running_loop().create_task(self._run(handler, stream))
+        stream.task = self.loop.create_task(self._run(handler, stream))
 
     async def _run(self, handler, stream: Stream) -> None:
         try:

@@ -11,11 +11,10 @@ from grpc_health.v1 import health_pb2
 
 from kvroute.router.service.ext_proc import messages as msg
 from kvroute.router.service.ext_proc.exchange import Exchange
-from kvroute.router.service.ext_proc.grpc_stream import Stream
+from kvroute.router.service.ext_proc.grpc_stream import INVALID_ARGUMENT, NOT_FOUND, Stream
 from kvroute.router.service.ext_proc.health_book import SERVICE, SERVICE_UNKNOWN, HealthBook
 
 Handler = Callable[[Stream], Awaitable[None]]
-INVALID_ARGUMENT, NOT_FOUND = 3, 5
 
 
 def methods(exchange: Callable[[], Exchange], book: HealthBook) -> dict[bytes, Handler]:

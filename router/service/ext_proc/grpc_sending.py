@@ -16,15 +16,17 @@ TRAILER_FLAGS = h2.END_HEADERS | h2.END_STREAM
 
 class Sending:
     streams: dict[int, Stream]
+    blocked: dict[Stream, None]  # the streams with bytes waiting for window, in the order they blocked
     out: list[bytes]
     transport: asyncio.Transport | None
     paused: asyncio.Future | None
     peer_window: int
     peer_frame: int
+    loop: asyncio.AbstractEventLoop
 
     def write(self, data: bytes) -> None:
         if not self.out:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
         self.out.append(data)
 
     def _flush(self) -> None:
@@ -39,12 +41,18 @@ class Sending:
         if not stream.head_sent:
             stream.head_sent = True
             self.write(h2.frame(h2.HEADERS, HEAD_FLAGS, stream.id, h2.RESPONSE_HEAD))
-        stream.out += b"\0" + h2.U32.pack(len(message))  # not compressed, the length
+        n = 5 + len(message)
+        if not stream.out and n <= min(self.peer_window, stream.send_window, self.peer_frame):
+            self.write(h2.data_message(stream.id, message))  # all of it fits: one frame, no copy to queue
+            self.peer_window -= n
+            stream.send_window -= n
+            return None if self.paused is None else asyncio.shield(self.paused)
+        stream.out += h2.message_prefix(message)
         stream.out += message
         self._send_out(stream)
         if stream.out:
             if stream.drained is None or stream.drained.done():
-                stream.drained = asyncio.get_running_loop().create_future()
+                stream.drained = self.loop.create_future()
             return stream.drained
         # None while the socket takes more; else shielded: a sender cancelled must not cancel the others' wait
         return None if self.paused is None else asyncio.shield(self.paused)
@@ -58,13 +66,16 @@ class Sending:
             del out[:n]
             self.peer_window -= n
             stream.send_window -= n
-        if not out and stream.drained is not None and not stream.drained.done():
+        if out:
+            self.blocked[stream] = None
+            return
+        self.blocked.pop(stream, None)
+        if stream.drained is not None and not stream.drained.done():
             stream.drained.set_result(None)
 
     def _flush_blocked(self) -> None:
-        for stream in list(self.streams.values()):
-            if stream.out:
-                self._send_out(stream)
+        for stream in list(self.blocked):
+            self._send_out(stream)
 
     def finish(self, stream: Stream, status: int, message: str) -> None:
         """The call ends with `status`: trailers (trailers alone when nothing was sent), and the
@@ -87,9 +98,13 @@ class Sending:
             stream.task.cancel()
 
     def _drop(self, stream: Stream) -> None:
-        """The client reset the call, or the connection is gone: its handler is cancelled."""
+        """The client reset the call, or the connection is gone: a handler waiting for a message is
+        told its input ended (as Envoy resets every ext_proc call once it has its answers: cheaper than
+        a cancellation thrown through it), any other is cancelled; either way it can send no more."""
         stream.finished = True
         self._forget(stream)
+        if stream.input_ended():
+            return
         if stream.task is not None:
             stream.task.cancel()
         for waiter in (stream.waiter, stream.drained):
@@ -97,6 +112,7 @@ class Sending:
                 waiter.cancel()
 
     def _forget(self, stream: Stream) -> None:
+        self.blocked.pop(stream, None)
         if self.streams.pop(stream.id, None) is not None and (stream.held or stream.partial or stream.deferred):
             self.credit(None, stream.deferred + len(stream.partial) + stream.held)  # the rest will never be read
             stream.held = stream.deferred = 0

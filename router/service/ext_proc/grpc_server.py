@@ -34,11 +34,19 @@ class LeanServer:
 
     async def start(self) -> None:
         self.health.mark(self.ready())
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: H2Connection(self), self.host, self.port, reuse_port=True)
+        self.server = await self._listen(self.port)
+        ports = {sock.getsockname()[1] for sock in self.server.sockets}
+        if len(ports) > 1:  # port 0 on a host of several addresses (IPv4 and IPv6): each got its own port
+            port = self.server.sockets[0].getsockname()[1]
+            self.server.close()
+            self.server = await self._listen(port)  # all on the first one's: one port to report
         self.port = self.server.sockets[0].getsockname()[1]
         self._watch = asyncio.create_task(self._watch_loop(), name="ext-proc-health")
         log.info("ext_proc endpoint picker listening on %s:%d (lean HTTP/2 server)", self.host, self.port)
+
+    async def _listen(self, port: int) -> asyncio.Server:
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(lambda: H2Connection(self), self.host, port, reuse_port=True)
 
     async def stop(self) -> None:
         if self._watch is not None:

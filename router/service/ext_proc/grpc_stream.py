@@ -1,7 +1,8 @@
 """One gRPC call on the lean server's HTTP/2 connection (router/service/ext_proc/grpc_connection.py),
 as its method's handler sees it: `receive` the client's messages in order (None once it is done
 writing), `send` messages (waiting while the peer's flow-control windows or the socket are full),
-`finish` with a gRPC status. A call the client resets (RST_STREAM) has its handler's task cancelled."""
+`finish` with a gRPC status. A call the client resets (RST_STREAM): a handler waiting in `receive`
+gets None, any other has its task cancelled; neither can send more."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from kvroute.router.service.ext_proc.h2_frames import U32
 if TYPE_CHECKING:
     from kvroute.router.service.ext_proc.grpc_connection import H2Connection
 
-RESOURCE_EXHAUSTED, UNIMPLEMENTED = 8, 12  # gRPC status codes
+# the gRPC status codes the lean server ends calls with (grpc/doc/statuscodes.md), declared here alone
+INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 3, 5, 8, 12, 13
 HELD_LIMIT = 1 << 20  # bytes of whole messages a handler has not taken yet, past which the peer gets no more window
 
 
@@ -62,6 +64,16 @@ class Stream:
         self.remote_done = True
         self._wake()
 
+    def input_ended(self) -> bool:
+        """The call was reset while its handler waits in `receive`: it gets None (no more messages);
+        False when the handler is elsewhere (it is cancelled instead)."""
+        if self.waiter is None or self.waiter.done():
+            return False
+        self.inbox.clear()
+        self.remote_done = True
+        self.waiter.set_result(None)
+        return True
+
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
@@ -72,7 +84,7 @@ class Stream:
         while not self.inbox:
             if self.remote_done:
                 return None
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = self.conn.loop.create_future()
             await self.waiter
         message = self.inbox.popleft()
         self.held -= 5 + len(message)

@@ -38,6 +38,20 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(n >> 16, n & 0xFFFF, kind, flags, stream) + payload
 
 
+DATA_MESSAGE = struct.Struct(">BHBBLBL")  # a DATA frame's header, then a gRPC message's prefix
+
+
+def message_prefix(message: bytes) -> bytes:
+    """A gRPC message's prefix: not compressed, its length."""
+    return b"\0" + U32.pack(len(message))
+
+
+def data_message(stream: int, message: bytes) -> bytes:
+    """One DATA frame carrying one whole gRPC message (the caller checked it fits the peer's windows)."""
+    n = 5 + len(message)
+    return DATA_MESSAGE.pack(n >> 16, n & 0xFFFF, DATA, 0, stream, 0, len(message)) + message
+
+
 def settings(values: dict[int, int]) -> bytes:
     return frame(SETTINGS, 0, 0, b"".join(SETTING.pack(k, v) for k, v in values.items()))
 

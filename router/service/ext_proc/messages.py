@@ -43,7 +43,8 @@ ProcessingResponse: TypeAlias = pb.ProcessingResponse
 
 def headers_of(message) -> CIMultiDict:
     """An HttpHeaders or HttpTrailers message's headers (Envoy sends raw_value; older ones value)."""
-    return CIMultiDict([(h.key, _value(h)) for h in message.headers.headers])
+    return CIMultiDict([(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+                        for h in message.headers.headers])
 
 
 def _value(header) -> str:
@@ -52,21 +53,25 @@ def _value(header) -> str:
 
 
 def status_and_type(message) -> tuple[str, str]:
-    """A response head's :status and content-type (all the picker reads of it), without a header map."""
-    status = content_type = ""
+    """A response head's :status and content-type (all the picker reads of it; a repeated one: its
+    first), without a header map: the walk stops once both came."""
+    status = content_type = None
     for h in message.headers.headers:
-        if h.key == ":status":
+        key = h.key
+        if key == ":status" and status is None:
             status = _value(h)
-        elif h.key == "content-type":
+            if content_type is not None:
+                break
+        elif key == "content-type" and content_type is None:
             content_type = _value(h)
-    return status, content_type
+            if status is not None:
+                break
+    return status or "", content_type or ""
 
 
 def metadata_value(request, namespace: str, key: str):
     """A value of Envoy's filter metadata on this message (None when absent), as plain Python."""
-    if not request.HasField("metadata_context"):
-        return None
-    fields = request.metadata_context.filter_metadata
+    fields = request.metadata_context.filter_metadata  # empty when Envoy sent none
     if namespace not in fields or key not in fields[namespace].fields:
         return None
     return json_format.MessageToDict(fields[namespace].fields[key])
@@ -92,16 +97,24 @@ def destination(endpoints: list[str], instance: str, phase: str, length: int | N
     """The choice, in the request header and the `envoy.lb` metadata alike, answering the request's
     headers (`phase` "request_headers") or its buffered body ("request_body"). `length`: the body's
     new Content-Length when the picker dropped fields of it; `body`: the new body (buffered modes)."""
-    value = ",".join(endpoints)
-    pairs = [(DESTINATION, value), (INSTANCE_HEADER, instance)]
-    if length is not None:
-        pairs.append(("content-length", str(length)))
+    out = pb.ProcessingResponse()
+    out.CopyFrom(_choice(",".join(endpoints), instance, phase))  # cheaper than building it (upb)
+    if length is not None or body is not None:
+        common = getattr(out, phase).response
+        if length is not None:
+            _set_headers(common.header_mutation, (("content-length", str(length)),))
+        if body is not None:
+            common.body_mutation.body = body
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _choice(value: str, instance: str, phase: str) -> ProcessingResponse:
+    """`destination` without a length or body: one message per choice, copied (never changed once built)."""
     out = pb.ProcessingResponse()
     common = getattr(out, phase).response
-    _set_headers(common.header_mutation, pairs)
+    _set_headers(common.header_mutation, ((DESTINATION, value), (INSTANCE_HEADER, instance)))
     common.clear_route_cache = True
-    if body is not None:
-        common.body_mutation.body = body
     out.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = value
     return out
 
