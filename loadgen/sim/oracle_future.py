@@ -42,15 +42,21 @@ from kvroute.router.decision.base import Decision, InstanceState, RouteRequest
 from kvroute.router.index.base import PrefixMatch
 
 
+def planned_times(specs: Sequence[RequestSpec], starts: Sequence[tuple[float, RequestSpec]]) -> dict[int, float]:
+    """Request index -> its planned send time: its arrival, or a follow-up's parent's plus its think time."""
+    planned = {spec.index: t for t, spec in starts}
+    for spec in sorted(specs, key=lambda s: s.index):
+        if spec.after is not None and spec.index not in planned:
+            planned[spec.index] = planned.get(spec.after, 0.0) + spec.think_s
+    return planned
+
+
 class FutureUses:
     """Block hash -> the planned send times of every request whose prompt holds it."""
 
     def __init__(self, specs: Sequence[RequestSpec], starts: Sequence[tuple[float, RequestSpec]],
                  block_size: int, seed: int) -> None:
-        planned = {spec.index: t for t, spec in starts}
-        for spec in sorted(specs, key=lambda s: s.index):
-            if spec.after is not None and spec.index not in planned:
-                planned[spec.index] = planned.get(spec.after, 0.0) + spec.think_s
+        planned = planned_times(specs, starts)
         uses: dict[int, list[float]] = collections.defaultdict(list)
         for spec in specs:
             t = planned.get(spec.index, 0.0)
