@@ -12,9 +12,12 @@ down to each block's request rate over the run,
   1 - exp(-rate_v T_i) is the chance of a request for v within T_i if requests for it
   came as a Poisson stream at that rate: the popularity is known, the draws are not.
 
-Between kv_aware and it lies what a better estimate of popularity could buy; between it
-and oracle_future, what knowing which requests come next buys, which no past holds
-(docs/loadgen.md, "Where kv_aware trails oracle_future").
+Where reuse follows a fixed popularity (the suite's pressure rows), kv_aware's distance to
+it is about what a better learned popularity could buy, and its distance to oracle_future
+what knowing which requests come next buys, which no past holds; where reuse follows
+conversations (mooncake) popularity is no guide. A reference, not a bound: like
+oracle_future it decides one request at a time (docs/loadgen.md, "Where kv_aware trails
+oracle_future").
 """
 
 from __future__ import annotations
