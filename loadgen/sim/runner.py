@@ -26,6 +26,7 @@ from kvroute.loadgen.sim.config import SimConfig
 from kvroute.loadgen.sim.disagg import DisaggConfig
 from kvroute.loadgen.sim.oracle import make_oracle
 from kvroute.loadgen.sim.oracle_future import make_future_oracle
+from kvroute.loadgen.sim.oracle_popularity import make_popularity_oracle
 from kvroute.loadgen.sim.planning import SimPlanning
 from kvroute.loadgen.sim.replicas import Replicas, build_replicas
 from kvroute.loadgen.sim.router import SimRouter
@@ -38,7 +39,7 @@ from kvroute.router.planner.decide import PlannerConfig
 
 # Simulator-only policies: factories taking the cluster, rng, clock, the workload's specs and the
 # planned (send time, spec) of every request that is not a follow-up.
-SIM_POLICIES = {"oracle": make_oracle, "oracle_future": make_future_oracle}
+SIM_POLICIES = {"oracle": make_oracle, "oracle_future": make_future_oracle, "oracle_popularity": make_popularity_oracle}
 
 
 def policy_names() -> list[str]:
