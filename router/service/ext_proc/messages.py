@@ -43,8 +43,7 @@ ProcessingResponse: TypeAlias = pb.ProcessingResponse
 
 def headers_of(message) -> CIMultiDict:
     """An HttpHeaders or HttpTrailers message's headers (Envoy sends raw_value; older ones value)."""
-    return CIMultiDict([(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
-                        for h in message.headers.headers])
+    return CIMultiDict([(h.key, _value(h)) for h in message.headers.headers])
 
 
 def _value(header) -> str:
