@@ -226,3 +226,37 @@ async def test_port_0_on_a_host_of_two_addresses_binds_one_port(server):
                 assert answer.status == SERVING
     finally:
         await picker.stop()
+
+
+async def test_reset_calls_holding_unread_messages_give_back_no_more_window_than_was_sent(picker):
+    """The lean server credits DATA to the connection's window as it arrives; a call reset while its
+    messages are unread gives back only what it held back, so the connection window keeps bounding
+    what a client can have buffered (it was credited twice: the window grew with every such call)."""
+    from kvroute.router.service.app_keys import EXT_PROC_PORT
+
+    url, app, channel = await picker(ext_proc_server="lean")
+    path = b"/grpc.health.v1.Health/Watch"  # its handler reads one message and no more
+    message = b"\0" + struct.pack(">L", 16000) + b"\0" * 16000
+    sent, data = 0, PREFACE + frame(4, 0, 0, b"")
+    for k in range(6):
+        sid = 1 + 2 * k
+        data += frame(1, 0x4, sid, b"\x83\x86\x04" + bytes([len(path)]) + path) + frame(0, 0, sid, b"\0" * 5)
+        data += b"".join(frame(0, 0, sid, message) for _ in range(50))  # 800 KB unread, under HELD_LIMIT
+        data += frame(3, 0, sid, b"\0\0\0\x08")  # RST_STREAM CANCEL
+        sent += 5 + 50 * len(message)
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.app[EXT_PROC_PORT])
+    writer.write(data)
+    credited = 0
+    try:
+        async with asyncio.timeout(2):
+            while True:
+                head = await reader.readexactly(9)
+                payload = await reader.readexactly(head[0] << 16 | head[1] << 8 | head[2])
+                if head[3] == 8 and struct.unpack(">L", head[5:9])[0] == 0:  # WINDOW_UPDATE, the connection's
+                    credited += struct.unpack(">L", payload)[0]
+    except TimeoutError:
+        pass
+    finally:
+        writer.close()
+    initial = (16 << 20) - 65535  # the grant that raises the default window to 16 MiB
+    assert 0 < credited - initial <= sent

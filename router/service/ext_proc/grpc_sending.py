@@ -113,10 +113,11 @@ class Sending:
 
     def _forget(self, stream: Stream) -> None:
         self.blocked.pop(stream, None)
-        if self.streams.pop(stream.id, None) is not None and (stream.held or stream.partial or stream.deferred):
-            self.credit(None, stream.deferred + len(stream.partial) + stream.held)  # the rest will never be read
-            stream.held = stream.deferred = 0
-            stream.partial.clear()
+        if self.streams.pop(stream.id, None) is not None and stream.deferred:
+            # the connection's credit held back for it (its messages were credited as they came in)
+            self.credit(None, stream.deferred)
+        stream.held = stream.deferred = 0
+        stream.partial.clear()
 
     def credit(self, stream: Stream | None, n: int) -> None:
         raise NotImplementedError  # the connection's (grpc_connection.py)
