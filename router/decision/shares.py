@@ -209,8 +209,3 @@ def held_back(tenant: str, weights: Mapping[str, float], rates: Mapping[str, flo
               recent: Collection[str]) -> bool:
     """`Fair.held_back` for one question."""
     return Fair(weights, rates, demand).held_back(tenant, recent)
-
-
-def light(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float], demand: Mapping[str, float]) -> bool:
-    """`Fair.light` for one question."""
-    return Fair(weights, rates, demand).light(tenant)
