@@ -48,7 +48,8 @@ async def measure(engine: str, polls: int) -> dict:
     lean = Upstream()
     async with aiohttp.ClientSession() as session:
         rows = {}
-        for name, http in (("aiohttp", EngineHTTP(session, 2.0)), ("lean", EngineHTTP(session, 2.0, lean))):
+        for name, http in (("aiohttp", EngineHTTP(session=session, timeout_s=2.0)),
+                           ("lean", EngineHTTP(session=session, timeout_s=2.0, lean=lean))):
             rows[name] = await per_poll(http, engine + "/load", polls)
             print(f"GET /load through {name:<8} {rows[name]:6.1f} us of CPU per poll", flush=True)
     lean.close()

@@ -35,6 +35,7 @@ import msgspec
 
 from kvroute.router.decision.base import NO_PEER_LOAD, PeerLoad
 from kvroute.router.decision.decay import decayed
+from kvroute.router.decision.shares import FORGET
 
 
 class TenantSync(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -75,20 +76,17 @@ class SyncReply(msgspec.Struct, frozen=True, kw_only=True):
     load: dict[str, PeerLoad] = {}  # instance -> the other replicas' charges, together
 
 
-_FORGET = 1e-3  # a decayed admitted count below this is forgotten
-
-
 def _add(table: dict[str, tuple[float, float]], tenant: str, n: float, now: float, halflife_s: float) -> None:
     value, since = table.get(tenant, (0.0, now))
     table[tenant] = (decayed(value, since, now, halflife_s) + n, now)
 
 
 def _values(table: dict[str, tuple[float, float]], now: float, halflife_s: float) -> dict[str, float]:
-    """The decayed counts now; those below _FORGET are forgotten."""
+    """The decayed counts now; those below FORGET (shares.py) are forgotten."""
     out = {}
     for tenant, (value, since) in list(table.items()):
         value = decayed(value, since, now, halflife_s)
-        if value < _FORGET:
+        if value < FORGET:
             del table[tenant]
         else:
             out[tenant] = value

@@ -111,7 +111,7 @@ class Rates:
     def rates(self, now: float) -> dict[str, float]:
         """This router's admitted rates (its drain rate)."""
         out = self._admitted.rates(now)
-        self._last = {t: v for t, v in self._last.items() if t in out and out[t] > FORGET}
+        self._last = {t: v for t, v in self._last.items() if t in out}  # `out` holds rates above FORGET only
         return out
 
     def shares(self, now: float) -> dict[str, float]:
@@ -209,8 +209,3 @@ def held_back(tenant: str, weights: Mapping[str, float], rates: Mapping[str, flo
               recent: Collection[str]) -> bool:
     """`Fair.held_back` for one question."""
     return Fair(weights, rates, demand).held_back(tenant, recent)
-
-
-def light(tenant: str, weights: Mapping[str, float], rates: Mapping[str, float], demand: Mapping[str, float]) -> bool:
-    """`Fair.light` for one question."""
-    return Fair(weights, rates, demand).light(tenant)

@@ -44,7 +44,7 @@ async def engine():
 async def clients():
     lean = Upstream()
     async with aiohttp.ClientSession() as session:
-        yield EngineHTTP(session, 2.0, lean), EngineHTTP(session, 2.0), lean
+        yield EngineHTTP(session=session, timeout_s=2.0, lean=lean), EngineHTTP(session=session, timeout_s=2.0), lean
     lean.close()
 
 
@@ -72,7 +72,7 @@ async def test_a_body_over_the_cap_and_a_slow_answer_fail_as_through_aiohttp(eng
         with pytest.raises(ValueError, match="answered more than 100 bytes"):
             await http.text(engine + "/big")
         with pytest.raises(TimeoutError):
-            await EngineHTTP(http.session, 0.2, http.lean).json(engine + "/slow")
+            await EngineHTTP(session=http.session, timeout_s=0.2, lean=http.lean).json(engine + "/slow")
     assert not any(lean._idle.values())  # a connection given up on mid-answer is not reused
 
 
@@ -106,7 +106,7 @@ async def test_a_poll_that_times_out_on_a_reused_connection_closes_it():
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     lean = Upstream()
-    http = EngineHTTP(None, 0.3, lean)
+    http = EngineHTTP(session=None, timeout_s=0.3, lean=lean)
     try:
         assert await http.json(f"http://127.0.0.1:{port}/load") == {}
         with pytest.raises(TimeoutError):

@@ -3,8 +3,8 @@ timeout, and the event feeds' reads of /kv/events and /kv/snapshot (router/kveve
 
 GETs of plain http:// engines (these and the feeds) go through a `LeanGet` when one is given (the router
 passes its lean keep-alive client, router/service/upstream.py): a load poll, 40 a second on 4 engines at the default
---load-interval-s, costs about 50 us of the router's CPU there against about 115 us through aiohttp's
-client (python -m kvroute.benchmarks.load_poll)."""
+--load-interval-s, costs the router about half the CPU it costs through aiohttp's client (the figures, and
+the command that measures them: docs/router.md, "Failures and timeouts")."""
 
 from __future__ import annotations
 
