@@ -15,7 +15,7 @@ from tests.support.loopback import LoopbackServer
 
 async def test_feed_reads_a_real_engines_snapshot_and_long_poll(start_engine, http):
     url, _ = await start_engine(time_scale=0.01)
-    client = EngineHTTP(http, timeout_s=0.5)
+    client = EngineHTTP(session=http, timeout_s=0.5)
     snap = await client.feed(url, "/kv/snapshot")
     assert isinstance(snap["seq"], int) and isinstance(snap["epoch"], int)
     t0 = time.monotonic()
@@ -42,7 +42,7 @@ async def bad_engine():
 
 async def test_an_error_status_or_a_body_not_json_is_a_bad_answer(bad_engine):
     async with aiohttp.ClientSession() as session:
-        client = EngineHTTP(session, timeout_s=2.0)
+        client = EngineHTTP(session=session, timeout_s=2.0)
         with pytest.raises(BadAnswer, match=r"GET /kv/events answered HTTP 503"):
             await client.feed(bad_engine, "/kv/events", {"since": 0})
         with pytest.raises(BadAnswer, match=r"GET /kv/snapshot did not answer JSON"):

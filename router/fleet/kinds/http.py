@@ -71,7 +71,7 @@ def _bounded(method: str, url: str, body: bytes) -> bytes:
     return body
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineHTTP:
     session: aiohttp.ClientSession | None  # None: a cluster driven by hand (tests), that fetches nothing
     timeout_s: float
