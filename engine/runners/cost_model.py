@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from kvroute.engine.core.scheduler import Step
 from kvroute.engine.core.work import SeqWork
+
+if TYPE_CHECKING:  # an annotation only: the cost model's users (the runner config) need not load the scheduler
+    from kvroute.engine.core.scheduler import Step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,13 +126,15 @@ ENTRIES = (
           about="A torch engine whose device pool cannot keep the session; where its K/V comes back from.",
           args=("-m", "kvroute.benchmarks.tiers", "ttft", "--out", "{out}"), out="tier-ttft.json"),
     Entry(name="tier-storm", title="Session-recovery storm at scale (simulator)", full_only=True,
-          about="64 simulated A100-class instances; 1,024 sessions return within 2 s, per tier setup.",
+          about="64 simulated A100-class instances (the a100-llama2-7b cost model, from published A100 figures: "
+                "not measured on a GPU); 1,024 sessions return within 2 s, per tier setup.",
           args=("-m", "kvroute.benchmarks.sim_storm", "--out", "{out}"), out="sim-storm.json"),
     Entry(name="fleet", title="A fleet that changes: join, kill, drain", full_only=True,
           about="Sim engines on loopback with a real redis-server registry.",
           args=("-m", "kvroute.benchmarks.fleet", "--repeats", "3", "--out", "{out}"), out="fleet.json"),
     Entry(name="planner", title="The planner against static splits (simulator)", full_only=True,
-          about="64 A100-class instances on a workload whose first half is prompt-heavy and second decode-heavy.",
+          about="64 simulated A100-class instances (the a100-llama2-7b cost model, from published A100 figures: "
+                "not measured on a GPU) on a workload whose first half is prompt-heavy and second decode-heavy.",
           args=("-m", "kvroute.benchmarks.planner", "sim", "--instances", "64", "--rate", "200", "--requests", "48000",
                 "--num-blocks", "16384", "--step", "8", "--out", "{out}"), out="planner.json"),
     Entry(name="foreign-accuracy", title="Prediction accuracy from ZeroMQ events", full_only=True,
