@@ -32,7 +32,7 @@ from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.cluster import KVEvents
 from kvroute.loadgen.sim.oracle_future import FutureUses
-from kvroute.loadgen.sim.runner import build
+from kvroute.loadgen.sim.runner import build, policy_names
 from kvroute.loadgen.sim.suite import STRONGER, SUITE_CONFIG, Case, _capped, suite_cases
 from kvroute.loadgen.workloads import make_workload
 from kvroute.router.contract.protocol import block_hashes, hash_seed
@@ -162,8 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds or (args.requests is not None and args.requests < 1):
         print("eviction_regret: --seeds takes integers (0,1,2) and --requests at least 1", file=sys.stderr)
         return 2
+    policies = args.policies.split(",")
+    unknown = [p for p in (*policies, args.reference) if p not in policy_names()]
+    if unknown:
+        print(f"eviction_regret: no policy {', '.join(unknown)} (known: {', '.join(policy_names())})", file=sys.stderr)
+        return 2
     case = _capped(case, args.requests)
-    runs = [run_policy(case, p, seed) for seed in seeds for p in args.policies.split(",")]
+    runs = [run_policy(case, p, seed) for seed in seeds for p in policies]
     print("\n".join(lines(runs, args.reference)))
     if args.out:
         args.out.write_text(json.dumps({"runs": [dataclasses.asdict(r) for r in runs],

@@ -67,3 +67,5 @@ def test_bad_arguments_get_one_line_and_exit_2(capsys):
     assert "no case nope" in capsys.readouterr().err
     assert eviction_regret.main(["--seeds", "x"]) == 2
     assert "--seeds takes integers" in capsys.readouterr().err
+    assert eviction_regret.main(["--policies", "kv_aware,nope"]) == 2  # before any simulation runs
+    assert "no policy nope" in capsys.readouterr().err
