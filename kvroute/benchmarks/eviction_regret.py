@@ -33,7 +33,7 @@ from kvroute.loadgen.record import RequestRecord
 from kvroute.loadgen.sim.cluster import KVEvents
 from kvroute.loadgen.sim.oracle_future import FutureUses
 from kvroute.loadgen.sim.runner import build, policy_names
-from kvroute.loadgen.sim.suite import STRONGER, SUITE_CONFIG, Case, _capped, suite_cases
+from kvroute.loadgen.sim.suite import STRONGER, SUITE_CONFIG, Case, capped, suite_cases
 from kvroute.loadgen.workloads import make_workload
 from kvroute.router.contract.protocol import block_hashes, hash_seed
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"eviction_regret: no policy {', '.join(unknown)} (known: {', '.join(policy_names())})", file=sys.stderr)
         return 2
-    case = _capped(case, args.requests)
+    case = capped(case, args.requests)
     runs = [run_policy(case, p, seed) for seed in seeds for p in policies]
     print("\n".join(lines(runs, args.reference)))
     if args.out:

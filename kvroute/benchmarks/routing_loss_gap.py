@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 
 from kvroute.loadgen.sim.report import ORACLE
-from kvroute.loadgen.sim.suite import SUITE_CONFIG, _capped, run_case, suite_cases
+from kvroute.loadgen.sim.suite import SUITE_CONFIG, capped, run_case, suite_cases
 from kvroute.router.decision.routing_loss import CAUSES, gap_by_cause
 
 
@@ -69,7 +69,7 @@ def from_sim(args: argparse.Namespace) -> dict:
     if case is None:
         raise ValueError(f"no case {args.case} (known: {', '.join(c.name for c in cases)})")
     policies = list(dict.fromkeys([*args.policies.split(","), args.reference]))
-    row = run_case(SUITE_CONFIG, policies, _capped(case, args.requests), progress=True)
+    row = run_case(SUITE_CONFIG, policies, capped(case, args.requests), progress=True)
     return row["results"]
 
 

@@ -87,7 +87,7 @@ def suite_cases(trace: str | pathlib.Path | None = DEFAULT_TRACE) -> tuple[list[
     return cases, skipped
 
 
-def _capped(case: Case, requests: int | None) -> Case:
+def capped(case: Case, requests: int | None) -> Case:
     if requests is None:
         return case
     return dataclasses.replace(case, knobs={**case.knobs, "num_requests": min(case.knobs.get("num_requests", requests),
@@ -138,6 +138,6 @@ def run_suite(config: SimConfig = SUITE_CONFIG, policies: list[str] | tuple[str,
     cases, skipped = suite_cases(trace)
     for line in skipped:
         print(f"kvroute sim --suite: {line}", file=sys.stderr)
-    rows = [run_case(config, list(policies), _capped(case, requests), progress, jobs) for case in cases]
+    rows = [run_case(config, list(policies), capped(case, requests), progress, jobs) for case in cases]
     return {"config": flat(config), "policies": list(policies), "cases": rows, "skipped": skipped,
             "targets": check_targets(rows), "oracle_beaten_by": {STRONGER: oracle_beaten(rows)}}

@@ -9,7 +9,7 @@ from kvroute.benchmarks.eviction_regret import Regret, gap_bucket, ratios, run_p
 from kvroute.loadgen.arrivals import ArrivalConfig
 from kvroute.loadgen.sim.oracle_future import FutureUses
 from kvroute.loadgen.sim.runner import simulate
-from kvroute.loadgen.sim.suite import SUITE_CONFIG, _capped, suite_cases
+from kvroute.loadgen.sim.suite import SUITE_CONFIG, capped, suite_cases
 from kvroute.loadgen.workload_base import RequestSpec
 from kvroute.loadgen.workloads import make_workload
 from kvroute.router.contract.protocol import block_hashes
@@ -35,7 +35,7 @@ def test_gap_buckets_split_at_their_edges():
 
 def test_every_eviction_is_regretted_or_dead_and_every_request_lands_in_one_bucket():
     cases, _ = suite_cases(None)
-    case = _capped(next(c for c in cases if c.name == "pressure-96"), 260)  # fills the fleet's 8,192 blocks
+    case = capped(next(c for c in cases if c.name == "pressure-96"), 260)  # fills the fleet's 8,192 blocks
     got = run_policy(case, "kv_aware")
     assert got.evictions > 0 and got.regretted + got.dead == got.evictions
     assert got.regretted > 0 and got.regret_gap_p50_s is not None and got.regret_gap_p50_s > 0
