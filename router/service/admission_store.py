@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from kvroute.router.contract.cancellation import raise_if_cancelled
 from kvroute.router.decision.fleet_ledger import SyncReply, SyncRequest
+from kvroute.router.decision.shares import FORGET
 
 SYNC = r"""
 redis.replicate_commands()
@@ -49,7 +50,7 @@ local function counts(key)
   for i = 1, #rs, 2 do
     local v, since = pair(rs[i + 1])
     v = v * 0.5 ^ (math.max(0, now - since) / hl)
-    if v < 1e-3 then redis.call('HDEL', key, rs[i]) else out[rs[i]] = v end
+    if v < FORGET then redis.call('HDEL', key, rs[i]) else out[rs[i]] = v end
   end
   return out
 end
@@ -142,7 +143,7 @@ local vs = redis.call('HGETALL', p .. 'vtime')
 for i = 1, #vs, 2 do vtime[vs[i]] = tonumber(vs[i + 1]) end
 return cjson.encode({replicas = #alive + 1, rates = rates, demand = demand, tokens = tokens, left = left,
                      slots = held, free = free, tags = tags, vtime = vtime, heads = heads, load = load})
-"""
+""".replace("FORGET", repr(FORGET))  # the memory ledger's threshold (fleet_ledger.py), declared once
 
 
 class LedgerUnavailable(Exception):
