@@ -1,7 +1,5 @@
 """`python -m kvroute`: the `kvroute` command."""
 
-import sys
+from kvroute.cli import console
 
-from kvroute.cli import main
-
-sys.exit(main())
+console()

@@ -5,11 +5,12 @@ The router side never imports torch, so `kvroute router` works without it.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
 
-from kvroute.router.contract.interrupt import interrupted, run_command
+from kvroute.router.contract.interrupt import INTERRUPTED, interrupted, run_command
 
 SUBCOMMANDS = {
     "engine": ("kvroute.engine.service.cli", "Run an engine server (paged KV cache, prefix caching, KV events)."),
@@ -35,6 +36,20 @@ def version() -> str:
     from kvroute import __version__
 
     return __version__
+
+
+def console() -> None:
+    """The `kvroute` command (`python -m kvroute` too): `main`'s status as the process's. After Ctrl-C
+    (130) the exit handlers run, then the process exits 130 itself: a KeyboardInterrupt raised in
+    code CPython ran for an extension's import (torch's) leaves the interpreter set to kill itself
+    with SIGINT at exit (status -2) even though the command caught it and said so in one line."""
+    code = main()
+    if code != INTERRUPTED:
+        sys.exit(code)
+    atexit._run_exitfuncs()  # what a normal exit runs: the processes a command started are stopped
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,4 +88,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
